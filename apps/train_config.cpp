@@ -1,0 +1,450 @@
+#include "apps/train_config.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "runtime/data/token_shards.h"
+
+namespace mfsdp {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Leaves whose default is null: their type cannot be read from the defaults.
+const std::map<std::string, std::string> kNullableNumber = {{"training.target_val_loss", "a number or null"}};
+
+std::string type_name(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "a list";
+  return "an object";
+}
+
+std::string shown(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string join(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
+
+void collect_paths(const json& schema, const std::string& prefix, std::vector<std::string>& out) {
+  for (auto it = schema.begin(); it != schema.end(); ++it) {
+    const std::string p = join(prefix, it.key());
+    out.push_back(p);
+    if (it.value().is_object()) collect_paths(it.value(), p, out);
+  }
+}
+
+std::string last_component(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+std::string suggest(const json& schema, const std::string& path) {
+  std::vector<std::string> all;
+  collect_paths(schema, "", all);
+  const std::string key = last_component(path);
+  std::vector<std::string> same_name;
+  for (const std::string& p : all)
+    if (last_component(p) == key && p != path) same_name.push_back(p);
+  if (!same_name.empty()) {
+    std::string s = " (did you mean " + same_name[0];
+    for (size_t i = 1; i < same_name.size(); ++i) s += " or " + same_name[i];
+    return s + "?)";
+  }
+  size_t best = SIZE_MAX;
+  std::string best_path;
+  for (const std::string& p : all) {
+    const size_t d = edit_distance(path, p);
+    if (d < best) {
+      best = d;
+      best_path = p;
+    }
+  }
+  const size_t limit = std::max<size_t>(2, key.size() / 3);
+  return best <= limit ? " (did you mean " + best_path + "?)" : "";
+}
+
+// Node of `schema` at a dotted path, or nullptr.
+const json* schema_at(const json& schema, const std::string& path) {
+  const json* node = &schema;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    if (!node->is_object() || !node->contains(part)) return nullptr;
+    node = &(*node)[part];
+  }
+  return node;
+}
+
+class Checker {
+ public:
+  Checker(const json& schema) : schema_(schema) {}
+
+  // Structural check of `value` placed at `path`, labelled `where` in messages.
+  void check(const json& value, const std::string& path, const std::string& where) const {
+    const json* s = schema_at(schema_, path);
+    if (!s) throw ConfigError(where + ": " + path + ": unknown key" + suggest(schema_, path));
+    if (s->is_object()) {
+      if (!value.is_object())
+        throw ConfigError(where + ": " + path + ": expected an object (a config section), got " + shown(value));
+      for (auto it = value.begin(); it != value.end(); ++it) check(it.value(), join(path, it.key()), where);
+      return;
+    }
+    check_leaf(*s, value, path, where);
+  }
+
+  void check_top(const json& doc, const std::string& where) const {
+    if (!doc.is_object()) throw ConfigError(where + ": expected a JSON object at the top level, got " + type_name(doc));
+    for (auto it = doc.begin(); it != doc.end(); ++it) check(it.value(), it.key(), where);
+  }
+
+ private:
+  static void check_leaf(const json& def, const json& v, const std::string& path, const std::string& where) {
+    auto fail = [&](const std::string& expected) {
+      throw ConfigError(where + ": " + path + ": expected " + expected + ", got " + shown(v));
+    };
+    if (def.is_null()) {
+      auto it = kNullableNumber.find(path);
+      if (!v.is_null() && !v.is_number()) fail(it != kNullableNumber.end() ? it->second : "null");
+      return;
+    }
+    if (def.is_boolean()) {
+      if (!v.is_boolean()) fail("a boolean (true or false)");
+    } else if (def.is_number_integer()) {
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) fail("an integer in range");
+      if (v.is_number_float()) {
+        const double d = v.get<double>();
+        if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e18) fail("an integer");
+      } else if (!v.is_number_integer()) {
+        fail("an integer");
+      }
+    } else if (def.is_number()) {
+      if (!v.is_number()) fail("a number");
+    } else if (def.is_string()) {
+      if (!v.is_string()) fail("a string");
+    }
+  }
+
+  const json& schema_;
+};
+
+int64_t as_int(const json& v) { return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>(); }
+
+// Deep merge of `patch` onto `base` (objects merged, leaves replaced; null is a value, not a delete).
+void deep_merge(json& base, const json& patch) {
+  for (auto it = patch.begin(); it != patch.end(); ++it) {
+    if (it.value().is_object() && base.contains(it.key()) && base[it.key()].is_object())
+      deep_merge(base[it.key()], it.value());
+    else
+      base[it.key()] = it.value();
+  }
+}
+
+void set_at(json& doc, const std::string& path, const json& value) {
+  json* node = &doc;
+  std::stringstream ss(path);
+  std::string part;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!node->contains(parts[i]) || !(*node)[parts[i]].is_object()) (*node)[parts[i]] = json::object();
+    node = &(*node)[parts[i]];
+  }
+  json& target = (*node)[parts.back()];
+  if (value.is_object() && target.is_object()) deep_merge(target, value);
+  else target = value;
+}
+
+// Records, for every leaf of `doc`, where it came from.
+void record_origin(const json& doc, const std::string& prefix, const std::string& where,
+                   std::map<std::string, std::string>& origin) {
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string p = join(prefix, it.key());
+    if (it.value().is_object()) record_origin(it.value(), p, where, origin);
+    else origin[p] = where;
+  }
+}
+
+json parse_override_value(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception&) {
+    return json(text);
+  }
+}
+
+std::string resolve(const std::string& raw, const std::string& base) {
+  if (raw.empty()) return raw;
+  fs::path p(raw);
+  if (p.is_absolute()) return p.lexically_normal().string();
+  return fs::absolute(fs::path(base) / p).lexically_normal().string();
+}
+
+// Reads the effective (merged, type-checked) document into the struct and range-checks it.
+class Reader {
+ public:
+  Reader(const json& doc, const std::map<std::string, std::string>& origin, const std::string& default_where)
+      : doc_(doc), origin_(origin), default_where_(default_where) {}
+
+  const json& at(const std::string& path) const {
+    const json* v = schema_at(doc_, path);
+    if (!v) throw ConfigError(default_where_ + ": " + path + ": missing");  // not reachable after merging defaults
+    return *v;
+  }
+  std::string where(const std::string& path) const {
+    auto it = origin_.find(path);
+    return it != origin_.end() ? it->second : default_where_;
+  }
+  [[noreturn]] void fail(const std::string& path, const std::string& why) const {
+    throw ConfigError(where(path) + ": " + path + ": " + why);
+  }
+  int64_t i64(const std::string& path, int64_t lo, int64_t hi = INT64_MAX) const {
+    const int64_t v = as_int(at(path));
+    if (v < lo) fail(path, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
+    if (v > hi) fail(path, "must be <= " + std::to_string(hi) + ", got " + std::to_string(v));
+    return v;
+  }
+  int i32(const std::string& path, int64_t lo, int64_t hi = INT_MAX) const { return static_cast<int>(i64(path, lo, hi)); }
+  double num(const std::string& path, double lo, double hi, bool lo_open = false, bool hi_open = false) const {
+    const double v = at(path).get<double>();
+    std::ostringstream os;
+    os << v;
+    if (!std::isfinite(v)) fail(path, "must be finite, got " + os.str());
+    if (v < lo || (lo_open && v == lo)) {
+      std::ostringstream b;
+      b << lo;
+      fail(path, std::string("must be ") + (lo_open ? "> " : ">= ") + b.str() + ", got " + os.str());
+    }
+    if (v > hi || (hi_open && v == hi)) {
+      std::ostringstream b;
+      b << hi;
+      fail(path, std::string("must be ") + (hi_open ? "< " : "<= ") + b.str() + ", got " + os.str());
+    }
+    return v;
+  }
+  bool flag(const std::string& path) const { return at(path).get<bool>(); }
+  std::string str(const std::string& path) const { return at(path).get<std::string>(); }
+  std::string choice(const std::string& path, const std::vector<std::string>& allowed) const {
+    const std::string v = str(path);
+    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return v;
+    std::string list, best;
+    size_t best_d = SIZE_MAX;
+    for (const std::string& a : allowed) {
+      list += (list.empty() ? "" : ", ") + (a.empty() ? std::string("\"\"") : a);
+      const size_t d = edit_distance(v, a);
+      if (d < best_d) {
+        best_d = d;
+        best = a;
+      }
+    }
+    const std::string hint = best_d <= std::max<size_t>(2, v.size() / 3) ? " (did you mean " + best + "?)" : "";
+    fail(path, "unknown value \"" + v + "\", expected one of " + list + hint);
+  }
+  ConfigPath path_value(const std::string& path, const std::string& base_dir) const {
+    ConfigPath p;
+    p.raw = str(path);
+    const bool from_file = origin_.count(path) && origin_.at(path) == default_where_;
+    p.resolved = resolve(p.raw, from_file ? base_dir : fs::current_path().string());
+    return p;
+  }
+
+ private:
+  const json& doc_;
+  const std::map<std::string, std::string>& origin_;
+  std::string default_where_;
+};
+
+}  // namespace
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+GPTConfig ModelSection::gpt() const {
+  GPTConfig g;
+  g.n_layer = n_layer;
+  g.n_head = n_head;
+  g.n_embd = n_embd;
+  g.seq_len = seq_len;
+  g.vocab_size = static_cast<int>(vocab_size);
+  g.tie_embeddings = tie_embeddings;
+  return g;
+}
+
+json TrainConfig::to_json(bool resolved_paths) const {
+  auto p = [&](const ConfigPath& c) { return resolved_paths ? c.resolved : c.raw; };
+  json j;
+  j["model"] = {{"n_layer", model.n_layer},       {"n_head", model.n_head},
+                {"n_embd", model.n_embd},         {"seq_len", model.seq_len},
+                {"vocab_size", model.vocab_size}, {"tie_embeddings", model.tie_embeddings},
+                {"init_from", p(model.init_from)}, {"init_std", model.init_std}};
+  j["data"] = {{"train", p(data.train)},         {"val", p(data.val)},         {"tokenizer", data.tokenizer},
+               {"tokenizer_path", p(data.tokenizer_path)}, {"shuffle", data.shuffle}, {"seed", data.seed}};
+  j["optimizer"]["muon"] = {{"lr", muon.lr},
+                            {"momentum", muon.momentum},
+                            {"nesterov", muon.nesterov},
+                            {"ns_steps", muon.ns_steps},
+                            {"weight_decay", muon.weight_decay},
+                            {"scale_rule", muon.scale_rule},
+                            {"split_qkv", muon.split_qkv}};
+  j["optimizer"]["adamw"] = {{"lr", adamw.lr},
+                             {"beta1", adamw.beta1},
+                             {"beta2", adamw.beta2},
+                             {"eps", adamw.eps},
+                             {"weight_decay", adamw.weight_decay}};
+  j["schedule"] = {{"warmup_steps", schedule.warmup_steps},
+                   {"decay", schedule.decay},
+                   {"floor", schedule.floor},
+                   {"decay_fraction", schedule.decay_fraction}};
+  j["sharding"] = {{"placement", sharding.placement},
+                   {"debug_checks", sharding.debug_checks},
+                   {"reduce_chunk_bytes", sharding.reduce_chunk_bytes}};
+  j["training"] = {{"steps", training.steps},
+                   {"micro_batch_size", training.micro_batch_size},
+                   {"grad_accum", training.grad_accum},
+                   {"eval_interval", training.eval_interval},
+                   {"eval_tokens", training.eval_tokens},
+                   {"grad_clip", training.grad_clip},
+                   {"seed", training.seed},
+                   {"target_val_loss", training.target_val_loss ? json(*training.target_val_loss) : json(nullptr)},
+                   {"sample_tokens", training.sample_tokens}};
+  j["logging"] = {{"interval", logging.interval}, {"run_dir", p(logging.run_dir)}};
+  j["output"] = {{"export", p(output.export_path)}};
+  return j;
+}
+
+TrainConfig parse_train_config(const json& doc, const std::string& source, const std::string& base_dir,
+                               const std::vector<std::string>& overrides) {
+  const json schema = TrainConfig{}.to_json(false);
+  const Checker checker(schema);
+  checker.check_top(doc, source);
+
+  json merged = schema;
+  deep_merge(merged, doc);
+  std::map<std::string, std::string> origin;
+  record_origin(doc, "", source, origin);
+
+  for (const std::string& ov : overrides) {
+    const std::string where = "--set " + ov;
+    const size_t eq = ov.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError(where + ": expected key.path=value");
+    const std::string key = ov.substr(0, eq);
+    const json value = parse_override_value(ov.substr(eq + 1));
+    checker.check(value, key, where);
+    set_at(merged, key, value);
+    if (value.is_object()) record_origin(value, key, where, origin);
+    else origin[key] = where;
+  }
+
+  const Reader r(merged, origin, source);
+  TrainConfig c;
+  c.source = source;
+  // model
+  c.model.n_layer = r.i32("model.n_layer", 1);
+  c.model.n_head = r.i32("model.n_head", 1);
+  c.model.n_embd = r.i32("model.n_embd", 1);
+  if (c.model.n_embd % c.model.n_head != 0)
+    r.fail("model.n_embd", "must be divisible by model.n_head (" + std::to_string(c.model.n_embd) + " % " +
+                               std::to_string(c.model.n_head) + " = " +
+                               std::to_string(c.model.n_embd % c.model.n_head) + ")");
+  c.model.seq_len = r.i32("model.seq_len", 1);
+  {
+    const int64_t v = as_int(r.at("model.vocab_size"));
+    if (v < 2) r.fail("model.vocab_size", "must be >= 2, got " + std::to_string(v));
+    if (v > kMaxVocabU32)
+      r.fail("model.vocab_size", std::to_string(v) + " is larger than the shard format allows (max " +
+                                     std::to_string(kMaxVocabU32) + " with 32-bit token shards)");
+    c.model.vocab_size = v;
+  }
+  c.model.tie_embeddings = r.flag("model.tie_embeddings");
+  c.model.init_from = r.path_value("model.init_from", base_dir);
+  c.model.init_std = r.num("model.init_std", 0.0, 1e3, true);
+  // data
+  c.data.train = r.path_value("data.train", base_dir);
+  if (c.data.train.raw.empty())
+    r.fail("data.train", "missing shard glob (set data.train, e.g. \"../data/tiny_shakespeare_char_train.bin\")");
+  c.data.val = r.path_value("data.val", base_dir);
+  c.data.tokenizer = r.choice("data.tokenizer", {"", "char", "gpt2"});
+  c.data.tokenizer_path = r.path_value("data.tokenizer_path", base_dir);
+  if (!c.data.tokenizer.empty() && c.data.tokenizer_path.raw.empty())
+    r.fail("data.tokenizer_path", "required when data.tokenizer is \"" + c.data.tokenizer + "\"");
+  if (c.data.tokenizer == "gpt2" && c.model.vocab_size < 50257)
+    r.fail("model.vocab_size", std::to_string(c.model.vocab_size) + " is smaller than the gpt2 tokenizer's 50257 ids");
+  c.data.shuffle = r.flag("data.shuffle");
+  c.data.seed = r.i64("data.seed", 0);
+  // optimizer
+  c.muon.lr = r.num("optimizer.muon.lr", 0.0, 1e6);
+  c.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
+  c.muon.nesterov = r.flag("optimizer.muon.nesterov");
+  c.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
+  c.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
+  c.muon.scale_rule = r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"});
+  c.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
+  c.adamw.lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
+  c.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
+  c.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
+  c.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
+  c.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
+  // schedule
+  c.schedule.warmup_steps = r.i64("schedule.warmup_steps", 0);
+  c.schedule.decay = r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"});
+  c.schedule.floor = r.num("schedule.floor", 0.0, 1.0);
+  c.schedule.decay_fraction = r.num("schedule.decay_fraction", 0.0, 1.0);
+  // sharding
+  c.sharding.placement = r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"});
+  c.sharding.debug_checks = r.flag("sharding.debug_checks");
+  c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 1);
+  // training
+  c.training.steps = r.i64("training.steps", 1);
+  c.training.micro_batch_size = r.i32("training.micro_batch_size", 1);
+  c.training.grad_accum = r.i32("training.grad_accum", 1);
+  c.training.eval_interval = r.i64("training.eval_interval", 0);
+  c.training.eval_tokens = r.i64("training.eval_tokens", 0);
+  c.training.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
+  c.training.seed = r.i64("training.seed", 0);
+  if (!r.at("training.target_val_loss").is_null())
+    c.training.target_val_loss = r.num("training.target_val_loss", 0.0, 1e6, true);
+  c.training.sample_tokens = r.i64("training.sample_tokens", 0);
+  // logging, output
+  c.logging.interval = r.i64("logging.interval", 1);
+  c.logging.run_dir = r.path_value("logging.run_dir", base_dir);
+  c.output.export_path = r.path_value("output.export", base_dir);
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path);
+  if (!f) throw ConfigError(path + ": cannot open the config file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json doc;
+  try {
+    doc = json::parse(ss.str(), nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::exception& e) {
+    throw ConfigError(path + ": invalid JSON: " + e.what());
+  }
+  const fs::path dir = fs::path(path).parent_path();
+  return parse_train_config(doc, path, dir.empty() ? std::string(".") : dir.string(), overrides);
+}
+
+}  // namespace mfsdp

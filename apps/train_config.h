@@ -1,0 +1,137 @@
+// The training configuration (mfsdp-train --config X.json [--set key.path=value ...]).
+// Every field, its default and its range are documented in configs/README.md.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "models/gpt_spec.h"
+
+namespace mfsdp {
+
+/// A config problem. The message names the file (or the --set override) and the key path, e.g.
+/// "configs/x.json: optimizer.muon.lr: expected a number, got \"fast\"". Apps exit with code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A path as written in the config (`raw`) and resolved (`resolved`): relative paths from the
+/// config file are resolved against the file's directory, relative paths from --set overrides
+/// and defaults against the current working directory; "" stays "".
+struct ConfigPath {
+  std::string raw;
+  std::string resolved;
+};
+
+struct ModelSection {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int seq_len = 64;
+  int64_t vocab_size = 65;
+  bool tie_embeddings = true;
+  ConfigPath init_from;    ///< "" or an exported safetensors file (HF GPT-2 layout)
+  double init_std = 0.02;  ///< std of the normal init of matrices and embeddings
+  /// The model architecture as models/gpt_spec.h expects it.
+  GPTConfig gpt() const;
+};
+
+struct DataSection {
+  ConfigPath train;            ///< shard glob, required
+  ConfigPath val;              ///< shard glob, "" = no validation
+  std::string tokenizer;       ///< "" (none: samples printed as ids), "char" or "gpt2"
+  ConfigPath tokenizer_path;   ///< char meta JSON or GPT-2 tokenizer directory
+  bool shuffle = true;
+  int64_t seed = 1337;         ///< data order seed (>= 0)
+};
+
+struct MuonSection {
+  double lr = 0.02;
+  double momentum = 0.95;
+  bool nesterov = true;
+  int ns_steps = 5;
+  double weight_decay = 0.0;
+  std::string scale_rule = "original";  ///< "original" | "match_rms_adamw"
+  bool split_qkv = false;
+};
+
+struct AdamWSection {
+  double lr = 3e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct ScheduleSection {
+  int64_t warmup_steps = 0;
+  std::string decay = "cosine";  ///< "constant" | "cosine" | "linear" | "wsd"
+  double floor = 0.1;            ///< final lr as a fraction of the base lr
+  double decay_fraction = 0.2;   ///< wsd: fraction of the steps spent decaying
+};
+
+struct ShardingSection {
+  std::string placement = "matrixfsdp";  ///< "matrixfsdp" | "fsdp2" | "zero1" | "ddp"
+  bool debug_checks = false;
+  int64_t reduce_chunk_bytes = 4 << 20;  ///< staging chunk of the gradient reduce-scatter
+};
+
+struct TrainingSection {
+  int64_t steps = 1000;
+  int micro_batch_size = 12;
+  int grad_accum = 1;
+  int64_t eval_interval = 250;  ///< steps between validations; 0 = only at the end
+  int64_t eval_tokens = 0;      ///< tokens per periodic validation; 0 = whole split
+  double grad_clip = 1.0;       ///< global-norm clip; 0 disables
+  int64_t seed = 1337;          ///< parameter init seed
+  std::optional<double> target_val_loss;  ///< stop when the validation loss reaches it
+  int64_t sample_tokens = 200;  ///< tokens sampled at the end; 0 = none
+};
+
+struct LoggingSection {
+  int64_t interval = 10;
+  ConfigPath run_dir{"runs/latest", ""};
+};
+
+struct OutputSection {
+  ConfigPath export_path;  ///< JSON key "export": "" or the safetensors file to write at the end
+};
+
+/// The effective training configuration: defaults, then the file, then the overrides.
+struct TrainConfig {
+  ModelSection model;
+  DataSection data;
+  MuonSection muon;    ///< JSON "optimizer.muon"
+  AdamWSection adamw;  ///< JSON "optimizer.adamw"
+  ScheduleSection schedule;
+  ShardingSection sharding;
+  TrainingSection training;
+  LoggingSection logging;
+  OutputSection output;
+  std::string source;  ///< the config file it was loaded from ("" for defaults)
+
+  /// The effective config as JSON (same keys as the file). resolved_paths = true writes the
+  /// resolved paths (for manifests and --print-config), false the raw ones.
+  nlohmann::json to_json(bool resolved_paths = true) const;
+};
+
+/// Loads `path`, applies `overrides` ("key.path=value"; value parsed as JSON, falling back to a
+/// plain string when it is not valid JSON) and checks everything the config alone can tell:
+/// unknown keys (with a did-you-mean), types, ranges and enumerations, n_embd % n_head, the
+/// vocabulary against the shard formats, a missing train glob. Throws ConfigError naming the
+/// file or override and the key path. Files (shards, tokenizer) are not opened.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// The same from an in-memory JSON document (`source` names it in messages; relative paths are
+/// resolved against `base_dir`).
+TrainConfig parse_train_config(const nlohmann::json& doc, const std::string& source, const std::string& base_dir,
+                               const std::vector<std::string>& overrides = {});
+
+/// Levenshtein distance (for did-you-mean suggestions).
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace mfsdp

@@ -1,0 +1,67 @@
+// Internals shared by the comm backends (not part of the public API): argument checks, the
+// direct-model byte formulas, the debug-mode signature exchange and the fatal-error path.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace mfsdp::detail {
+
+/// Operation ids used in debug signatures and messages.
+enum class CommOpId : int64_t {
+  all_gather = 1, all_gather_v, reduce_scatter, reduce_scatter_v, all_reduce, all_reduce_scalar,
+  broadcast, barrier, send_recv
+};
+const char* comm_op_name(CommOpId op);
+
+/// Describes one call for error messages: "all_gather_v(f32, counts=[3,0,5] total 8, phase fwd_gather)".
+struct CallInfo {
+  CommOpId op;
+  CommPhase phase;
+  DType dtype = DType::f32;
+  int64_t count = 0;                           // equal-part / all_reduce / broadcast count
+  const std::vector<int64_t>* counts = nullptr;  // uneven counts, or nullptr
+  int root = -1;
+  ReduceOp reduce = ReduceOp::sum;
+  std::string describe() const;
+};
+
+/// Bytes sent/received by this rank for one call (see the table in communicator.h).
+struct Traffic {
+  int64_t sent = 0, received = 0;
+};
+Traffic traffic_all_gather_v(const std::vector<int64_t>& counts, int rank, DType dt);
+Traffic traffic_reduce_scatter_v(const std::vector<int64_t>& counts, int rank, DType dt);
+Traffic traffic_all_reduce(int64_t count, int world, int rank, DType dt);
+Traffic traffic_broadcast(int64_t count, int world, int rank, int root, DType dt);
+
+/// Throws std::invalid_argument naming `op` unless counts has `world` entries, all >= 0.
+/// Returns sum(counts).
+int64_t check_counts(const char* op, const std::vector<int64_t>& counts, int world);
+/// Throws std::invalid_argument naming `op` when count < 0 or `ptr` is null while count > 0.
+void check_buffer(const char* op, const char* which, const void* ptr, int64_t count);
+/// Exclusive prefix sums of counts (offset of each rank's segment).
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
+
+/// Prints "[comm] rank R: <what> in <call.describe()>" to stderr, flushes, then MPI_Abort(comm).
+[[noreturn]] void comm_fatal(MPI_Comm comm, int rank, const CallInfo& call, const std::string& what);
+/// comm_fatal with the MPI error string when rc != MPI_SUCCESS.
+void mpi_check(int rc, MPI_Comm comm, int rank, const CallInfo& call, const char* mpi_fn);
+
+/// Debug mode: all ranks all-gather (seq, op, dtype, reduce op, root, phase, #counts, total,
+/// counts hash) and compare with rank 0. On the first mismatching rank every rank prints
+/// "[comm debug] rank R: collective #seq mismatch: rank 0 called ... but rank K called ..." and
+/// the job is aborted. Every rank must call it once per collective (`seq` counts them).
+void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call);
+
+/// Rank-ordered reduction of one chunk on the host: acc[i] = op over srcs[0][i], srcs[1][i], ...
+/// (in that order, in f32), then written to `out` in dtype `dt` (mean divides by srcs.size()).
+/// `out` may alias the source of this rank; `acc` needs n floats.
+void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_t n, DType dt,
+                         ReduceOp op, float* acc);
+
+}  // namespace mfsdp::detail

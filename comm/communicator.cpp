@@ -1,0 +1,305 @@
+// Backend-independent parts of the comm layer: names, counters, MPI session, argument checks,
+// byte formulas, debug signatures, the fatal-error path and the host rank-ordered reduction.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+#include "comm/comm_detail.h"
+#include "comm/communicator.h"
+
+namespace mfsdp {
+
+const char* comm_phase_name(CommPhase p) {
+  switch (p) {
+    case CommPhase::fwd_gather: return "fwd_gather";
+    case CommPhase::bwd_gather: return "bwd_gather";
+    case CommPhase::grad_reduce: return "grad_reduce";
+    case CommPhase::opt_step: return "opt_step";
+    case CommPhase::other: return "other";
+    default: return "?";
+  }
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::mean: return "mean";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+PhaseCounters& PhaseCounters::operator+=(const PhaseCounters& o) {
+  bytes_sent += o.bytes_sent;
+  bytes_received += o.bytes_received;
+  calls += o.calls;
+  seconds += o.seconds;
+  return *this;
+}
+
+PhaseCounters CommCounters::total() const {
+  PhaseCounters t;
+  for (const auto& p : phase) t += p;
+  return t;
+}
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited) return;
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    throw std::runtime_error("[MpiSession] MPI_Init_thread failed");
+  owns_ = true;
+}
+
+MpiSession::~MpiSession() {
+  if (!owns_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::vector<int64_t> split_even(int64_t total, int parts) {
+  if (parts < 1 || total < 0)
+    throw std::invalid_argument("[split_even] total " + std::to_string(total) + ", parts " +
+                                std::to_string(parts) + " (need total >= 0, parts >= 1)");
+  std::vector<int64_t> out(parts, total / parts);
+  for (int64_t i = 0; i < total % parts; ++i) out[i] += 1;
+  return out;
+}
+
+bool comm_debug_from_env() {
+  const char* v = std::getenv("MFSDP_COMM_DEBUG");
+  return v && *v && std::string(v) != "0";
+}
+
+#if !defined(MFSDP_WITH_CUDA) || !MFSDP_WITH_CUDA
+std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm, CommOptions, CudaCommOptions) {
+  throw std::runtime_error(
+      "[make_cuda_staged_communicator] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF); "
+      "use make_mpi_communicator for CPU buffers");
+}
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, CommOptions, CudaCommOptions) {
+  throw std::runtime_error(
+      "[make_nccl_communicator] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF); "
+      "use make_mpi_communicator for CPU buffers");
+}
+#endif
+
+namespace detail {
+
+const char* comm_op_name(CommOpId op) {
+  switch (op) {
+    case CommOpId::all_gather: return "all_gather";
+    case CommOpId::all_gather_v: return "all_gather_v";
+    case CommOpId::reduce_scatter: return "reduce_scatter";
+    case CommOpId::reduce_scatter_v: return "reduce_scatter_v";
+    case CommOpId::all_reduce: return "all_reduce";
+    case CommOpId::all_reduce_scalar: return "all_reduce_scalar";
+    case CommOpId::broadcast: return "broadcast";
+    case CommOpId::barrier: return "barrier";
+    case CommOpId::send_recv: return "send_recv";
+  }
+  return "?";
+}
+
+std::string CallInfo::describe() const {
+  std::ostringstream os;
+  os << comm_op_name(op) << "(" << dtype_name(dtype);
+  if (counts) {
+    int64_t total = 0;
+    os << ", counts=[";
+    for (size_t i = 0; i < counts->size(); ++i) {
+      if (i < 16) os << (i ? "," : "") << (*counts)[i];
+      total += (*counts)[i];
+    }
+    if (counts->size() > 16) os << ",...";
+    os << "] total " << total;
+  } else {
+    os << ", count " << count;
+  }
+  if (op == CommOpId::reduce_scatter || op == CommOpId::reduce_scatter_v ||
+      op == CommOpId::all_reduce || op == CommOpId::all_reduce_scalar)
+    os << ", op " << reduce_op_name(reduce);
+  if (root >= 0) os << ", root " << root;
+  os << ", phase " << comm_phase_name(phase) << ")";
+  return os.str();
+}
+
+Traffic traffic_all_gather_v(const std::vector<int64_t>& counts, int rank, DType dt) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const int64_t n = static_cast<int64_t>(counts.size()), e = dtype_size(dt);
+  return {counts[rank] * (n - 1) * e, (total - counts[rank]) * e};
+}
+
+Traffic traffic_reduce_scatter_v(const std::vector<int64_t>& counts, int rank, DType dt) {
+  Traffic t = traffic_all_gather_v(counts, rank, dt);
+  return {t.received, t.sent};
+}
+
+Traffic traffic_all_reduce(int64_t count, int world, int rank, DType dt) {
+  auto parts = split_even(count, world);
+  Traffic a = traffic_reduce_scatter_v(parts, rank, dt), b = traffic_all_gather_v(parts, rank, dt);
+  return {a.sent + b.sent, a.received + b.received};
+}
+
+Traffic traffic_broadcast(int64_t count, int world, int rank, int root, DType dt) {
+  const int64_t e = dtype_size(dt);
+  if (rank == root) return {count * (world - 1) * e, 0};
+  return {0, count * e};
+}
+
+int64_t check_counts(const char* op, const std::vector<int64_t>& counts, int world) {
+  if (static_cast<int>(counts.size()) != world)
+    throw std::invalid_argument(std::string("[") + op + "] counts has " +
+                                std::to_string(counts.size()) + " entries, world size is " +
+                                std::to_string(world));
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] < 0)
+      throw std::invalid_argument(std::string("[") + op + "] counts[" + std::to_string(r) +
+                                  "] is " + std::to_string(counts[r]) + " (must be >= 0)");
+    total += counts[r];
+  }
+  return total;
+}
+
+void check_buffer(const char* op, const char* which, const void* ptr, int64_t count) {
+  if (count < 0)
+    throw std::invalid_argument(std::string("[") + op + "] " + which + " count is " +
+                                std::to_string(count) + " (must be >= 0)");
+  if (count > 0 && ptr == nullptr)
+    throw std::invalid_argument(std::string("[") + op + "] " + which + " is null but has " +
+                                std::to_string(count) + " elements");
+}
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) off[i] = off[i - 1] + counts[i - 1];
+  return off;
+}
+
+void comm_fatal(MPI_Comm comm, int rank, const CallInfo& call, const std::string& what) {
+  std::fprintf(stderr, "[comm] rank %d: %s in %s; aborting the job\n", rank, what.c_str(),
+               call.describe().c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(comm == MPI_COMM_NULL ? MPI_COMM_WORLD : comm, 3);
+  std::abort();  // not reached
+}
+
+void mpi_check(int rc, MPI_Comm comm, int rank, const CallInfo& call, const char* mpi_fn) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  comm_fatal(comm, rank, call, std::string(mpi_fn) + " failed: " + std::string(msg, len));
+}
+
+namespace {
+constexpr int kSigFields = 9;
+void fill_signature(int64_t* s, int64_t seq, const CallInfo& c) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
+  int64_t n = 0, total = c.count;
+  if (c.counts) {
+    n = static_cast<int64_t>(c.counts->size());
+    total = 0;
+    for (int64_t v : *c.counts) {
+      total += v;
+      for (int b = 0; b < 8; ++b) {
+        h ^= (static_cast<uint64_t>(v) >> (8 * b)) & 0xffu;
+        h *= 1099511628211ull;
+      }
+    }
+  }
+  s[0] = seq;
+  s[1] = static_cast<int64_t>(c.op);
+  s[2] = static_cast<int64_t>(c.dtype);
+  s[3] = static_cast<int64_t>(c.reduce);
+  s[4] = c.root;
+  s[5] = static_cast<int64_t>(c.phase);
+  s[6] = n;
+  s[7] = total;
+  s[8] = static_cast<int64_t>(h);
+}
+std::string describe_signature(const int64_t* s) {
+  std::ostringstream os;
+  os << comm_op_name(static_cast<CommOpId>(s[1])) << "(" << dtype_name(static_cast<DType>(s[2]));
+  if (s[6] > 0)
+    os << ", " << s[6] << " counts total " << s[7] << " hash 0x" << std::hex << s[8] << std::dec;
+  else
+    os << ", count " << s[7];
+  const auto op = static_cast<CommOpId>(s[1]);
+  if (op == CommOpId::reduce_scatter || op == CommOpId::reduce_scatter_v ||
+      op == CommOpId::all_reduce || op == CommOpId::all_reduce_scalar)
+    os << ", op " << reduce_op_name(static_cast<ReduceOp>(s[3]));
+  if (s[4] >= 0) os << ", root " << s[4];
+  os << ", phase " << comm_phase_name(static_cast<CommPhase>(s[5])) << ", collective #" << s[0]
+     << ")";
+  return os.str();
+}
+}  // namespace
+
+void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call) {
+  int64_t mine[kSigFields];
+  fill_signature(mine, seq, call);
+  std::vector<int64_t> all(static_cast<size_t>(kSigFields) * world);
+  mpi_check(MPI_Allgather(mine, kSigFields, MPI_INT64_T, all.data(), kSigFields, MPI_INT64_T, comm),
+            comm, rank, call, "MPI_Allgather (debug signature)");
+  for (int r = 1; r < world; ++r) {
+    const int64_t* a = all.data();
+    const int64_t* b = all.data() + static_cast<size_t>(r) * kSigFields;
+    if (std::equal(a, a + kSigFields, b)) continue;
+    std::fprintf(stderr,
+                 "[comm debug] rank %d: collective #%lld mismatch: rank 0 called %s but rank %d "
+                 "called %s; this rank called %s; aborting the job\n",
+                 rank, static_cast<long long>(seq), describe_signature(a).c_str(), r,
+                 describe_signature(b).c_str(), call.describe().c_str());
+    std::fflush(stderr);
+    // Give the other ranks a moment to print their copy of the report before the abort.
+    MPI_Barrier(comm);
+    MPI_Abort(comm, 4);
+    std::abort();
+  }
+}
+
+void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_t n, DType dt,
+                         ReduceOp op, float* acc) {
+  const size_t k = srcs.size();
+  if (dt == DType::f32) {
+    const float* s0 = static_cast<const float*>(srcs[0]);
+    std::copy(s0, s0 + n, acc);
+    for (size_t j = 1; j < k; ++j) {
+      const float* s = static_cast<const float*>(srcs[j]);
+      if (op == ReduceOp::max)
+        for (int64_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], s[i]);
+      else
+        for (int64_t i = 0; i < n; ++i) acc[i] += s[i];
+    }
+    if (op == ReduceOp::mean) {
+      const float div = static_cast<float>(k);
+      for (int64_t i = 0; i < n; ++i) acc[i] /= div;
+    }
+    std::copy(acc, acc + n, static_cast<float*>(out));
+    return;
+  }
+  const bf16* s0 = static_cast<const bf16*>(srcs[0]);
+  for (int64_t i = 0; i < n; ++i) acc[i] = bf16_to_float(s0[i]);
+  for (size_t j = 1; j < k; ++j) {
+    const bf16* s = static_cast<const bf16*>(srcs[j]);
+    if (op == ReduceOp::max)
+      for (int64_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], bf16_to_float(s[i]));
+    else
+      for (int64_t i = 0; i < n; ++i) acc[i] += bf16_to_float(s[i]);
+  }
+  const float div = op == ReduceOp::mean ? static_cast<float>(k) : 1.0f;
+  bf16* o = static_cast<bf16*>(out);
+  for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(op == ReduceOp::mean ? acc[i] / div : acc[i]);
+}
+
+}  // namespace detail
+}  // namespace mfsdp

@@ -1,0 +1,194 @@
+// The communication layer: one abstract Communicator with an MPI backend (CPU buffers), a
+// host-staged CUDA backend (CUDA buffers, staged through host memory, over MPI) and an
+// MPI-bootstrapped NCCL backend (CUDA buffers). See comm/README.md and DESIGN.md section 5.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/dtype.h"
+
+namespace mfsdp {
+
+/// Tag that says which part of a training step a collective belongs to; counters are kept per tag.
+enum class CommPhase : int { fwd_gather = 0, bwd_gather, grad_reduce, opt_step, other, count };
+
+/// "fwd_gather", "bwd_gather", "grad_reduce", "opt_step", "other" ("?" for out-of-range values).
+const char* comm_phase_name(CommPhase p);
+
+/// Reduction operator. `mean` is the sum divided by the world size (after summation).
+/// max is supported by every reduction; all_reduce_scalar supports sum and max (mean too).
+enum class ReduceOp { sum, mean, max };
+const char* reduce_op_name(ReduceOp op);
+
+/// Traffic of one phase. Bytes follow the *direct model* documented on each collective below:
+/// what this rank puts on / takes off the network if every message goes straight to its
+/// destination. Seconds are wall-clock seconds spent inside the communicator calls.
+struct PhaseCounters {
+  int64_t bytes_sent = 0, bytes_received = 0, calls = 0;
+  double seconds = 0;
+  PhaseCounters& operator+=(const PhaseCounters& o);
+};
+
+/// Counters per CommPhase (index with `(int)phase` or `at(phase)`).
+struct CommCounters {
+  PhaseCounters phase[(int)CommPhase::count];
+  PhaseCounters& at(CommPhase p) { return phase[(int)p]; }
+  const PhaseCounters& at(CommPhase p) const { return phase[(int)p]; }
+  /// Sum over all phases.
+  PhaseCounters total() const;
+};
+
+/// Behaviour switches shared by the backends.
+struct CommOptions {
+  /// Before every collective, all ranks exchange (op, dtype, reduce op, root, counts hash, phase)
+  /// and the first mismatch is reported on every rank, then MPI_Abort. Also switched on by the
+  /// environment variable MFSDP_COMM_DEBUG=1. Costs one small all-gather per collective.
+  bool debug_checks = false;
+  /// reduce_scatter(_v) stages at most this many bytes per contributing rank per round
+  /// (owner staging memory = world_size * reduce_chunk_bytes). Must be >= 1 element.
+  int64_t reduce_chunk_bytes = 4 << 20;
+  /// > 0: a collective that has not completed after this many seconds aborts the job with a
+  /// message naming rank, operation, phase and sizes (MPI: polled MPI_Testall; NCCL: polled
+  /// stream + ncclCommGetAsyncError, then ncclCommAbort). 0: wait forever.
+  double timeout_seconds = 0;
+  /// Largest element count of one MPI message; larger transfers are split (MPI counts are int).
+  /// Lower it only in tests, to exercise the split path with small buffers.
+  int64_t max_message_elements = int64_t(1) << 30;
+};
+
+/// Abstract communicator. Every rank of the group must call the same collectives in the same order
+/// with the same counts vectors, including ranks whose segment is empty (zero counts are legal and
+/// are never skipped). Counts are elements (int64). Pointers are host memory for the MPI backend
+/// and device memory for the NCCL and host-staged CUDA backends (`device()` says which); a pointer
+/// may be null only where its element count is 0. Buffers of one call must not overlap.
+/// Argument errors (wrong counts length, negative counts, bad root/peer) throw std::invalid_argument
+/// *before* any communication (so every rank with the same arguments throws). A failing backend call
+/// prints one line naming rank, operation, phase and sizes, then aborts the job (MPI_Abort).
+///
+/// Byte counters (direct model; N = world size, r = rank(), e = dtype_size, T = sum(counts)):
+///   all_gather(count)        sent count*(N-1)*e          received count*(N-1)*e
+///   all_gather_v(counts)     sent counts[r]*(N-1)*e      received (T-counts[r])*e
+///   reduce_scatter(count)    sent count*(N-1)*e          received count*(N-1)*e
+///   reduce_scatter_v(counts) sent (T-counts[r])*e        received counts[r]*(N-1)*e
+///   all_reduce(count)        = reduce_scatter_v + all_gather_v over split_even(count, N):
+///                            sent (count-c_r)*e + c_r*(N-1)*e, received the same
+///   all_reduce_scalar        sent 8*(N-1)                received 8*(N-1)
+///   broadcast(count, root)   root: sent count*(N-1)*e    others: received count*e
+///   send_recv                sum of send counts*e        sum of recv counts*e
+///   barrier                  0 bytes (one call in phase `other`)
+/// The debug-mode signature exchange is not counted.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// Rank among the processes of this node (MPI_COMM_TYPE_SHARED split).
+  virtual int local_rank() const = 0;
+  virtual Device device() const = 0;
+  /// Short backend name: "mpi", "cuda_staged" or "nccl".
+  virtual const char* backend_name() const = 0;
+
+  /// Equal parts: `send` has `count` elements, `recv` has count*world elements, rank r's part at
+  /// r*count.
+  virtual void all_gather(const void* send, void* recv, int64_t count, DType dt, CommPhase ph) = 0;
+  /// Uneven parts: counts[r] elements from rank r (any may be 0); `send` has counts[rank()]
+  /// elements; `recv` gets the concatenation of all parts in rank order (sum(counts) elements).
+  virtual void all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts,
+                            DType dt, CommPhase ph) = 0;
+  /// `send` has count*world elements; `recv` gets this rank's reduced part (count elements,
+  /// the op over every rank's elements [rank*count, (rank+1)*count)). Same order/accumulation
+  /// rules as reduce_scatter_v.
+  virtual void reduce_scatter(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
+                              CommPhase ph) = 0;
+  /// `send` is the full buffer (sum(counts) elements, segment of rank r at offset
+  /// sum(counts[0..r))); `recv` gets counts[rank()] elements: the op over all ranks' contributions
+  /// to this rank's segment. Deterministic order: for every element the owner computes
+  /// ((c_0 + c_1) + c_2) + ... + c_{N-1} (rank order 0..N-1, independent of message arrival);
+  /// bf16 inputs are accumulated in f32 and rounded to bf16 once at the end; mean divides the
+  /// sum by N. Data moves in rounds of at most reduce_chunk_bytes per contributing rank.
+  virtual void reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                DType dt, ReduceOp op, CommPhase ph) = 0;
+  /// In place. Same rank-order accumulation as reduce_scatter_v (bitwise identical on all ranks).
+  virtual void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) = 0;
+  /// One f64 value; sum/mean add in rank order 0..N-1, so every rank gets the identical result.
+  virtual double all_reduce_scalar(double value, ReduceOp op, CommPhase ph) = 0;
+  /// `buf` (count elements) of rank `root` is copied to every rank.
+  virtual void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) = 0;
+  virtual void barrier() = 0;
+
+  /// One point-to-point operation of a grouped send_recv.
+  struct P2P {
+    bool is_send;
+    int peer;
+    void* buf;
+    int64_t count;
+    DType dtype;
+  };
+  /// All ops of one call progress together (no deadlock for symmetric exchanges); returns when all
+  /// have completed. Between one pair of ranks, sends and receives are matched in call order.
+  /// Not a collective: only the ranks that take part call it (no debug signature check).
+  virtual void send_recv(const std::vector<P2P>& ops, CommPhase ph) = 0;
+
+  const CommCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = CommCounters{}; }
+
+ protected:
+  CommCounters counters_;
+};
+
+/// Process-level MPI lifetime: MPI_Init_thread(MPI_THREAD_FUNNELED) unless MPI is already
+/// initialised, and MPI_Finalize in the destructor only if this object initialised it.
+/// A world of 1 works without mpirun (singleton init).
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  MpiSession() : MpiSession(nullptr, nullptr) {}
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  bool owns_mpi() const { return owns_; }
+
+ private:
+  bool owns_ = false;
+};
+
+/// MPI backend over a duplicate of `comm` (host buffers). Sets MPI_ERRORS_RETURN on the duplicate.
+/// Throws std::runtime_error if MPI is not initialised or options are invalid.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD,
+                                                    CommOptions opts = {});
+
+/// Options of the CUDA backends. `compute_stream` is a cudaStream_t (nullptr = legacy default
+/// stream): collectives start after the work already queued on it, and work queued on it
+/// afterwards starts after the collective.
+struct CudaCommOptions {
+  void* compute_stream = nullptr;
+  /// NCCL only: true = each call waits for its communication to finish (seconds are exact and
+  /// errors/timeouts are detected in the call); false = calls only enqueue on the comm stream.
+  bool blocking = true;
+};
+
+/// CUDA buffers staged through host memory and reduced by the MPI backend (several ranks may share
+/// one GPU). Throws std::runtime_error when built without CUDA.
+std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm comm = MPI_COMM_WORLD,
+                                                            CommOptions opts = {},
+                                                            CudaCommOptions cuda = {});
+
+/// NCCL backend bootstrapped by MPI (DESIGN.md section 5): local rank from an MPI shared-memory
+/// split, cudaSetDevice(local_rank), rank 0 ncclGetUniqueId, MPI_Bcast, ncclCommInitRank.
+/// Throws std::runtime_error when built without CUDA or when local_rank >= visible devices.
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm = MPI_COMM_WORLD,
+                                                     CommOptions opts = {},
+                                                     CudaCommOptions cuda = {});
+
+/// Splits `total` elements into `parts` contiguous parts as evenly as possible: the first
+/// total % parts parts get one extra element. Used by all_reduce. Throws if parts < 1 or total < 0.
+std::vector<int64_t> split_even(int64_t total, int parts);
+
+/// True when the environment variable MFSDP_COMM_DEBUG is set to a value other than "0"/"".
+bool comm_debug_from_env();
+
+}  // namespace mfsdp

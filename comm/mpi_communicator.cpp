@@ -1,0 +1,337 @@
+// MPI backend: host buffers, nonblocking MPI calls waited on with an optional timeout, chunked
+// messages for 64-bit counts, and the rank-ordered owner reduction for reduce_scatter(_v).
+#include "comm/mpi_communicator.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace mfsdp {
+
+using detail::CallInfo;
+using detail::CommOpId;
+using detail::mpi_check;
+using detail::Traffic;
+
+namespace {
+MPI_Datatype mpi_type(DType dt) { return dt == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+const unsigned char* cbytes(const void* p) { return static_cast<const unsigned char*>(p); }
+unsigned char* bytes(void* p) { return static_cast<unsigned char*>(p); }
+constexpr int kTagP2P = 17;
+constexpr int kTagColl = 23;
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions opts) : opts_(opts) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited)
+    throw std::runtime_error("[make_mpi_communicator] MPI is not initialised (create an MpiSession first)");
+  if (opts_.reduce_chunk_bytes < 4)
+    throw std::invalid_argument("[make_mpi_communicator] reduce_chunk_bytes is " +
+                                std::to_string(opts_.reduce_chunk_bytes) + " (must be >= 4)");
+  if (opts_.max_message_elements < 1 || opts_.max_message_elements > INT_MAX)
+    throw std::invalid_argument("[make_mpi_communicator] max_message_elements is " +
+                                std::to_string(opts_.max_message_elements) +
+                                " (must be in [1, INT_MAX])");
+  if (comm_debug_from_env()) opts_.debug_checks = true;
+  if (MPI_Comm_dup(comm, &comm_) != MPI_SUCCESS)
+    throw std::runtime_error("[make_mpi_communicator] MPI_Comm_dup failed");
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &world_);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+    throw std::runtime_error("[make_mpi_communicator] MPI_Comm_split_type(SHARED) failed");
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_free(&node);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::account(CommPhase ph, const Traffic& t, double seconds) {
+  auto& c = counters_.at(ph);
+  c.bytes_sent += t.sent;
+  c.bytes_received += t.received;
+  c.calls += 1;
+  c.seconds += seconds;
+}
+
+void MpiCommunicator::debug_check(const CallInfo& call) {
+  if (opts_.debug_checks) detail::check_signature(comm_, rank_, world_, seq_, call);
+  ++seq_;
+}
+
+void MpiCommunicator::post_send(const void* buf, int64_t count, DType dt, int peer,
+                                const CallInfo& call) {
+  const int64_t e = dtype_size(dt), m = opts_.max_message_elements;
+  for (int64_t off = 0; off < count; off += m) {
+    MPI_Request r;
+    int n = static_cast<int>(std::min(m, count - off));
+    mpi_check(MPI_Isend(cbytes(buf) + off * e, n, mpi_type(dt), peer, kTagColl, comm_, &r), comm_,
+              rank_, call, "MPI_Isend");
+    reqs_.push_back(r);
+  }
+}
+
+void MpiCommunicator::post_recv(void* buf, int64_t count, DType dt, int peer, const CallInfo& call) {
+  const int64_t e = dtype_size(dt), m = opts_.max_message_elements;
+  for (int64_t off = 0; off < count; off += m) {
+    MPI_Request r;
+    int n = static_cast<int>(std::min(m, count - off));
+    mpi_check(MPI_Irecv(bytes(buf) + off * e, n, mpi_type(dt), peer, kTagColl, comm_, &r), comm_,
+              rank_, call, "MPI_Irecv");
+    reqs_.push_back(r);
+  }
+}
+
+void MpiCommunicator::wait_all(const CallInfo& call) {
+  if (reqs_.empty()) return;
+  const int n = static_cast<int>(reqs_.size());
+  if (opts_.timeout_seconds <= 0) {
+    mpi_check(MPI_Waitall(n, reqs_.data(), MPI_STATUSES_IGNORE), comm_, rank_, call, "MPI_Waitall");
+  } else {
+    const double t0 = MPI_Wtime();
+    for (;;) {
+      int done = 0;
+      mpi_check(MPI_Testall(n, reqs_.data(), &done, MPI_STATUSES_IGNORE), comm_, rank_, call,
+                "MPI_Testall");
+      if (done) break;
+      if (MPI_Wtime() - t0 > opts_.timeout_seconds)
+        detail::comm_fatal(comm_, rank_, call,
+                           "timed out after " + std::to_string(opts_.timeout_seconds) +
+                               " s (another rank is missing or stuck)");
+      sched_yield();
+    }
+  }
+  reqs_.clear();
+}
+
+// ---------------------------------------------------------------- gathers
+
+void MpiCommunicator::gather_v_impl(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                    DType dt, const CallInfo& call) {
+  const int64_t e = dtype_size(dt);
+  const auto off = detail::offsets_of(counts);
+  const int64_t total = off.back() + counts.back();
+  unsigned char* mine = bytes(recv) + off[rank_] * e;
+  const bool in_place = send == mine;
+  if (total <= opts_.max_message_elements) {
+    std::vector<int> c(world_), d(world_);
+    for (int r = 0; r < world_; ++r) {
+      c[r] = static_cast<int>(counts[r]);
+      d[r] = static_cast<int>(off[r]);
+    }
+    MPI_Request req;
+    mpi_check(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send, c[rank_], mpi_type(dt), recv,
+                              c.data(), d.data(), mpi_type(dt), comm_, &req),
+              comm_, rank_, call, "MPI_Iallgatherv");
+    reqs_.push_back(req);
+    wait_all(call);
+    return;
+  }
+  // Large buffers: direct point-to-point exchange in messages of at most max_message_elements.
+  if (!in_place && counts[rank_] > 0) std::memcpy(mine, send, counts[rank_] * e);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    post_recv(bytes(recv) + off[r] * e, counts[r], dt, r, call);
+    post_send(send, counts[rank_], dt, r, call);
+  }
+  wait_all(call);
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DType dt,
+                                 CommPhase ph) {
+  detail::check_buffer("all_gather", "send", send, count);
+  detail::check_buffer("all_gather", "recv", recv, count * world_);
+  const std::vector<int64_t> counts(world_, count);
+  CallInfo call{CommOpId::all_gather, ph, dt, count};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  gather_v_impl(send, recv, counts, dt, call);
+  account(ph, detail::traffic_all_gather_v(counts, rank_, dt), MPI_Wtime() - t0);
+}
+
+void MpiCommunicator::all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                   DType dt, CommPhase ph) {
+  const int64_t total = detail::check_counts("all_gather_v", counts, world_);
+  detail::check_buffer("all_gather_v", "send", send, counts[rank_]);
+  detail::check_buffer("all_gather_v", "recv", recv, total);
+  CallInfo call{CommOpId::all_gather_v, ph, dt, total, &counts};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  gather_v_impl(send, recv, counts, dt, call);
+  account(ph, detail::traffic_all_gather_v(counts, rank_, dt), MPI_Wtime() - t0);
+}
+
+// ---------------------------------------------------------------- reductions
+
+void MpiCommunicator::reduce_scatter_v_impl(const void* send, void* recv,
+                                            const std::vector<int64_t>& counts, DType dt,
+                                            ReduceOp op, const CallInfo& call) {
+  const int64_t e = dtype_size(dt);
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min(opts_.reduce_chunk_bytes / e, opts_.max_message_elements));
+  const auto off = detail::offsets_of(counts);
+  // Rounds: enough for the largest segment. Every rank computes the same number.
+  int64_t rounds = 0;
+  for (int64_t c : counts) rounds = std::max(rounds, (c + chunk - 1) / chunk);
+  const int64_t my_chunk = std::min(chunk, counts[rank_]);
+  if (my_chunk > 0) {
+    if (static_cast<int64_t>(stage_.size()) < world_ * my_chunk * e)
+      stage_.resize(static_cast<size_t>(world_ * my_chunk * e));
+    if (static_cast<int64_t>(acc_.size()) < my_chunk) acc_.resize(static_cast<size_t>(my_chunk));
+  }
+  std::vector<const void*> srcs(world_);
+  for (int64_t k = 0; k < rounds; ++k) {
+    const int64_t base = k * chunk;
+    const int64_t n_me = std::clamp<int64_t>(counts[rank_] - base, 0, chunk);
+    for (int j = 0; j < world_; ++j) {
+      if (j != rank_ && n_me > 0) post_recv(stage_.data() + j * my_chunk * e, n_me, dt, j, call);
+    }
+    for (int o = 0; o < world_; ++o) {
+      const int64_t n_o = std::clamp<int64_t>(counts[o] - base, 0, chunk);
+      if (o != rank_ && n_o > 0) post_send(cbytes(send) + (off[o] + base) * e, n_o, dt, o, call);
+    }
+    wait_all(call);
+    if (n_me == 0) continue;
+    for (int j = 0; j < world_; ++j)
+      srcs[j] = j == rank_ ? static_cast<const void*>(cbytes(send) + (off[rank_] + base) * e)
+                           : static_cast<const void*>(stage_.data() + j * my_chunk * e);
+    detail::host_ordered_reduce(srcs, bytes(recv) + base * e, n_me, dt, op, acc_.data());
+  }
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType dt,
+                                     ReduceOp op, CommPhase ph) {
+  detail::check_buffer("reduce_scatter", "send", send, count * world_);
+  detail::check_buffer("reduce_scatter", "recv", recv, count);
+  const std::vector<int64_t> counts(world_, count);
+  CallInfo call{CommOpId::reduce_scatter, ph, dt, count, nullptr, -1, op};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  reduce_scatter_v_impl(send, recv, counts, dt, op, call);
+  account(ph, detail::traffic_reduce_scatter_v(counts, rank_, dt), MPI_Wtime() - t0);
+}
+
+void MpiCommunicator::reduce_scatter_v(const void* send, void* recv,
+                                       const std::vector<int64_t>& counts, DType dt, ReduceOp op,
+                                       CommPhase ph) {
+  const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
+  detail::check_buffer("reduce_scatter_v", "send", send, total);
+  detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
+  CallInfo call{CommOpId::reduce_scatter_v, ph, dt, total, &counts, -1, op};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  reduce_scatter_v_impl(send, recv, counts, dt, op, call);
+  account(ph, detail::traffic_reduce_scatter_v(counts, rank_, dt), MPI_Wtime() - t0);
+}
+
+void MpiCommunicator::all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) {
+  detail::check_buffer("all_reduce", "buf", buf, count);
+  CallInfo call{CommOpId::all_reduce, ph, dt, count, nullptr, -1, op};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  const auto parts = split_even(count, world_);
+  const auto off = detail::offsets_of(parts);
+  unsigned char* mine = bytes(buf) + off[rank_] * dtype_size(dt);
+  reduce_scatter_v_impl(buf, mine, parts, dt, op, call);  // in place into this rank's part
+  gather_v_impl(mine, buf, parts, dt, call);               // in place gather
+  account(ph, detail::traffic_all_reduce(count, world_, rank_, dt), MPI_Wtime() - t0);
+}
+
+double MpiCommunicator::all_reduce_scalar(double value, ReduceOp op, CommPhase ph) {
+  CallInfo call{CommOpId::all_reduce_scalar, ph, DType::f32, 1, nullptr, -1, op};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  std::vector<double> all(world_);
+  MPI_Request req;
+  mpi_check(MPI_Iallgather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, comm_, &req), comm_,
+            rank_, call, "MPI_Iallgather");
+  reqs_.push_back(req);
+  wait_all(call);
+  double r = all[0];
+  for (int j = 1; j < world_; ++j) r = op == ReduceOp::max ? std::max(r, all[j]) : r + all[j];
+  if (op == ReduceOp::mean) r /= world_;
+  account(ph, Traffic{8 * int64_t(world_ - 1), 8 * int64_t(world_ - 1)}, MPI_Wtime() - t0);
+  return r;
+}
+
+void MpiCommunicator::broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) {
+  detail::check_buffer("broadcast", "buf", buf, count);
+  if (root < 0 || root >= world_)
+    throw std::invalid_argument("[broadcast] root " + std::to_string(root) + " is outside [0, " +
+                                std::to_string(world_) + ")");
+  CallInfo call{CommOpId::broadcast, ph, dt, count, nullptr, root};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  const int64_t e = dtype_size(dt), m = opts_.max_message_elements;
+  for (int64_t o = 0; o < count; o += m) {
+    MPI_Request req;
+    mpi_check(MPI_Ibcast(bytes(buf) + o * e, static_cast<int>(std::min(m, count - o)), mpi_type(dt),
+                         root, comm_, &req),
+              comm_, rank_, call, "MPI_Ibcast");
+    reqs_.push_back(req);
+  }
+  wait_all(call);
+  account(ph, detail::traffic_broadcast(count, world_, rank_, root, dt), MPI_Wtime() - t0);
+}
+
+void MpiCommunicator::barrier() {
+  CallInfo call{CommOpId::barrier, CommPhase::other};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  MPI_Request req;
+  mpi_check(MPI_Ibarrier(comm_, &req), comm_, rank_, call, "MPI_Ibarrier");
+  reqs_.push_back(req);
+  wait_all(call);
+  account(CommPhase::other, Traffic{}, MPI_Wtime() - t0);
+}
+
+void MpiCommunicator::send_recv(const std::vector<P2P>& ops, CommPhase ph) {
+  Traffic t;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    if (op.peer < 0 || op.peer >= world_)
+      throw std::invalid_argument("[send_recv] op " + std::to_string(i) + " peer " +
+                                  std::to_string(op.peer) + " is outside [0, " +
+                                  std::to_string(world_) + ")");
+    detail::check_buffer("send_recv", op.is_send ? "send buf" : "recv buf", op.buf, op.count);
+    (op.is_send ? t.sent : t.received) += op.count * dtype_size(op.dtype);
+  }
+  CallInfo call{CommOpId::send_recv, ph, ops.empty() ? DType::f32 : ops[0].dtype,
+                static_cast<int64_t>(ops.size())};
+  const double t0 = MPI_Wtime();
+  const int64_t m = opts_.max_message_elements;
+  for (const auto& op : ops) {
+    const int64_t e = dtype_size(op.dtype);
+    for (int64_t o = 0; o < op.count; o += m) {
+      MPI_Request req;
+      const int n = static_cast<int>(std::min(m, op.count - o));
+      if (op.is_send)
+        mpi_check(MPI_Isend(bytes(op.buf) + o * e, n, mpi_type(op.dtype), op.peer, kTagP2P, comm_,
+                            &req),
+                  comm_, rank_, call, "MPI_Isend");
+      else
+        mpi_check(MPI_Irecv(bytes(op.buf) + o * e, n, mpi_type(op.dtype), op.peer, kTagP2P, comm_,
+                            &req),
+                  comm_, rank_, call, "MPI_Irecv");
+      reqs_.push_back(req);
+    }
+  }
+  wait_all(call);
+  account(ph, t, MPI_Wtime() - t0);
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, CommOptions opts) {
+  return std::make_unique<MpiCommunicator>(comm, opts);
+}
+
+}  // namespace mfsdp

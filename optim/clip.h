@@ -1,0 +1,20 @@
+// Global-norm gradient clipping helpers on raw f32 buffers (DESIGN.md section 4, "clip").
+#pragma once
+#include <cstdint>
+
+namespace mfsdp {
+
+/// Clipping coefficient for a global gradient L2 norm: min(1, max_norm / (global_norm + 1e-6))
+/// (the torch.nn.utils.clip_grad_norm_ formula). max_norm <= 0 disables clipping (returns 1).
+/// Throws std::invalid_argument when clipping is enabled and global_norm is negative or not finite.
+double clip_coefficient(double global_norm, double max_norm);
+
+/// Sum of squares of x[0..n) accumulated in f64. Deterministic: fixed-size chunks summed in parallel,
+/// chunk partials added in index order, so the result is bitwise independent of the thread count.
+/// Throws std::invalid_argument for n < 0 or a null x with n > 0.
+double sum_of_squares_cpu(const float* x, int64_t n);
+
+/// x[i] *= alpha for i in [0, n) (OpenMP parallel). Throws std::invalid_argument for n < 0 or null x.
+void scale_cpu(float* x, int64_t n, float alpha);
+
+}  // namespace mfsdp

@@ -1,0 +1,75 @@
+// Muon: momentum + Newton-Schulz orthogonalization of whole 2D weight matrices (DESIGN.md section 7).
+// CPU kernels on raw contiguous f32 buffers; the sharding engine calls them on the matrices it owns.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace mfsdp {
+
+/// How the orthogonalized update of an m x n matrix ([fan_out, fan_in]) is scaled.
+/// original:        sqrt(max(1, m/n))        (Keller Jordan's Muon)
+/// match_rms_adamw: 0.2 * sqrt(max(m, n))    (update RMS comparable to AdamW's, Moonshot's rule)
+enum class MuonScaleRule { original, match_rms_adamw };
+
+/// Parses "original" / "match_rms_adamw"; throws std::invalid_argument naming the bad value.
+MuonScaleRule parse_muon_scale_rule(const std::string& s);
+/// The config name of `r` ("original" or "match_rms_adamw").
+const char* muon_scale_rule_name(MuonScaleRule r);
+
+/// Hyperparameters of the Muon group (the learning rate is passed per step).
+struct MuonOptions {
+  double momentum = 0.95;      ///< beta of the momentum buffer, in [0, 1)
+  bool nesterov = true;        ///< U = (1-beta)*G + beta*M instead of U = M
+  int ns_steps = 5;            ///< Newton-Schulz iterations (>= 0)
+  double weight_decay = 0.0;   ///< decoupled: W <- W * (1 - lr*wd)
+  MuonScaleRule scale_rule = MuonScaleRule::original;
+  bool split_qkv = false;      ///< orthogonalize a fused QKV matrix as qkv_blocks row blocks
+};
+
+/// Quintic Newton-Schulz coefficients (a, b, c) of Keller Jordan's Muon.
+inline constexpr float kNewtonSchulzA = 3.4445f;
+inline constexpr float kNewtonSchulzB = -4.7750f;
+inline constexpr float kNewtonSchulzC = 2.0315f;
+/// Added to the Frobenius norm before normalizing (keeps a zero input at zero, never NaN).
+inline constexpr float kNewtonSchulzNormEps = 1e-7f;
+
+/// Newton-Schulz orthogonalization in f32 (reference: Keller Jordan's Muon, `zeropower_via_newtonschulz5`).
+/// G: [rows, cols] row-major f32, read only. out: [rows, cols] row-major f32 (may equal G).
+/// X = G / (||G||_F + 1e-7) (norm accumulated in f64); when rows > cols the iteration runs on X^T;
+/// `steps` times: A = X X^T; B = b*A + c*A A; X = a*X + B X. Works on private (thread-local,
+/// reused) scratch and Eigen GEMMs (OpenMP threaded). Increments the process call counter.
+/// Throws std::invalid_argument for negative sizes/steps or null pointers with a non-empty shape.
+void newton_schulz_cpu(const float* G, float* out, int64_t rows, int64_t cols, int steps);
+
+/// Scale factor of the update of a [rows, cols] matrix (block) under `rule`:
+/// original = sqrt(max(1, rows/cols)), match_rms_adamw = 0.2*sqrt(max(rows, cols)).
+/// Throws std::invalid_argument when rows or cols is not positive.
+double muon_scale(int64_t rows, int64_t cols, MuonScaleRule rule);
+
+/// One Muon step on one whole matrix. W, G, M: [rows, cols] row-major f32 (weight, gradient, momentum).
+///   M <- beta*M + (1-beta)*G;  U = nesterov ? (1-beta)*G + beta*M : M;
+///   O = NS(U), or, when opt.split_qkv and qkv_blocks > 1, NS of each block of rows/qkv_blocks rows;
+///   W <- W*(1 - lr*wd);  W <- W - lr*scale*O  (scale from the block shape).
+/// U and O live in private scratch (the momentum is never overwritten by Newton-Schulz).
+/// A zero G and M give a zero update (only the weight decay acts). Newton-Schulz runs once per
+/// matrix (qkv_blocks times when split). Throws std::invalid_argument for bad shapes/options
+/// (e.g. rows not divisible by qkv_blocks, momentum outside [0, 1)).
+void muon_step_cpu(float* W, const float* G, float* M, int64_t rows, int64_t cols, double lr,
+                   const MuonOptions& opt, int qkv_blocks = 1);
+
+/// Number of Newton-Schulz invocations (CPU and CUDA) in this process since start or the last reset.
+int64_t newton_schulz_call_count();
+/// Resets the Newton-Schulz invocation counter to 0.
+void reset_newton_schulz_call_count();
+
+namespace detail {
+/// Increments the Newton-Schulz call counter (used by the CPU and CUDA implementations).
+void count_newton_schulz_call();
+/// Throws std::invalid_argument unless the options are usable (names `op` in the message).
+void validate_muon_options(const MuonOptions& opt, const char* op);
+/// Number of row blocks muon_step_* orthogonalizes separately; validates rows % blocks == 0.
+int64_t muon_block_count(int64_t rows, int64_t cols, const MuonOptions& opt, int qkv_blocks,
+                         const char* op);
+}  // namespace detail
+
+}  // namespace mfsdp

@@ -1,0 +1,69 @@
+// CUDA Muon / AdamW on device pointers (compiled only when MFSDP_WITH_CUDA). Same math as the CPU
+// kernels: f32 momentum / normalization, Newton-Schulz iterations as cuBLAS bf16 GEMMs with f32
+// accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), elementwise kernels for everything else.
+// Every call is asynchronous on `stream` unless stated; all pointers are device pointers on the
+// current device. Errors (CUDA or cuBLAS status) throw std::runtime_error naming the call.
+#pragma once
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "optim/adamw.h"
+#include "optim/muon.h"
+
+namespace mfsdp {
+
+/// Device scratch for Newton-Schulz / Muon, grown on demand and reused across calls (owner-buffer
+/// pinning: no allocation per step once warm). Not thread safe; use one per stream.
+class MuonCudaWorkspace {
+ public:
+  MuonCudaWorkspace() = default;
+  ~MuonCudaWorkspace();
+  MuonCudaWorkspace(const MuonCudaWorkspace&) = delete;
+  MuonCudaWorkspace& operator=(const MuonCudaWorkspace&) = delete;
+
+  /// Ensures room for a Muon step on a [rows, cols] matrix (synchronizes the device when it grows).
+  void reserve(int64_t rows, int64_t cols);
+  /// Bytes of device memory currently held.
+  int64_t bytes() const { return bytes_; }
+
+  float* update = nullptr;      ///< [rows*cols] f32: the Muon input U, then the f32 NS output
+  void* x = nullptr;            ///< [m*n] bf16 iterate
+  void* y = nullptr;            ///< [m*n] bf16 next iterate
+  void* a = nullptr;            ///< [m*m] bf16 Gram matrix A = X X^T
+  void* b = nullptr;            ///< [m*m] bf16 B = b*A + c*A A
+  double* partial = nullptr;    ///< [kPartials] f64 per-block partial sums of squares
+  float* inv_norm = nullptr;    ///< [1] f32 1 / (||U||_F + 1e-7)
+  static constexpr int kPartials = 1024;
+
+ private:
+  void release();
+  int64_t numel_ = 0, mn_ = 0, mm_ = 0, bytes_ = 0;
+};
+
+/// Newton-Schulz on device: G, out [rows, cols] row-major f32 (out may equal G). Normalizes in f32
+/// (deterministic f64 reduction of ||G||_F), then `steps` quintic iterations in bf16 GEMMs with
+/// f32 accumulation, transposing when rows > cols. `ws` may be null (a temporary is used, then the
+/// stream is synchronized before it is freed). Increments newton_schulz_call_count().
+void newton_schulz_cuda(const float* G, float* out, int64_t rows, int64_t cols, int steps,
+                        cudaStream_t stream, cublasHandle_t handle, MuonCudaWorkspace* ws = nullptr);
+
+/// One Muon step on device, same contract as muon_step_cpu (W, G, M: [rows, cols] row-major f32).
+void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t cols, double lr,
+                    const MuonOptions& opt, int qkv_blocks, cudaStream_t stream, cublasHandle_t handle,
+                    MuonCudaWorkspace* ws = nullptr);
+
+/// One AdamW step on device over n f32 elements, same contract as adamw_step_cpu.
+void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, double lr, int64_t step,
+                     const AdamWOptions& opt, cudaStream_t stream);
+
+/// Sum of squares of x[0..n) (f64 accumulation, deterministic). Synchronizes `stream`.
+double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream);
+
+/// x[i] *= alpha on device (asynchronous).
+void scale_cuda(float* x, int64_t n, float alpha, cudaStream_t stream);
+
+}  // namespace mfsdp
+#endif

@@ -1,0 +1,43 @@
+#include "planner/cost_model.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace mfsdp {
+
+double muon_flops(int64_t rows, int64_t cols, int ns_steps) {
+  if (rows < 1 || cols < 1 || ns_steps < 0)
+    throw std::invalid_argument("[muon_flops] need rows >= 1, cols >= 1, ns_steps >= 0; got rows " +
+                                std::to_string(rows) + ", cols " + std::to_string(cols) +
+                                ", ns_steps " + std::to_string(ns_steps));
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  return static_cast<double>(ns_steps) * (4.0 * m * m * n + 2.0 * m * m * m);
+}
+
+double shard_muon_flops(const MatrixShard& s, const PlannerOptions& options) {
+  if (s.optimizer != OptimizerKind::muon) return 0.0;
+  if (s.shape.size() != 2)
+    throw std::invalid_argument("[shard_muon_flops] " + s.name + " is routed to Muon but has " +
+                                std::to_string(s.shape.size()) + " dims");
+  const int64_t rows = s.shape[0], cols = s.shape[1];
+  if (options.split_qkv && s.qkv_blocks > 1) {
+    if (rows % s.qkv_blocks != 0)
+      throw std::invalid_argument("[shard_muon_flops] " + s.name + ": qkv_blocks " +
+                                  std::to_string(s.qkv_blocks) + " does not divide rows " +
+                                  std::to_string(rows));
+    return s.qkv_blocks * muon_flops(rows / s.qkv_blocks, cols, options.ns_steps);
+  }
+  return muon_flops(rows, cols, options.ns_steps);
+}
+
+double adamw_flops(int64_t numel) { return kAdamWFlopsPerElement * static_cast<double>(numel); }
+
+int64_t state_per_element(OptimizerKind k) { return k == OptimizerKind::muon ? 1 : 2; }
+
+int64_t owner_bytes_per_element(OptimizerKind k) {
+  return (2 + state_per_element(k)) * kF32Bytes;
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,285 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+namespace mfsdp {
+
+void validate_inventory(const ParamInventory& inv) {
+  auto fail = [](const std::string& m) { throw std::invalid_argument("[make_plan] " + m); };
+  if (inv.unit_names.empty()) fail("inventory has no units");
+  std::set<std::string> names;
+  const int U = static_cast<int>(inv.unit_names.size());
+  for (const auto& p : inv.params) {
+    if (p.name.empty()) fail("a parameter has an empty name");
+    if (!names.insert(p.name).second) fail("parameter " + p.name + " appears twice");
+    if (p.unit < 0 || p.unit >= U)
+      fail("parameter " + p.name + ": unit " + std::to_string(p.unit) + " not in [0, " +
+           std::to_string(U) + ")");
+    for (int64_t d : p.shape)
+      if (d < 1) fail("parameter " + p.name + ": dim " + std::to_string(d) + " < 1");
+    if (p.qkv_blocks < 1)
+      fail("parameter " + p.name + ": qkv_blocks " + std::to_string(p.qkv_blocks) + " < 1");
+    if (p.role == ParamRole::matrix) {
+      if (p.shape.size() != 2)
+        fail("parameter " + p.name + " has role matrix but " + std::to_string(p.shape.size()) +
+             " dims (Muon needs a 2-D logical shape)");
+      if (p.shape[0] % p.qkv_blocks != 0)
+        fail("parameter " + p.name + ": qkv_blocks " + std::to_string(p.qkv_blocks) +
+             " does not divide rows " + std::to_string(p.shape[0]));
+    }
+  }
+}
+
+namespace {
+
+// Owner placements: pieces carry rank/param_offset/numel; segment offsets are assigned here.
+// In each (unit, rank) segment: owned Muon matrices first, then AdamW pieces, inventory order.
+void assign_segment_offsets(ShardPlan& plan) {
+  const int N = plan.world_size;
+  std::vector<int64_t> cursor(plan.units.size() * static_cast<size_t>(N), 0);
+  for (OptimizerKind pass : {OptimizerKind::muon, OptimizerKind::adamw})
+    for (auto& s : plan.shards) {
+      if (s.optimizer != pass) continue;
+      for (auto& p : s.pieces) {
+        int64_t& c = cursor[static_cast<size_t>(s.unit) * N + p.rank];
+        p.segment_offset = c;
+        c += p.numel;
+      }
+    }
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    for (int r = 0; r < N; ++r) plan.units[u].segment_numel[r] = cursor[u * N + r];
+}
+
+void layout_round_robin(ShardPlan& plan) {
+  const int N = plan.world_size;
+  for (size_t k = 0; k < plan.shards.size(); ++k)
+    plan.shards[k].pieces = {ShardPiece{static_cast<int>(k % N), 0, 0, plan.shards[k].numel()}};
+  assign_segment_offsets(plan);
+}
+
+// Spreads each unit's matrices over ranks without changing any rank's FLOPs or bytes: matrices
+// with identical cost (same FLOPs and bytes, e.g. the same layer type in different blocks) may
+// trade owners. A trade is taken when it lowers sum over (unit, rank) of (unit bytes on rank)^2;
+// pairs are visited in a fixed order until no trade helps (or a pass limit), so it is
+// deterministic. `mats` is sorted by (FLOPs, bytes) descending, so equal-cost runs are adjacent.
+void spread_units(ShardPlan& plan, const std::vector<int>& mats, const std::vector<double>& flops,
+                  const std::vector<int64_t>& bytes) {
+  const int N = plan.world_size;
+  if (N == 1) return;
+  std::vector<double> x(plan.units.size() * static_cast<size_t>(N), 0.0);
+  auto at = [&](int unit, int rank) -> double& { return x[static_cast<size_t>(unit) * N + rank]; };
+  for (int i : mats) at(plan.shards[i].unit, plan.shards[i].pieces[0].rank) += bytes[i];
+  for (size_t lo = 0; lo < mats.size();) {
+    size_t hi = lo + 1;
+    while (hi < mats.size() && flops[mats[hi]] == flops[mats[lo]] &&
+           bytes[mats[hi]] == bytes[mats[lo]])
+      ++hi;
+    const double w = static_cast<double>(bytes[mats[lo]]);
+    for (int pass = 0; pass < 32; ++pass) {
+      bool improved = false;
+      for (size_t a = lo; a < hi; ++a)
+        for (size_t b = a + 1; b < hi; ++b) {
+          auto& sa = plan.shards[mats[a]];
+          auto& sb = plan.shards[mats[b]];
+          const int ra = sa.pieces[0].rank, rb = sb.pieces[0].rank;
+          if (ra == rb || sa.unit == sb.unit) continue;
+          // Change of the squared sums when a moves ra -> rb and b moves rb -> ra.
+          const double delta = 2.0 * w * (at(sa.unit, rb) - at(sa.unit, ra) + w) +
+                               2.0 * w * (at(sb.unit, ra) - at(sb.unit, rb) + w);
+          if (delta >= 0.0) continue;
+          at(sa.unit, ra) -= w;
+          at(sa.unit, rb) += w;
+          at(sb.unit, rb) -= w;
+          at(sb.unit, ra) += w;
+          sa.pieces[0].rank = rb;
+          sb.pieces[0].rank = ra;
+          improved = true;
+        }
+      if (!improved) break;
+    }
+    lo = hi;
+  }
+}
+
+// Longest-processing-time greedy for the matrices; returns matrix bytes per rank.
+std::vector<int64_t> place_matrices_lpt(ShardPlan& plan) {
+  const int N = plan.world_size;
+  const size_t U = plan.units.size();
+  std::vector<int> mats;
+  std::vector<double> flops(plan.shards.size(), 0.0);
+  std::vector<int64_t> bytes(plan.shards.size(), 0);
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
+    const auto& s = plan.shards[i];
+    if (s.optimizer != OptimizerKind::muon) continue;
+    mats.push_back(static_cast<int>(i));
+    flops[i] = shard_muon_flops(s, plan.options);
+    bytes[i] = s.numel() * owner_bytes_per_element(OptimizerKind::muon);
+  }
+  std::stable_sort(mats.begin(), mats.end(), [&](int a, int b) {
+    if (flops[a] != flops[b]) return flops[a] > flops[b];
+    if (bytes[a] != bytes[b]) return bytes[a] > bytes[b];
+    return a < b;
+  });
+  std::vector<double> load(N, 0.0);
+  std::vector<int64_t> rank_bytes(N, 0), unit_bytes(U * static_cast<size_t>(N), 0);
+  for (int i : mats) {
+    auto& s = plan.shards[i];
+    const int64_t* ub = &unit_bytes[static_cast<size_t>(s.unit) * N];
+    int best = 0;
+    for (int r = 1; r < N; ++r) {
+      if (load[r] != load[best]) {
+        if (load[r] < load[best]) best = r;
+      } else if (rank_bytes[r] != rank_bytes[best]) {
+        if (rank_bytes[r] < rank_bytes[best]) best = r;
+      } else if (ub[r] < ub[best]) {
+        best = r;
+      }
+    }
+    s.pieces = {ShardPiece{best, 0, 0, s.numel()}};
+    load[best] += flops[i];
+    rank_bytes[best] += bytes[i];
+    unit_bytes[static_cast<size_t>(s.unit) * N + best] += bytes[i];
+  }
+  spread_units(plan, mats, flops, bytes);
+  return rank_bytes;
+}
+
+// Water-fills the AdamW tail into the ranks with the fewest bytes (see make_plan's comment).
+void place_tail(ShardPlan& plan, const std::vector<int64_t>& matrix_bytes) {
+  const int N = plan.world_size;
+  std::vector<int> tail;
+  for (size_t i = 0; i < plan.shards.size(); ++i)
+    if (plan.shards[i].optimizer == OptimizerKind::adamw) tail.push_back(static_cast<int>(i));
+  std::stable_sort(tail.begin(), tail.end(),
+                   [&](int a, int b) { return plan.shards[a].unit < plan.shards[b].unit; });
+  std::vector<int64_t> start(tail.size() + 1, 0);  // stream position of each tail tensor
+  for (size_t k = 0; k < tail.size(); ++k) start[k + 1] = start[k] + plan.shards[tail[k]].numel();
+  const int64_t T = start.back();
+  if (T == 0) return;
+
+  // Level L with sum_r max(0, L - B_r) = T * b, b = AdamW bytes per element.
+  const double b = static_cast<double>(owner_bytes_per_element(OptimizerKind::adamw));
+  std::vector<int> order(N);
+  for (int r = 0; r < N; ++r) order[r] = r;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int x, int y) { return matrix_bytes[x] < matrix_bytes[y]; });
+  double acc = 0.0, level = 0.0;
+  for (int k = 1; k <= N; ++k) {
+    acc += static_cast<double>(matrix_bytes[order[k - 1]]);
+    level = (static_cast<double>(T) * b + acc) / k;
+    if (k == N || level <= static_cast<double>(matrix_bytes[order[k]])) break;
+  }
+  // Rank r takes stream range [bound[r-1], bound[r]); bounds are rounded cumulative capacities.
+  std::vector<int64_t> bound(N, T);
+  double cum = 0.0;
+  for (int r = 0; r + 1 < N; ++r) {
+    cum += std::max(0.0, level - static_cast<double>(matrix_bytes[r])) / b;
+    bound[r] = std::min<int64_t>(T, std::llround(cum));
+  }
+  // Move cuts that fall inside small tensors (< 1/64 of an even share) to the nearer edge.
+  const int64_t snap_limit = T / (64 * static_cast<int64_t>(N));
+  int64_t prev = 0;
+  for (int r = 0; r + 1 < N; ++r) {
+    int64_t c = bound[r];
+    const size_t k = std::upper_bound(start.begin(), start.end(), c) - start.begin() - 1;
+    if (k < tail.size() && c > start[k] && c < start[k + 1] &&
+        start[k + 1] - start[k] <= snap_limit)
+      c = (c - start[k] <= start[k + 1] - c) ? start[k] : start[k + 1];
+    bound[r] = prev = std::max(prev, c);
+  }
+  // Cut every tail tensor along the rank ranges.
+  for (size_t k = 0; k < tail.size(); ++k) {
+    auto& s = plan.shards[tail[k]];
+    s.pieces.clear();
+    const int64_t lo = start[k], hi = start[k + 1];
+    int r = static_cast<int>(std::upper_bound(bound.begin(), bound.end(), lo) - bound.begin());
+    for (; r < N; ++r) {
+      const int64_t rlo = r == 0 ? 0 : bound[r - 1], rhi = bound[r];
+      if (rlo >= hi) break;
+      const int64_t a = std::max(lo, rlo), e = std::min(hi, rhi);
+      if (e > a) s.pieces.push_back(ShardPiece{r, 0, a - lo, e - a});
+    }
+  }
+}
+
+void layout_fsdp2(ShardPlan& plan) {
+  const int N = plan.world_size;
+  std::vector<int64_t> cursor(plan.units.size(), 0);  // slot offset, equal on every rank
+  for (auto& s : plan.shards) {
+    const int64_t rpr = s.fsdp2_rows_per_rank(N), cols = s.row_numel();
+    s.pieces.clear();
+    for (int r = 0; r < N; ++r) {
+      const int64_t rows_on = s.fsdp2_rows_on(r, N);
+      if (rows_on == 0) break;  // later ranks hold no rows either
+      s.pieces.push_back(ShardPiece{r, cursor[s.unit], r * rpr * cols, rows_on * cols});
+    }
+    cursor[s.unit] += rpr * cols;
+  }
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    std::fill(plan.units[u].segment_numel.begin(), plan.units[u].segment_numel.end(), cursor[u]);
+}
+
+void layout_ddp(ShardPlan& plan) {
+  for (auto& s : plan.shards) {
+    s.pieces = {ShardPiece{0, plan.units[s.unit].segment_numel[0], 0, s.numel()}};
+    plan.units[s.unit].segment_numel[0] += s.numel();
+  }
+}
+
+}  // namespace
+
+ShardPlan make_plan(const ParamInventory& inv, int world_size, Placement placement,
+                    const PlannerOptions& options) {
+  if (world_size < 1 || world_size > kMaxPlanWorldSize)
+    throw std::invalid_argument("[make_plan] world size " + std::to_string(world_size) +
+                                " not in [1, " + std::to_string(kMaxPlanWorldSize) + "]");
+  if (options.ns_steps < 0)
+    throw std::invalid_argument("[make_plan] ns_steps " + std::to_string(options.ns_steps) +
+                                " < 0");
+  validate_inventory(inv);
+  ShardPlan plan;
+  plan.world_size = world_size;
+  plan.placement = placement;
+  plan.options = options;
+  for (const auto& name : inv.unit_names)
+    plan.units.push_back(UnitLayout{name, std::vector<int64_t>(world_size, 0)});
+  for (const auto& p : inv.params) {
+    MatrixShard s;
+    s.name = p.name;
+    s.shape = p.shape;
+    s.role = p.role;
+    s.unit = p.unit;
+    s.qkv_blocks = p.qkv_blocks;
+    s.optimizer = p.role == ParamRole::matrix ? OptimizerKind::muon : OptimizerKind::adamw;
+    plan.shards.push_back(std::move(s));
+  }
+  switch (placement) {
+    case Placement::fsdp2: layout_fsdp2(plan); break;
+    case Placement::ddp: layout_ddp(plan); break;
+    case Placement::matrixfsdp:
+    case Placement::zero1:
+      if (options.round_robin) {
+        layout_round_robin(plan);
+      } else {
+        place_tail(plan, place_matrices_lpt(plan));
+        assign_segment_offsets(plan);
+      }
+      break;
+  }
+  for (auto& s : plan.shards)
+    s.owner = (placement != Placement::ddp && s.pieces.size() == 1) ? s.pieces[0].rank : -1;
+  plan.stats = compute_stats(plan);
+  return plan;
+}
+
+std::string routing_summary(const ShardPlan& plan) {
+  const auto& st = plan.stats;
+  return "muon: " + std::to_string(st.muon_params) + " tensors, " + std::to_string(st.muon_numel) +
+         " elements; adamw: " + std::to_string(st.adamw_params) + " tensors, " +
+         std::to_string(st.adamw_numel) + " elements";
+}
+
+}  // namespace mfsdp

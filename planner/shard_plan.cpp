@@ -1,0 +1,490 @@
+#include "planner/shard_plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+
+#include "planner/cost_model.h"
+
+namespace mfsdp {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------- names
+
+const char* placement_name(Placement p) {
+  switch (p) {
+    case Placement::matrixfsdp: return "matrixfsdp";
+    case Placement::fsdp2: return "fsdp2";
+    case Placement::zero1: return "zero1";
+    case Placement::ddp: return "ddp";
+  }
+  throw std::invalid_argument("[placement_name] unknown placement value " +
+                              std::to_string(static_cast<int>(p)));
+}
+
+Placement parse_placement(const std::string& s) {
+  for (Placement p : {Placement::matrixfsdp, Placement::fsdp2, Placement::zero1, Placement::ddp})
+    if (s == placement_name(p)) return p;
+  throw std::invalid_argument("[parse_placement] unknown placement '" + s +
+                              "' (expected matrixfsdp, fsdp2, zero1 or ddp)");
+}
+
+const char* optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::muon: return "muon";
+    case OptimizerKind::adamw: return "adamw";
+  }
+  throw std::invalid_argument("[optimizer_name] unknown optimizer value " +
+                              std::to_string(static_cast<int>(k)));
+}
+
+OptimizerKind parse_optimizer(const std::string& s) {
+  if (s == "muon") return OptimizerKind::muon;
+  if (s == "adamw") return OptimizerKind::adamw;
+  throw std::invalid_argument("[parse_optimizer] unknown optimizer '" + s +
+                              "' (expected muon or adamw)");
+}
+
+// ---------------------------------------------------------------- MatrixShard / UnitLayout
+
+int64_t MatrixShard::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t MatrixShard::rows() const { return shape.empty() ? 1 : shape[0]; }
+
+int64_t MatrixShard::row_numel() const {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+int64_t MatrixShard::fsdp2_rows_per_rank(int world) const {
+  if (world < 1)
+    throw std::invalid_argument("[fsdp2_rows_per_rank] " + name + ": world size " +
+                                std::to_string(world) + " < 1");
+  return (rows() + world - 1) / world;
+}
+
+int64_t MatrixShard::fsdp2_rows_on(int rank, int world) const {
+  const int64_t rpr = fsdp2_rows_per_rank(world);
+  if (rank < 0 || rank >= world)
+    throw std::invalid_argument("[fsdp2_rows_on] " + name + ": rank " + std::to_string(rank) +
+                                " not in [0, " + std::to_string(world) + ")");
+  return std::clamp<int64_t>(rows() - static_cast<int64_t>(rank) * rpr, 0, rpr);
+}
+
+int64_t MatrixShard::fsdp2_slot_numel(int world) const {
+  return fsdp2_rows_per_rank(world) * row_numel();
+}
+
+int64_t MatrixShard::fsdp2_padding_numel(int world) const {
+  return (fsdp2_rows_per_rank(world) * world - rows()) * row_numel();
+}
+
+const ShardPiece* MatrixShard::piece_on(int rank) const {
+  for (const auto& p : pieces)
+    if (p.rank == rank) return &p;
+  return nullptr;
+}
+
+int64_t MatrixShard::numel_on(int rank) const {
+  const ShardPiece* p = piece_on(rank);
+  return p ? p->numel : 0;
+}
+
+int64_t UnitLayout::total_numel() const {
+  return std::accumulate(segment_numel.begin(), segment_numel.end(), int64_t{0});
+}
+
+int64_t UnitLayout::segment_offset(int rank) const {
+  if (rank < 0 || rank > static_cast<int>(segment_numel.size()))
+    throw std::out_of_range("[UnitLayout::segment_offset] unit " + name + ": rank " +
+                            std::to_string(rank) + " not in [0, " +
+                            std::to_string(segment_numel.size()) + "]");
+  return std::accumulate(segment_numel.begin(), segment_numel.begin() + rank, int64_t{0});
+}
+
+// ---------------------------------------------------------------- BalanceStats
+
+namespace {
+double ratio(double max, double mean) { return mean > 0.0 ? max / mean : 1.0; }
+}  // namespace
+
+double BalanceStats::flops_max() const {
+  return rank_flops.empty() ? 0.0 : *std::max_element(rank_flops.begin(), rank_flops.end());
+}
+double BalanceStats::flops_mean() const {
+  if (rank_flops.empty()) return 0.0;
+  return std::accumulate(rank_flops.begin(), rank_flops.end(), 0.0) /
+         static_cast<double>(rank_flops.size());
+}
+double BalanceStats::flops_ratio() const { return ratio(flops_max(), flops_mean()); }
+int64_t BalanceStats::bytes_max() const {
+  return rank_bytes.empty() ? 0 : *std::max_element(rank_bytes.begin(), rank_bytes.end());
+}
+double BalanceStats::bytes_mean() const {
+  if (rank_bytes.empty()) return 0.0;
+  return static_cast<double>(std::accumulate(rank_bytes.begin(), rank_bytes.end(), int64_t{0})) /
+         static_cast<double>(rank_bytes.size());
+}
+double BalanceStats::bytes_ratio() const {
+  return ratio(static_cast<double>(bytes_max()), bytes_mean());
+}
+double BalanceStats::unit_ratio(int u) const {
+  return ratio(static_cast<double>(unit_segment_max_bytes.at(u)), unit_segment_mean_bytes.at(u));
+}
+double BalanceStats::worst_unit_ratio() const {
+  double w = 1.0;
+  for (size_t u = 0; u < unit_segment_max_bytes.size(); ++u)
+    w = std::max(w, unit_ratio(static_cast<int>(u)));
+  return w;
+}
+
+BalanceStats compute_stats(const ShardPlan& plan) {
+  const int N = plan.world_size;
+  BalanceStats st;
+  st.rank_flops.assign(N, 0.0);
+  st.rank_bytes.assign(N, 0);
+  int64_t total_numel = 0;
+  double all_muon_flops = 0.0;
+  for (const auto& s : plan.shards) {
+    const int64_t n = s.numel();
+    total_numel += n;
+    if (s.optimizer == OptimizerKind::muon) {
+      ++st.muon_params;
+      st.muon_numel += n;
+    } else {
+      ++st.adamw_params;
+      st.adamw_numel += n;
+    }
+    if (s.pieces.size() > 1) ++st.split_tensors;
+    const double mf = shard_muon_flops(s, plan.options);
+    all_muon_flops += mf;
+    const int64_t state = state_per_element(s.optimizer) * kF32Bytes;
+    switch (plan.placement) {
+      case Placement::matrixfsdp:
+      case Placement::zero1:
+        for (const auto& p : s.pieces) {
+          // Muon matrices are never split here, so the piece's rank runs the whole NS.
+          st.rank_flops[p.rank] += s.optimizer == OptimizerKind::muon ? mf : adamw_flops(p.numel);
+          st.rank_bytes[p.rank] += plan.placement == Placement::matrixfsdp
+                                       ? p.numel * owner_bytes_per_element(s.optimizer)
+                                       : p.numel * state;
+        }
+        break;
+      case Placement::fsdp2: {
+        const int64_t slot = s.fsdp2_slot_numel(N);
+        st.padding_numel += s.fsdp2_padding_numel(N);
+        for (int r = 0; r < N; ++r) st.rank_bytes[r] += slot * 2 * kF32Bytes;
+        for (const auto& p : s.pieces) {
+          st.rank_bytes[p.rank] += p.numel * state;
+          if (s.optimizer == OptimizerKind::adamw) st.rank_flops[p.rank] += adamw_flops(p.numel);
+        }
+        break;
+      }
+      case Placement::ddp:
+        for (int r = 0; r < N; ++r) {
+          st.rank_bytes[r] += n * owner_bytes_per_element(s.optimizer);
+          if (s.optimizer == OptimizerKind::adamw) st.rank_flops[r] += adamw_flops(n);
+        }
+        break;
+    }
+  }
+  // Every rank orthogonalizes every matrix (fsdp2 after the step gather; ddp replicas).
+  if (plan.placement == Placement::fsdp2 || plan.placement == Placement::ddp)
+    for (int r = 0; r < N; ++r) st.rank_flops[r] += all_muon_flops;
+  if (plan.placement == Placement::zero1)
+    for (int r = 0; r < N; ++r) st.rank_bytes[r] += total_numel * 2 * kF32Bytes;
+  for (const auto& u : plan.units) {
+    int64_t mx = 0;
+    for (int64_t seg : u.segment_numel) {
+      mx = std::max(mx, seg);
+      if (seg == 0) ++st.empty_segments;
+    }
+    st.unit_segment_max_bytes.push_back(mx * kF32Bytes);
+    st.unit_segment_mean_bytes.push_back(static_cast<double>(u.total_numel() * kF32Bytes) /
+                                         static_cast<double>(N));
+  }
+  return st;
+}
+
+// ---------------------------------------------------------------- lookup
+
+const MatrixShard* ShardPlan::find(const std::string& name) const {
+  for (const auto& s : shards)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+const MatrixShard& ShardPlan::shard(const std::string& name) const {
+  if (const MatrixShard* s = find(name)) return *s;
+  throw std::out_of_range("[ShardPlan::shard] no parameter named '" + name + "' in the plan (" +
+                          std::to_string(shards.size()) + " parameters)");
+}
+
+std::vector<int> ShardPlan::shards_in_unit(int unit) const {
+  std::vector<int> out;
+  for (size_t i = 0; i < shards.size(); ++i)
+    if (shards[i].unit == unit) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+// ---------------------------------------------------------------- validate
+
+void ShardPlan::validate() const {
+  auto fail = [](const std::string& m) { throw std::runtime_error("[ShardPlan::validate] " + m); };
+  const int N = world_size;
+  if (N < 1) fail("world_size " + std::to_string(N) + " < 1");
+  const size_t U = units.size();
+  for (size_t u = 0; u < U; ++u) {
+    if (units[u].segment_numel.size() != static_cast<size_t>(N))
+      fail("unit " + units[u].name + " has " + std::to_string(units[u].segment_numel.size()) +
+           " segments, world size is " + std::to_string(N));
+    for (int r = 0; r < N; ++r)
+      if (units[u].segment_numel[r] < 0)
+        fail("unit " + units[u].name + " rank " + std::to_string(r) + " segment numel " +
+             std::to_string(units[u].segment_numel[r]) + " < 0");
+  }
+  // Intervals [segment_offset, end) per (unit, rank); fsdp2 slot cursor per unit.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> iv(U * static_cast<size_t>(N));
+  std::vector<int64_t> fsdp2_cursor(U, 0);
+  std::set<std::string> names;
+  std::vector<char> seen(N, 0);
+  for (const auto& s : shards) {
+    const std::string who = "parameter " + s.name;
+    if (!names.insert(s.name).second) fail(who + " appears twice");
+    if (s.unit < 0 || static_cast<size_t>(s.unit) >= U)
+      fail(who + " unit " + std::to_string(s.unit) + " not in [0, " + std::to_string(U) + ")");
+    for (int64_t d : s.shape)
+      if (d < 1) fail(who + " has dim " + std::to_string(d) + " < 1");
+    const bool is_matrix = s.role == ParamRole::matrix;
+    if (is_matrix != (s.optimizer == OptimizerKind::muon))
+      fail(who + " has role " + param_role_name(s.role) + " but optimizer " +
+           optimizer_name(s.optimizer));
+    if (is_matrix && s.shape.size() != 2)
+      fail(who + " has role matrix but " + std::to_string(s.shape.size()) + " dims");
+    if (s.pieces.empty()) fail(who + " has no pieces");
+    const int64_t n = s.numel();
+    int64_t next = 0;
+    std::fill(seen.begin(), seen.end(), 0);
+    for (const auto& p : s.pieces) {
+      const std::string pw = who + " piece on rank " + std::to_string(p.rank);
+      if (p.rank < 0 || p.rank >= N)
+        fail(pw + ": rank not in [0, " + std::to_string(N) + ")");
+      if (seen[p.rank]) fail(pw + ": second piece on that rank");
+      seen[p.rank] = 1;
+      if (p.numel < 1) fail(pw + ": numel " + std::to_string(p.numel) + " < 1");
+      if (p.param_offset != next)
+        fail(pw + ": param_offset " + std::to_string(p.param_offset) + ", expected " +
+             std::to_string(next) + " (pieces must be ordered and cover the tensor once)");
+      next += p.numel;
+      const int64_t seg = units[s.unit].segment_numel[p.rank];
+      if (p.segment_offset < 0 || p.segment_offset + p.numel > seg)
+        fail(pw + ": [" + std::to_string(p.segment_offset) + ", " +
+             std::to_string(p.segment_offset + p.numel) + ") outside the segment of " +
+             std::to_string(seg) + " elements in unit " + units[s.unit].name);
+      iv[static_cast<size_t>(s.unit) * N + p.rank].emplace_back(p.segment_offset,
+                                                                p.segment_offset + p.numel);
+    }
+    if (next != n)
+      fail(who + " pieces cover " + std::to_string(next) + " of " + std::to_string(n) +
+           " elements");
+    const int expected_owner =
+        placement == Placement::ddp ? -1 : (s.pieces.size() == 1 ? s.pieces[0].rank : -1);
+    if (s.owner != expected_owner)
+      fail(who + " owner " + std::to_string(s.owner) + ", expected " +
+           std::to_string(expected_owner));
+    if (placement == Placement::ddp && (s.pieces.size() != 1 || s.pieces[0].rank != 0))
+      fail(who + ": ddp keeps every tensor as one piece on rank 0");
+    if ((placement == Placement::matrixfsdp || placement == Placement::zero1) && is_matrix &&
+        s.pieces.size() != 1)
+      fail(who + " is a Muon matrix split into " + std::to_string(s.pieces.size()) + " pieces");
+    if (placement == Placement::fsdp2) {
+      const int64_t rpr = s.fsdp2_rows_per_rank(N), cols = s.row_numel();
+      size_t k = 0;
+      for (int r = 0; r < N; ++r) {
+        const int64_t rows_on = s.fsdp2_rows_on(r, N);
+        if (rows_on == 0) continue;
+        if (k >= s.pieces.size() || s.pieces[k].rank != r ||
+            s.pieces[k].segment_offset != fsdp2_cursor[s.unit] ||
+            s.pieces[k].param_offset != r * rpr * cols || s.pieces[k].numel != rows_on * cols)
+          fail(who + ": fsdp2 piece for rank " + std::to_string(r) + " must be " +
+               std::to_string(rows_on) + " rows at segment offset " +
+               std::to_string(fsdp2_cursor[s.unit]));
+        ++k;
+      }
+      if (k != s.pieces.size()) fail(who + ": fsdp2 piece on a rank without rows");
+      fsdp2_cursor[s.unit] += rpr * cols;
+    }
+  }
+  for (size_t u = 0; u < U; ++u)
+    for (int r = 0; r < N; ++r) {
+      auto& v = iv[u * N + r];
+      std::sort(v.begin(), v.end());
+      int64_t covered = 0;
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (i > 0 && v[i].first < v[i - 1].second)
+          fail("unit " + units[u].name + " rank " + std::to_string(r) + ": pieces overlap at " +
+               std::to_string(v[i].first));
+        covered += v[i].second - v[i].first;
+      }
+      const int64_t seg = units[u].segment_numel[r];
+      const int64_t expected = placement == Placement::fsdp2 ? fsdp2_cursor[u] : covered;
+      if (seg != expected || (placement != Placement::fsdp2 && covered != seg))
+        fail("unit " + units[u].name + " rank " + std::to_string(r) + ": segment numel " +
+             std::to_string(seg) + ", expected " + std::to_string(expected));
+    }
+}
+
+// ---------------------------------------------------------------- JSON
+
+nlohmann::json ShardPlan::to_json() const {
+  json j;
+  j["format"] = "mfsdp.shard_plan";
+  j["version"] = 1;
+  j["world_size"] = world_size;
+  j["placement"] = placement_name(placement);
+  j["options"] = {{"ns_steps", options.ns_steps},
+                  {"split_qkv", options.split_qkv},
+                  {"round_robin", options.round_robin}};
+  json ju = json::array();
+  for (const auto& u : units) ju.push_back({{"name", u.name}, {"segment_numel", u.segment_numel}});
+  j["units"] = std::move(ju);
+  json js = json::array();
+  for (const auto& s : shards) {
+    json pieces = json::array();
+    for (const auto& p : s.pieces)
+      pieces.push_back(json::array({p.rank, p.segment_offset, p.param_offset, p.numel}));
+    js.push_back({{"name", s.name},
+                  {"shape", s.shape},
+                  {"role", param_role_name(s.role)},
+                  {"unit", s.unit},
+                  {"qkv_blocks", s.qkv_blocks},
+                  {"optimizer", optimizer_name(s.optimizer)},
+                  {"owner", s.owner},
+                  {"pieces", std::move(pieces)}});
+  }
+  j["shards"] = std::move(js);
+  j["stats"] = {{"muon_params", stats.muon_params},
+                {"adamw_params", stats.adamw_params},
+                {"muon_numel", stats.muon_numel},
+                {"adamw_numel", stats.adamw_numel},
+                {"rank_flops", stats.rank_flops},
+                {"rank_bytes", stats.rank_bytes},
+                {"unit_segment_max_bytes", stats.unit_segment_max_bytes},
+                {"unit_segment_mean_bytes", stats.unit_segment_mean_bytes},
+                {"empty_segments", stats.empty_segments},
+                {"split_tensors", stats.split_tensors},
+                {"padding_numel", stats.padding_numel}};
+  return j;
+}
+
+namespace {
+
+[[noreturn]] void json_fail(const std::string& path, const std::string& why) {
+  throw std::runtime_error("[ShardPlan::from_json] field '" + path + "': " + why);
+}
+
+const json& field(const json& j, const std::string& path, const char* key) {
+  if (!j.is_object()) json_fail(path, "is not an object");
+  auto it = j.find(key);
+  if (it == j.end()) json_fail(path.empty() ? key : path + "." + key, "missing");
+  return *it;
+}
+
+template <class T>
+T as(const json& v, const std::string& path) {
+  try {
+    return v.get<T>();
+  } catch (const json::exception& e) {
+    json_fail(path, e.what());
+  }
+}
+
+template <class T>
+T get(const json& j, const std::string& path, const char* key) {
+  return as<T>(field(j, path, key), path.empty() ? key : path + "." + key);
+}
+
+template <class F>
+auto parse_enum(const std::string& s, const std::string& path, F f) {
+  try {
+    return f(s);
+  } catch (const std::invalid_argument& e) {
+    json_fail(path, e.what());
+  }
+}
+
+}  // namespace
+
+ShardPlan ShardPlan::from_json(const nlohmann::json& j) {
+  ShardPlan p;
+  const std::string format = get<std::string>(j, "", "format");
+  if (format != "mfsdp.shard_plan")
+    json_fail("format", "expected 'mfsdp.shard_plan', got '" + format + "'");
+  const int version = get<int>(j, "", "version");
+  if (version != 1) json_fail("version", "unsupported version " + std::to_string(version));
+  p.world_size = get<int>(j, "", "world_size");
+  p.placement = parse_enum(get<std::string>(j, "", "placement"), "placement", parse_placement);
+  const json& o = field(j, "", "options");
+  p.options.ns_steps = get<int>(o, "options", "ns_steps");
+  p.options.split_qkv = get<bool>(o, "options", "split_qkv");
+  p.options.round_robin = get<bool>(o, "options", "round_robin");
+  const json& ju = field(j, "", "units");
+  if (!ju.is_array()) json_fail("units", "is not an array");
+  for (size_t u = 0; u < ju.size(); ++u) {
+    const std::string path = "units[" + std::to_string(u) + "]";
+    p.units.push_back(UnitLayout{get<std::string>(ju[u], path, "name"),
+                                 get<std::vector<int64_t>>(ju[u], path, "segment_numel")});
+  }
+  const json& js = field(j, "", "shards");
+  if (!js.is_array()) json_fail("shards", "is not an array");
+  for (size_t i = 0; i < js.size(); ++i) {
+    const std::string path = "shards[" + std::to_string(i) + "]";
+    MatrixShard s;
+    s.name = get<std::string>(js[i], path, "name");
+    s.shape = get<std::vector<int64_t>>(js[i], path, "shape");
+    s.role = parse_enum(get<std::string>(js[i], path, "role"), path + ".role", parse_param_role);
+    s.unit = get<int>(js[i], path, "unit");
+    s.qkv_blocks = get<int>(js[i], path, "qkv_blocks");
+    s.optimizer =
+        parse_enum(get<std::string>(js[i], path, "optimizer"), path + ".optimizer", parse_optimizer);
+    s.owner = get<int>(js[i], path, "owner");
+    const auto pieces = get<std::vector<std::vector<int64_t>>>(js[i], path, "pieces");
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      if (pieces[k].size() != 4)
+        json_fail(path + ".pieces[" + std::to_string(k) + "]",
+                  "expected [rank, segment_offset, param_offset, numel], got " +
+                      std::to_string(pieces[k].size()) + " numbers");
+      s.pieces.push_back(
+          ShardPiece{static_cast<int>(pieces[k][0]), pieces[k][1], pieces[k][2], pieces[k][3]});
+    }
+    p.shards.push_back(std::move(s));
+  }
+  const json& st = field(j, "", "stats");
+  p.stats.muon_params = get<int>(st, "stats", "muon_params");
+  p.stats.adamw_params = get<int>(st, "stats", "adamw_params");
+  p.stats.muon_numel = get<int64_t>(st, "stats", "muon_numel");
+  p.stats.adamw_numel = get<int64_t>(st, "stats", "adamw_numel");
+  p.stats.rank_flops = get<std::vector<double>>(st, "stats", "rank_flops");
+  p.stats.rank_bytes = get<std::vector<int64_t>>(st, "stats", "rank_bytes");
+  p.stats.unit_segment_max_bytes = get<std::vector<int64_t>>(st, "stats", "unit_segment_max_bytes");
+  p.stats.unit_segment_mean_bytes =
+      get<std::vector<double>>(st, "stats", "unit_segment_mean_bytes");
+  p.stats.empty_segments = get<int64_t>(st, "stats", "empty_segments");
+  p.stats.split_tensors = get<int>(st, "stats", "split_tensors");
+  p.stats.padding_numel = get<int64_t>(st, "stats", "padding_numel");
+  try {
+    p.validate();
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("[ShardPlan::from_json] invalid plan: ") + e.what());
+  }
+  return p;
+}
+
+}  // namespace mfsdp

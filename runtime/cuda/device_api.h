@@ -1,0 +1,26 @@
+// Thin CUDA device API used by the runtime (allocation, copies, device queries).
+// Built from cuda/device_api.cu when MFSDP_WITH_CUDA; otherwise every call except
+// cuda_device_count() throws std::runtime_error("built without CUDA").
+#pragma once
+#include <cstdint>
+
+namespace mfsdp::cuda {
+
+/// Number of visible CUDA devices; 0 when built without CUDA or when the driver reports none.
+int device_count();
+/// True when at least one CUDA device can be used.
+inline bool available() { return device_count() > 0; }
+/// cudaSetDevice; throws on error.
+void set_device(int device);
+/// cudaMalloc / cudaFree. Throws std::runtime_error naming the size on failure.
+void* malloc_device(int64_t bytes);
+void free_device(void* p);
+/// Synchronous copies (cudaMemcpy) host->device, device->host, device->device; bytes.
+void copy_h2d(void* dst, const void* src, int64_t bytes);
+void copy_d2h(void* dst, const void* src, int64_t bytes);
+void copy_d2d(void* dst, const void* src, int64_t bytes);
+void memset_device(void* p, int value, int64_t bytes);
+/// cudaDeviceSynchronize; throws on a sticky error.
+void synchronize();
+
+}  // namespace mfsdp::cuda

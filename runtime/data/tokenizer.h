@@ -1,0 +1,40 @@
+// Tokenizers for decoding samples and encoding prompts: character-level and GPT-2 byte-level BPE.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mfsdp {
+
+/// A tokenizer: text (UTF-8 bytes) <-> token ids.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  /// Loads a tokenizer. kind "char": `path` is a char meta JSON ({"itos": [one string per id]},
+  /// e.g. data/tiny_shakespeare_char_meta.json). kind "gpt2": `path` is a directory holding
+  /// encoder.json and vocab.bpe (or the encoder.json file itself, vocab.bpe beside it).
+  /// Throws std::invalid_argument for an unknown kind, std::runtime_error naming the file when a
+  /// file is missing or malformed.
+  static std::unique_ptr<Tokenizer> load(const std::string& kind, const std::string& path);
+
+  virtual std::string kind() const = 0;
+  /// Number of ids (char: itos size; GPT-2: 50257 including <|endoftext|>).
+  virtual int64_t vocab_size() const = 0;
+  /// Concatenated text of the ids. GPT-2 maps its byte-level alphabet back to raw bytes, so a
+  /// sample cut inside a multi-byte character yields invalid UTF-8 bytes (as GPT-2 itself does).
+  /// Throws std::out_of_range naming the id and its position when an id is outside [0, vocab_size).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  /// Ids of the text. char: exact, throws std::invalid_argument naming the byte offset of a
+  /// character outside the vocabulary. GPT-2: pre-tokenizer pattern
+  /// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ then byte-level
+  /// BPE with the ranked merges of vocab.bpe. Special tokens in the text are not recognised.
+  virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+};
+
+/// Character tokenizer from a list of strings (itos[id]); every string must be non-empty and
+/// distinct. Encoding matches the longest entry at each position (entries are usually one character).
+std::unique_ptr<Tokenizer> make_char_tokenizer(std::vector<std::string> itos);
+
+}  // namespace mfsdp

@@ -1,0 +1,484 @@
+#include "runtime/engine/sharded_engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "runtime/autograd.h"
+#include "runtime/kernels.h"
+#include "runtime/ops.h"
+
+namespace mfsdp {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Tensor released(int64_t numel, MemCategory cat) {  // a buffer whose bytes exist only when needed
+  Tensor t = Tensor::empty({numel}, DType::f32, Device::CPU, cat);
+  t.storage()->release();
+  return t;
+}
+
+}  // namespace
+
+/// A parameter of a unit: where its full value lives while the unit is gathered.
+struct ShardedEngine::Binding {
+  int shard = 0;        // index into plan_.shards
+  bool direct = false;  // true: a view into Unit::full at `offset`; false: into Unit::unpacked
+  int64_t offset = 0;
+  Tensor param;         // the tensor bound to the model
+};
+
+/// A piece of a parameter this rank updates, with its optimizer state.
+struct ShardedEngine::OwnedPiece {
+  int shard = 0;
+  int64_t shard_offset = 0;  // element offset in Unit::shard / Unit::shard_grad
+  int64_t param_offset = 0;
+  int64_t numel = 0;         // may be 0 for an fsdp2 matrix this rank holds no rows of
+  Tensor m, v;               // Muon momentum | AdamW first and second moments
+};
+
+/// One FSDP unit's buffers on this rank.
+struct ShardedEngine::Unit {
+  int index = 0;
+  std::vector<int64_t> counts;     // per-rank segment numel
+  int64_t total = 0, my_offset = 0, my_count = 0;
+  Tensor shard, shard_grad;        // owned segment (persistent)
+  Tensor full, full_grad;          // whole unit buffer (comm layout), released when not in use
+  Tensor unpacked, unpacked_grad;  // params whose pieces are not one contiguous run
+  std::vector<Binding> params;
+  std::vector<OwnedPiece> owned;
+  bool gathered = false, grads_live = false;
+};
+
+ShardedEngine::ShardedEngine(GPT& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts)
+    : model_(model), comm_(comm), plan_(plan), opts_(opts), rank_(comm.rank()), world_(comm.world_size()) {
+  check_arg(plan_.world_size == world_, "ShardedEngine",
+            "plan is for world size " + std::to_string(plan_.world_size) + ", communicator has " + std::to_string(world_));
+  const auto& inv = model_.inventory();
+  check_arg(plan_.shards.size() == inv.params.size() && plan_.units.size() == inv.unit_names.size(), "ShardedEngine",
+            "plan has " + std::to_string(plan_.shards.size()) + " parameters in " + std::to_string(plan_.units.size()) +
+                " units, model has " + std::to_string(inv.params.size()) + " in " + std::to_string(inv.unit_names.size()));
+  for (size_t i = 0; i < inv.params.size(); ++i)
+    check_arg(plan_.shards[i].name == inv.params[i].name && plan_.shards[i].shape == inv.params[i].shape &&
+                  plan_.shards[i].unit == inv.params[i].unit,
+              "ShardedEngine", "plan parameter " + plan_.shards[i].name + shape_str(plan_.shards[i].shape) +
+                                   " does not match model parameter " + inv.params[i].name + shape_str(inv.params[i].shape));
+  resident_ = plan_.placement == Placement::zero1 || plan_.placement == Placement::ddp;
+  build_units();
+}
+
+ShardedEngine::~ShardedEngine() {
+  for (Unit* u : units_) delete u;
+}
+
+void ShardedEngine::build_units() {
+  const bool ddp = plan_.placement == Placement::ddp;
+  for (size_t ui = 0; ui < plan_.units.size(); ++ui) {
+    auto* unit = new Unit;
+    units_.push_back(unit);
+    const UnitLayout& L = plan_.units[ui];
+    unit->index = static_cast<int>(ui);
+    unit->counts = L.segment_numel;
+    unit->total = L.total_numel();
+    unit->my_offset = ddp ? 0 : L.segment_offset(rank_);
+    unit->my_count = ddp ? unit->total : L.segment_numel[rank_];
+    if (resident_) {
+      unit->full = Tensor::empty({unit->total}, DType::f32, Device::CPU, MemCategory::parameters);
+      unit->full.zero();
+      unit->shard = unit->full.view(unit->my_offset, {unit->my_count});
+      unit->gathered = true;
+    } else {
+      unit->shard = Tensor::empty({unit->my_count}, DType::f32, Device::CPU, MemCategory::parameters);
+      unit->shard.zero();  // fsdp2 padding stays zero
+      unit->full = released(unit->total, MemCategory::gathered_params);
+    }
+    {
+      MemCategoryScope s(MemCategory::gradients);
+      unit->shard_grad = Tensor::zeros({unit->my_count});
+    }
+    unit->full_grad = released(unit->total, MemCategory::gradients);
+
+    // Parameter bindings: a direct view when the pieces form one run of the unit buffer.
+    int64_t unpacked_total = 0;
+    for (int si : plan_.shards_in_unit(unit->index)) {
+      const MatrixShard& s = plan_.shards[si];
+      Binding b;
+      b.shard = si;
+      bool contiguous = !s.pieces.empty();
+      int64_t expect = -1;
+      for (const ShardPiece& p : s.pieces) {
+        const int64_t pos = L.segment_offset(p.rank) + p.segment_offset;
+        if (expect >= 0 && pos != expect) contiguous = false;
+        if (expect < 0) b.offset = pos;
+        expect = pos + p.numel;
+      }
+      b.direct = contiguous;
+      if (!contiguous) {
+        b.offset = unpacked_total;
+        unpacked_total += s.numel();
+      }
+      unit->params.push_back(b);
+    }
+    MemCategory pcat = resident_ ? MemCategory::parameters : MemCategory::gathered_params;
+    unit->unpacked = Tensor::empty({unpacked_total}, DType::f32, Device::CPU, pcat);
+    if (!resident_) unit->unpacked.storage()->release();
+    unit->unpacked_grad = released(unpacked_total, MemCategory::gradients);
+    for (Binding& b : unit->params) {
+      const MatrixShard& s = plan_.shards[b.shard];
+      const Tensor& base = b.direct ? unit->full : unit->unpacked;
+      const Tensor& gbase = b.direct ? unit->full_grad : unit->unpacked_grad;
+      b.param = base.view(b.offset, s.shape);
+      b.param.set_requires_grad(true);
+      b.param.set_grad(gbase.view(b.offset, s.shape));
+      model_.bind(s.name, b.param);
+    }
+
+    // Owned pieces and their optimizer state.
+    MemCategoryScope state_scope(MemCategory::optimizer_state);
+    for (int si : plan_.shards_in_unit(unit->index)) {
+      const MatrixShard& s = plan_.shards[si];
+      if (ddp) {
+        for (const ShardPiece& p : s.pieces) {
+          OwnedPiece o{si, p.segment_offset, p.param_offset, p.numel, {}, {}};
+          unit->owned.push_back(o);
+        }
+      } else {
+        const ShardPiece* p = s.piece_on(rank_);
+        if (p) unit->owned.push_back(OwnedPiece{si, p->segment_offset, p->param_offset, p->numel, {}, {}});
+        else if (plan_.placement == Placement::fsdp2 && s.optimizer == OptimizerKind::muon)
+          unit->owned.push_back(OwnedPiece{si, 0, 0, 0, {}, {}});  // joins the step's all-gather
+      }
+    }
+    for (OwnedPiece& o : unit->owned) {
+      o.m = Tensor::zeros({o.numel});
+      if (plan_.shards[o.shard].optimizer == OptimizerKind::adamw) o.v = Tensor::zeros({o.numel});
+    }
+  }
+}
+
+std::vector<int> ShardedEngine::units_needed_by(int u) const {
+  if (u == model_.head_unit() && model_.config().tie_embeddings && u != 0) return {u, 0};
+  return {u};
+}
+
+void ShardedEngine::unpack_params(Unit& unit) {
+  const UnitLayout& L = plan_.units[unit.index];
+  for (const Binding& b : unit.params) {
+    if (b.direct) continue;
+    for (const ShardPiece& p : plan_.shards[b.shard].pieces)
+      std::memcpy(unit.unpacked.data_f32() + b.offset + p.param_offset,
+                  unit.full.data_f32() + L.segment_offset(p.rank) + p.segment_offset, p.numel * sizeof(float));
+  }
+}
+
+void ShardedEngine::gather(int u, CommPhase phase) {
+  Unit& unit = *units_[u];
+  if (unit.gathered) return;
+  unit.full.storage()->materialize();
+  comm_.all_gather_v(unit.shard.numel() ? unit.shard.data_f32() : nullptr, unit.full.data_f32(), unit.counts,
+                     DType::f32, phase);
+  unit.unpacked.storage()->materialize();
+  unpack_params(unit);
+  unit.gathered = true;
+}
+
+void ShardedEngine::release(int u) {
+  Unit& unit = *units_[u];
+  if (resident_ || !unit.gathered) return;
+  unit.full.storage()->release();
+  unit.unpacked.storage()->release();
+  unit.gathered = false;
+}
+
+void ShardedEngine::ensure_grad_buffers(int u) {
+  Unit& unit = *units_[u];
+  if (unit.grads_live) return;
+  unit.full_grad.storage()->materialize();
+  unit.full_grad.zero();
+  unit.unpacked_grad.storage()->materialize();
+  unit.unpacked_grad.zero();
+  unit.grads_live = true;
+}
+
+void ShardedEngine::reduce_gradients(int u) {
+  Unit& unit = *units_[u];
+  const UnitLayout& L = plan_.units[unit.index];
+  for (const Binding& b : unit.params) {  // scatter split parameters' gradients to the comm layout
+    if (b.direct) continue;
+    for (const ShardPiece& p : plan_.shards[b.shard].pieces)
+      std::memcpy(unit.full_grad.data_f32() + L.segment_offset(p.rank) + p.segment_offset,
+                  unit.unpacked_grad.data_f32() + b.offset + p.param_offset, p.numel * sizeof(float));
+  }
+  Kernels& k = kernels(Device::CPU);
+  if (plan_.placement == Placement::ddp) {
+    comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
+    k.axpy(unit.shard_grad.data_f32(), unit.full_grad.data_f32(), 1.0f, unit.total);
+  } else {
+    MemCategoryScope s(MemCategory::comm_buffers);
+    Tensor mine = Tensor::empty({unit.my_count});
+    comm_.reduce_scatter_v(unit.full_grad.data_f32(), unit.my_count ? mine.data_f32() : nullptr, unit.counts,
+                           DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
+    if (unit.my_count) k.axpy(unit.shard_grad.data_f32(), mine.data_f32(), 1.0f, unit.my_count);
+  }
+  unit.full_grad.storage()->release();
+  unit.unpacked_grad.storage()->release();
+  unit.grads_live = false;
+}
+
+// ----------------------------------------------------------------------------------------------
+// The step schedule (DESIGN.md section 4), top to bottom.
+// ----------------------------------------------------------------------------------------------
+StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_t step) {
+  check_arg(!micro.empty(), "train_step", "no micro-batches");
+  StepStats st;
+  st.step = step;
+  const double t_start = now_seconds();
+  const int U = static_cast<int>(units_.size()), head = model_.head_unit();
+  for (Unit* unit : units_) unit->shard_grad.zero();
+  double loss_sum = 0;
+  int64_t local_tokens = 0;
+
+  for (const MicroBatch& mb : micro) {
+    MemCategoryScope act(MemCategory::activations);
+    local_tokens += mb.tokens.numel();
+    // forward: gather -> compute -> free, unit by unit (the last unit stays for backward)
+    double t0 = now_seconds();
+    std::vector<Tensor> out(U), in(U);
+    for (int u = 0; u < U; ++u) {
+      for (int d : units_needed_by(u)) gather(d, CommPhase::fwd_gather);
+      if (u == 0) {
+        out[u] = model_.embed(mb.tokens);
+      } else {
+        in[u] = out[u - 1].detach();
+        in[u].set_requires_grad(true);
+        out[u] = u == head ? model_.head_loss(in[u], mb.targets) : model_.block(u - 1, in[u]);
+      }
+      if (u != U - 1)
+        for (int d : units_needed_by(u)) release(d);
+    }
+    loss_sum += out[head].item();
+    st.t_forward += now_seconds() - t0;
+
+    // backward: gather -> backward -> reduce to owners -> free, in reverse unit order
+    Tensor grad;  // d loss / d out[u]; undefined for the scalar loss
+    for (int u = U - 1; u >= 0; --u) {
+      t0 = now_seconds();
+      for (int d : units_needed_by(u)) {
+        gather(d, CommPhase::bwd_gather);
+        ensure_grad_buffers(d);
+      }
+      backward(out[u], grad);
+      out[u] = Tensor();
+      if (u > 0) {
+        grad = in[u].grad();
+        in[u] = Tensor();
+      }
+      const double t1 = now_seconds();
+      st.t_backward += t1 - t0;
+      reduce_gradients(u);  // the unit's own gradients are complete now (a tied wte waits for unit 0)
+      st.t_reduce += now_seconds() - t1;
+      for (int d : units_needed_by(u)) release(d);
+    }
+  }
+
+  // mean over every rank's micro-batches: sum-reduced gradients / (world x micro-batches)
+  const double denom = static_cast<double>(world_) * static_cast<double>(micro.size());
+  st.loss = comm_.all_reduce_scalar(loss_sum, ReduceOp::sum, CommPhase::other) / denom;
+  st.tokens = static_cast<int64_t>(comm_.all_reduce_scalar(static_cast<double>(local_tokens), ReduceOp::sum, CommPhase::other));
+  for (Unit* unit : units_)
+    if (unit->my_count) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(1.0 / denom), unit->my_count);
+
+  const double t_opt = now_seconds();
+  clip_gradients(st);
+  optimizer_step(step, st);
+  st.t_optimizer = now_seconds() - t_opt;
+  st.t_total = now_seconds() - t_start;
+  return st;
+}
+
+double ShardedEngine::clip_gradients(StepStats& st) {
+  double sumsq = 0;
+  for (Unit* unit : units_) sumsq += kernels(Device::CPU).sum_of_squares(unit->shard_grad.data_f32(), unit->my_count);
+  // ddp: every rank holds all gradients; otherwise each rank holds its owned shards (scalar traffic)
+  if (plan_.placement != Placement::ddp) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum, CommPhase::other);
+  st.grad_norm = std::sqrt(sumsq);
+  st.clip_coef = clip_coefficient(st.grad_norm, opts_.grad_clip);
+  if (st.clip_coef < 1.0)
+    for (Unit* unit : units_) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(st.clip_coef), unit->my_count);
+  return st.grad_norm;
+}
+
+void ShardedEngine::optimizer_step(int64_t step, StepStats& st) {
+  const double mult = opts_.schedule.multiplier(step);
+  st.lr_muon = opts_.muon_lr * mult;
+  st.lr_adamw = opts_.adamw_lr * mult;
+  ++opt_steps_;
+  for (Unit* unit : units_) {
+    for (OwnedPiece& o : unit->owned) {
+      const MatrixShard& s = plan_.shards[o.shard];
+      float* W = unit->shard.data_f32() + o.shard_offset;
+      const float* G = unit->shard_grad.data_f32() + o.shard_offset;
+      if (s.optimizer == OptimizerKind::muon) {
+        if (plan_.placement == Placement::fsdp2) fsdp2_muon(*unit, o, st.lr_muon);
+        else muon_step_cpu(W, G, o.m.data_f32(), s.shape[0], s.shape[1], st.lr_muon, opts_.muon, s.qkv_blocks);
+      } else if (o.numel) {
+        AdamWOptions a = opts_.adamw;
+        if (s.shape.size() < 2) a.weight_decay = 0.0;  // norms and biases are not decayed
+        adamw_step_cpu(W, G, o.m.data_f32(), o.v.data_f32(), o.numel, st.lr_adamw, opt_steps_, a);
+      }
+    }
+  }
+  if (plan_.placement == Placement::zero1) broadcast_updated_params();
+}
+
+// Stock FSDP2 + Muon: momentum on the local rows, all-gather the Muon input, Newton-Schulz on the
+// full matrix on every rank, keep the local rows of the update.
+void ShardedEngine::fsdp2_muon(Unit& unit, OwnedPiece& o, double lr) {
+  const MatrixShard& s = plan_.shards[o.shard];
+  const int64_t rows = s.shape[0], cols = s.shape[1];
+  const int64_t slot = s.fsdp2_slot_numel(world_);
+  const double beta = opts_.muon.momentum;
+  MemCategoryScope scope(MemCategory::comm_buffers);
+  Tensor send = Tensor::zeros({slot}), full_u = Tensor::empty({slot * world_}), update = Tensor::empty({rows * cols});
+  float* M = o.numel ? o.m.data_f32() : nullptr;
+  const float* G = unit.shard_grad.data_f32() + o.shard_offset;
+  float* U = send.data_f32();
+  for (int64_t i = 0; i < o.numel; ++i) {
+    M[i] = static_cast<float>(beta * M[i] + (1 - beta) * G[i]);
+    U[i] = opts_.muon.nesterov ? static_cast<float>((1 - beta) * G[i] + beta * M[i]) : M[i];
+  }
+  comm_.all_gather(send.data_f32(), full_u.data_f32(), slot, DType::f32, CommPhase::opt_step);
+  // the first `rows` rows of the gathered slots are the matrix, in order (padding rows follow)
+  const int64_t blocks = detail::muon_block_count(rows, cols, opts_.muon, s.qkv_blocks, "fsdp2_muon");
+  const int64_t brows = rows / blocks;
+  for (int64_t b = 0; b < blocks; ++b)
+    newton_schulz_cpu(full_u.data_f32() + b * brows * cols, update.data_f32() + b * brows * cols, brows, cols,
+                      opts_.muon.ns_steps);
+  if (!o.numel) return;
+  const double scale = muon_scale(brows, cols, opts_.muon.scale_rule);
+  float* W = unit.shard.data_f32() + o.shard_offset;
+  const float* Orows = update.data_f32() + o.param_offset;
+  const float decay = static_cast<float>(1.0 - lr * opts_.muon.weight_decay), step = static_cast<float>(lr * scale);
+  for (int64_t i = 0; i < o.numel; ++i) W[i] = W[i] * decay - step * Orows[i];
+}
+
+void ShardedEngine::broadcast_updated_params() {
+  for (Unit* unit : units_) {
+    MemCategoryScope s(MemCategory::comm_buffers);
+    Tensor mine = unit->shard.clone();
+    comm_.all_gather_v(unit->my_count ? mine.data_f32() : nullptr, unit->full.data_f32(), unit->counts, DType::f32,
+                       CommPhase::opt_step);
+    unpack_params(*unit);
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+
+void ShardedEngine::load_full_parameters(const std::map<std::string, std::vector<float>>& full) {
+  for (Unit* unit : units_) {
+    const UnitLayout& L = plan_.units[unit->index];
+    for (const Binding& b : unit->params) {
+      const MatrixShard& s = plan_.shards[b.shard];
+      auto it = full.find(s.name);
+      check_arg(it != full.end(), "load_full_parameters", "missing tensor '" + s.name + "'");
+      check_arg(static_cast<int64_t>(it->second.size()) == s.numel(), "load_full_parameters",
+                s.name + ": expected " + std::to_string(s.numel()) + " elements, got " + std::to_string(it->second.size()));
+      for (const ShardPiece& p : s.pieces) {
+        const float* src = it->second.data() + p.param_offset;
+        if (resident_) std::memcpy(unit->full.data_f32() + L.segment_offset(p.rank) + p.segment_offset, src, p.numel * 4);
+        else if (p.rank == rank_) std::memcpy(unit->shard.data_f32() + p.segment_offset, src, p.numel * 4);
+      }
+    }
+    if (resident_) unpack_params(*unit);
+    for (OwnedPiece& o : unit->owned) {
+      o.m.zero();
+      if (o.v.defined()) o.v.zero();
+    }
+  }
+  opt_steps_ = 0;
+}
+
+void ShardedEngine::init_parameters(uint64_t seed) {
+  std::map<std::string, std::vector<float>> full;
+  for (const MatrixShard& s : plan_.shards) {
+    std::vector<float> v(s.numel());
+    GPT::init_param(model_.config(), model_.inventory().params[&s - plan_.shards.data()], seed, v.data());
+    full[s.name] = std::move(v);
+  }
+  load_full_parameters(full);
+}
+
+void ShardedEngine::with_full_model(const std::function<void()>& fn) {
+  for (size_t u = 0; u < units_.size(); ++u) gather(static_cast<int>(u), CommPhase::other);
+  try {
+    fn();
+  } catch (...) {
+    for (size_t u = 0; u < units_.size(); ++u) release(static_cast<int>(u));
+    throw;
+  }
+  for (size_t u = 0; u < units_.size(); ++u) release(static_cast<int>(u));
+}
+
+std::map<std::string, std::vector<float>> ShardedEngine::full_parameters() {
+  std::map<std::string, std::vector<float>> out;
+  with_full_model([&] {
+    for (Unit* unit : units_)
+      for (const Binding& b : unit->params) out[plan_.shards[b.shard].name] = b.param.to_vector();
+  });
+  return out;
+}
+
+std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroBatch>& batches) {
+  NoGradGuard no_grad;
+  MemCategoryScope act(MemCategory::activations);
+  const int U = static_cast<int>(units_.size()), head = model_.head_unit();
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (const MicroBatch& mb : batches) {
+    const bool empty = mb.tokens.numel() == 0;  // a rank with no sequences left still joins the gathers
+    Tensor x;
+    for (int u = 0; u < U; ++u) {
+      for (int d : units_needed_by(u)) gather(d, CommPhase::fwd_gather);
+      if (!empty) {
+        if (u == 0) x = model_.embed(mb.tokens);
+        else if (u == head) loss_sum += model_.head_loss(x, mb.targets, 1.0).item();
+        else x = model_.block(u - 1, x);
+      }
+      for (int d : units_needed_by(u)) release(d);
+    }
+    tokens += mb.targets.numel();
+  }
+  loss_sum = comm_.all_reduce_scalar(loss_sum, ReduceOp::sum, CommPhase::other);
+  tokens = static_cast<int64_t>(comm_.all_reduce_scalar(static_cast<double>(tokens), ReduceOp::sum, CommPhase::other));
+  return {loss_sum, tokens};
+}
+
+std::vector<ShardedEngine::OwnedTensor> ShardedEngine::owned_tensors() {
+  std::vector<OwnedTensor> out;
+  for (Unit* unit : units_) {
+    for (OwnedPiece& o : unit->owned) {
+      if (!o.numel) continue;
+      const MatrixShard& s = plan_.shards[o.shard];
+      out.push_back({s.name, s.name, o.param_offset, unit->shard.view(o.shard_offset, {o.numel})});
+      if (s.optimizer == OptimizerKind::muon) {
+        out.push_back({s.name + ".muon_momentum", s.name, o.param_offset, o.m});
+      } else {
+        out.push_back({s.name + ".adam_m", s.name, o.param_offset, o.m});
+        out.push_back({s.name + ".adam_v", s.name, o.param_offset, o.v});
+      }
+    }
+  }
+  return out;
+}
+
+void ShardedEngine::sync_after_load() {
+  if (plan_.placement == Placement::zero1) broadcast_updated_params();
+  else if (plan_.placement == Placement::ddp)
+    for (Unit* unit : units_) unpack_params(*unit);
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,137 @@
+// The ZeRO-3 sharding engine: FSDP units over a ShardPlan, one explicit step schedule, and the
+// optimizer step on owned tensors only (DESIGN.md sections 1, 4, 5, 7).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/gpt.h"
+#include "optim/optim.h"
+#include "planner/shard_plan.h"
+#include "runtime/tensor.h"
+
+namespace mfsdp {
+
+/// Optimizer and step hyperparameters of the engine.
+/// AdamW weight decay applies to 2-D AdamW tensors (embeddings, untied head) only; norms and
+/// biases are never decayed (the nanoGPT/GPT-2 convention). Muon decays its matrices.
+struct EngineOptions {
+  MuonOptions muon;
+  AdamWOptions adamw;
+  double muon_lr = 0.02;   ///< base learning rate of the Muon group
+  double adamw_lr = 3e-3;  ///< base learning rate of the AdamW group
+  LRSchedule schedule;     ///< both groups follow it, each from its own base lr
+  double grad_clip = 1.0;  ///< global-norm clipping threshold on raw gradients (<= 0 disables)
+};
+
+/// One micro-batch of this rank: tokens and targets, i32 [B, T].
+struct MicroBatch {
+  Tensor tokens, targets;
+};
+
+/// What one optimizer step did. Times are seconds on this rank; loss is the mean over every
+/// rank's tokens and micro-batches; grad_norm is the global norm before clipping.
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0, grad_norm = 0, clip_coef = 1, lr_muon = 0, lr_adamw = 0;
+  double t_forward = 0, t_backward = 0, t_reduce = 0, t_optimizer = 0, t_total = 0;
+  int64_t tokens = 0;  ///< tokens in the global batch
+};
+
+/// Trains a GPT whose parameters are laid out by a ShardPlan across the communicator's ranks.
+///
+/// Placements (planner/shard_plan.h):
+///  - matrixfsdp: each rank stores its owner segments; forward/backward all-gather a unit
+///    (all_gather_v), run it, free it; backward reduce-scatters the unit's gradients to the owners
+///    (reduce_scatter_v, deterministic rank-order sums); owners run Muon on whole matrices and AdamW
+///    on their tail pieces. No weight-sized collective between backward and the end of the step.
+///  - fsdp2: the same gathers/reductions over even, padded dim-0 shards; at the step each matrix's
+///    Muon input is all-gathered (opt_step phase), Newton-Schulz runs on the full matrix on every
+///    rank, and each rank updates its own rows (stock FSDP2 + Muon).
+///  - zero1: full parameters resident on every rank (no gathers); gradients reduce-scattered to
+///    owners; owners update; updated segments all-gathered back (opt_step phase).
+///  - ddp: full replicas; gradients all-reduced; every rank runs the whole optimizer.
+/// Gradients of micro-batches are reduced as they are produced and accumulated in the owners'
+/// gradient shards; the step divides by (world size x micro-batches), so the loss is the global mean.
+class ShardedEngine {
+ public:
+  /// Binds every model parameter to the engine's unit buffers. Throws std::invalid_argument when
+  /// the plan does not match the model (names, shapes) or the communicator's world size.
+  ShardedEngine(GPT& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts);
+  ~ShardedEngine();
+  ShardedEngine(const ShardedEngine&) = delete;
+  ShardedEngine& operator=(const ShardedEngine&) = delete;
+
+  /// GPT-2 initialisation (GPT::init_param) of the owned pieces: identical values at any world
+  /// size and placement for the same seed. Resets optimizer state.
+  void init_parameters(uint64_t seed);
+  /// Sets every parameter from full logical tensors (name -> numel floats, our layout); each rank
+  /// keeps its pieces. Throws naming the first missing or mis-sized tensor. Resets optimizer state.
+  void load_full_parameters(const std::map<std::string, std::vector<float>>& full);
+  /// All-gathers every parameter: name -> full logical tensor, on every rank (for export/sampling).
+  std::map<std::string, std::vector<float>> full_parameters();
+
+  /// One optimizer step over this rank's micro-batches (same count on every rank). `step` is the
+  /// 0-based step index used by the LR schedule and AdamW bias correction (step+1).
+  StepStats train_step(const std::vector<MicroBatch>& micro, int64_t step);
+
+  /// Forward only: sum of token losses and token count over this rank's batches, summed over all
+  /// ranks (every rank passes the same number of batches; an empty batch list is allowed only when
+  /// every rank's is empty).
+  std::pair<double, int64_t> eval_loss_sum(const std::vector<MicroBatch>& batches);
+
+  /// Runs `fn` with every unit gathered (the model's parameters hold full values), then frees them.
+  void with_full_model(const std::function<void()>& fn);
+
+  const ShardPlan& plan() const { return plan_; }
+  Communicator& comm() { return comm_; }
+  GPT& model() { return model_; }
+  const EngineOptions& options() const { return opts_; }
+
+  // ---- owned state, for checkpoints ----
+  /// A named owned tensor piece: parameter or optimizer state of one piece this rank owns.
+  struct OwnedTensor {
+    std::string name;          ///< "<param>", "<param>.muon_momentum", "<param>.adam_m", "<param>.adam_v"
+    std::string param;         ///< the parameter
+    int64_t param_offset = 0;  ///< first element of the parameter covered
+    Tensor data;               ///< f32 [numel] view (writable)
+  };
+  /// Every tensor this rank owns (parameters and optimizer state), in a deterministic order.
+  std::vector<OwnedTensor> owned_tensors();
+  /// Number of optimizer steps taken (AdamW bias-correction counter).
+  int64_t optimizer_steps() const { return opt_steps_; }
+  void set_optimizer_steps(int64_t n) { opt_steps_ = n; }
+  /// After owned parameters were overwritten (checkpoint load): refreshes resident replicas.
+  void sync_after_load();
+
+ private:
+  struct Binding;
+  struct OwnedPiece;
+  struct Unit;
+
+  void build_units();
+  void gather(int u, CommPhase phase);
+  void release(int u);
+  void ensure_grad_buffers(int u);
+  void reduce_gradients(int u);
+  void unpack_params(Unit& unit);
+  double clip_gradients(StepStats& stats);
+  void optimizer_step(int64_t step, StepStats& stats);
+  void fsdp2_muon(Unit& unit, OwnedPiece& piece, double lr);
+  void broadcast_updated_params();
+  std::vector<int> units_needed_by(int u) const;
+
+  GPT& model_;
+  Communicator& comm_;
+  ShardPlan plan_;
+  EngineOptions opts_;
+  int rank_, world_;
+  bool resident_;  // zero1 / ddp: full parameters live on every rank
+  std::vector<Unit*> units_;
+  int64_t opt_steps_ = 0;
+  int micro_in_step_ = 0;
+};
+
+}  // namespace mfsdp

@@ -1,0 +1,350 @@
+// CPU backend: Eigen GEMMs and OpenMP loops. Reductions across rows (bias/LayerNorm/embedding
+// gradients, sum of squares) are split by columns or fixed-size chunks, so results do not depend on
+// the thread count or on timing (bitwise-reproducible runs).
+#include <omp.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "runtime/cuda/device_api.h"
+#include "runtime/kernels.h"
+
+namespace mfsdp {
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapMat = Eigen::Map<RowMat>;
+using CMapMat = Eigen::Map<const RowMat>;
+using Stride = Eigen::OuterStride<>;
+using SMap = Eigen::Map<RowMat, 0, Stride>;
+using CSMap = Eigen::Map<const RowMat, 0, Stride>;
+
+constexpr int64_t kChunk = 1 << 16;  // elements per fixed reduction chunk
+
+// Splits [0, n) into contiguous per-thread ranges; body(begin, end).
+template <class F>
+void parallel_ranges(int64_t n, int64_t min_per_thread, F body) {
+  const int64_t max_threads = std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), n / std::max<int64_t>(1, min_per_thread)));
+  if (max_threads <= 1) {
+    body(int64_t(0), n);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(max_threads))
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+    body(begin, end);
+  }
+}
+
+class CpuKernels final : public Kernels {
+ public:
+  const char* name() const override { return "cpu"; }
+
+  void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n) override {
+    if (sdt == ddt) {
+      std::memcpy(dst, src, n * dtype_size(sdt));
+      return;
+    }
+    if (sdt == DType::f32 && ddt == DType::bf16) {
+      const float* s = static_cast<const float*>(src);
+      bf16* d = static_cast<bf16*>(dst);
+#pragma omp parallel for schedule(static) if (n > kChunk)
+      for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
+    } else if (sdt == DType::bf16 && ddt == DType::f32) {
+      const bf16* s = static_cast<const bf16*>(src);
+      float* d = static_cast<float*>(dst);
+#pragma omp parallel for schedule(static) if (n > kChunk)
+      for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
+    } else {
+      throw std::invalid_argument(std::string("[convert] unsupported ") + dtype_name(sdt) + " -> " + dtype_name(ddt));
+    }
+  }
+
+  void fill(float* x, float value, int64_t n) override {
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) x[i] = value;
+  }
+
+  void axpy(float* y, const float* x, float alpha, int64_t n) override {
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
+
+  void add(float* out, const float* a, const float* b, int64_t n) override {
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+
+  void scale(float* x, float alpha, int64_t n) override {
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+  }
+
+  double sum_of_squares(const float* x, int64_t n) override {
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> partial(chunks, 0.0);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0;
+      const int64_t end = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
+      partial[c] = s;
+    }
+    double total = 0;
+    for (double p : partial) total += p;
+    return total;
+  }
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B,
+            float beta, float* C) override {
+    MapMat c(C, M, N);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+      if (beta == 0.f) c.setZero();
+      else c *= beta;
+      return;
+    }
+    if (beta == 0.f) c.setZero();
+    else if (beta != 1.f) c *= beta;
+    CMapMat a(A, ta ? K : M, ta ? M : K), b(B, tb ? N : K, tb ? K : N);
+    if (!ta && !tb) c.noalias() += alpha * a * b;
+    else if (!ta && tb) c.noalias() += alpha * a * b.transpose();
+    else if (ta && !tb) c.noalias() += alpha * a.transpose() * b;
+    else c.noalias() += alpha * a.transpose() * b.transpose();
+  }
+
+  void add_bias(float* y, const float* b, int64_t rows, int64_t cols) override {
+#pragma omp parallel for schedule(static) if (rows * cols > kChunk)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = y + r * cols;
+      for (int64_t c = 0; c < cols; ++c) yr[c] += b[c];
+    }
+  }
+
+  void bias_grad(float* db, const float* dy, int64_t rows, int64_t cols) override {
+    parallel_ranges(cols, 64, [&](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* d = dy + r * cols;
+        for (int64_t c = c0; c < c1; ++c) db[c] += d[c];
+      }
+    });
+  }
+
+  void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                         int64_t rows, int64_t cols, float eps) override {
+#pragma omp parallel for schedule(static) if (rows * cols > kChunk)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      float m = 0;
+      for (int64_t c = 0; c < cols; ++c) m += xr[c];
+      m /= static_cast<float>(cols);
+      float v = 0;
+      for (int64_t c = 0; c < cols; ++c) v += (xr[c] - m) * (xr[c] - m);
+      v /= static_cast<float>(cols);
+      const float s = 1.0f / std::sqrt(v + eps);
+      float* yr = y + r * cols;
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * s * w[c] + b[c];
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  }
+
+  void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                          float* dx, float* dw, float* db, int64_t rows, int64_t cols) override {
+    if (dx) {
+#pragma omp parallel for schedule(static) if (rows * cols > kChunk)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + r * cols;
+        const float* dyr = dy + r * cols;
+        const float m = mean[r], s = rstd[r];
+        float mean_dn = 0, mean_dn_n = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const float n = (xr[c] - m) * s, dn = dyr[c] * w[c];
+          mean_dn += dn;
+          mean_dn_n += dn * n;
+        }
+        mean_dn /= static_cast<float>(cols);
+        mean_dn_n /= static_cast<float>(cols);
+        float* dxr = dx + r * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          const float n = (xr[c] - m) * s, dn = dyr[c] * w[c];
+          dxr[c] += s * (dn - mean_dn - n * mean_dn_n);
+        }
+      }
+    }
+    if (dw || db) {
+      parallel_ranges(cols, 32, [&](int64_t c0, int64_t c1) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* xr = x + r * cols;
+          const float* dyr = dy + r * cols;
+          const float m = mean[r], s = rstd[r];
+          for (int64_t c = c0; c < c1; ++c) {
+            if (dw) dw[c] += dyr[c] * (xr[c] - m) * s;
+            if (db) db[c] += dyr[c];
+          }
+        }
+      });
+    }
+  }
+
+  void gelu_forward(const float* x, float* y, int64_t n) override {
+    const float k = std::sqrt(2.0f / static_cast<float>(M_PI));
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      y[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+    }
+  }
+
+  void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) override {
+    const float k = std::sqrt(2.0f / static_cast<float>(M_PI));
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      const float u = k * (v + 0.044715f * v * v * v);
+      const float t = std::tanh(u);
+      const float du = k * (1.0f + 3.0f * 0.044715f * v * v);
+      dx[i] += dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+  }
+
+  void embedding_forward(const float* wte, const float* wpe, const int32_t* tokens, float* out, int64_t B,
+                         int64_t T, int64_t C) override {
+#pragma omp parallel for schedule(static) if (B * T * C > kChunk)
+    for (int64_t i = 0; i < B * T; ++i) {
+      const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
+      const float* p = wpe + (i % T) * C;
+      float* o = out + i * C;
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+  }
+
+  void embedding_backward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t B, int64_t T,
+                          int64_t C) override {
+    parallel_ranges(C, 16, [&](int64_t c0, int64_t c1) {
+      for (int64_t i = 0; i < B * T; ++i) {
+        const float* d = dout + i * C;
+        if (dwte) {
+          float* e = dwte + static_cast<int64_t>(tokens[i]) * C;
+          for (int64_t c = c0; c < c1; ++c) e[c] += d[c];
+        }
+        if (dwpe) {
+          float* p = dwpe + (i % T) * C;
+          for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
+        }
+      }
+    });
+  }
+
+  void attention_forward(const float* qkv, float* out, float* probs, int64_t B, int64_t T, int64_t C,
+                         int64_t H) override {
+    const int64_t d = C / H;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel for schedule(static) if (B * H > 1)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* base = qkv + b * T * 3 * C + h * d;
+      CSMap q(base, T, d, Stride(3 * C)), k(base + C, T, d, Stride(3 * C)), v(base + 2 * C, T, d, Stride(3 * C));
+      MapMat p(probs + bh * T * T, T, T);
+      p.noalias() = q * k.transpose();
+      for (int64_t i = 0; i < T; ++i) {
+        float* row = p.data() + i * T;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * scale);
+        float sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] = std::exp(row[j] * scale - mx);
+          sum += row[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+      }
+      SMap o(out + b * T * C + h * d, T, d, Stride(C));
+      o.noalias() = p * v;
+    }
+  }
+
+  void attention_backward(const float* dout, const float* qkv, const float* probs, float* dqkv, int64_t B,
+                          int64_t T, int64_t C, int64_t H) override {
+    const int64_t d = C / H;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel for schedule(static) if (B * H > 1)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* base = qkv + b * T * 3 * C + h * d;
+      float* dbase = dqkv + b * T * 3 * C + h * d;
+      CSMap q(base, T, d, Stride(3 * C)), k(base + C, T, d, Stride(3 * C)), v(base + 2 * C, T, d, Stride(3 * C));
+      SMap dq(dbase, T, d, Stride(3 * C)), dk(dbase + C, T, d, Stride(3 * C)), dv(dbase + 2 * C, T, d, Stride(3 * C));
+      CSMap dO(dout + b * T * C + h * d, T, d, Stride(C));
+      CMapMat p(probs + bh * T * T, T, T);
+      RowMat dp = dO * v.transpose();  // [T, T]
+      dv.noalias() += p.transpose() * dO;
+      // softmax backward: ds = p * (dp - sum_j p dp), then the 1/sqrt(d) scale of the logits
+      for (int64_t i = 0; i < T; ++i) {
+        const float* pr = p.data() + i * T;
+        float* r = dp.data() + i * T;
+        float dot = 0;
+        for (int64_t j = 0; j <= i; ++j) dot += pr[j] * r[j];
+        for (int64_t j = 0; j <= i; ++j) r[j] = pr[j] * (r[j] - dot) * scale;
+        for (int64_t j = i + 1; j < T; ++j) r[j] = 0.0f;
+      }
+      dq.noalias() += dp * k;
+      dk.noalias() += dp.transpose() * q;
+    }
+  }
+
+  void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, int64_t N, int64_t V,
+                             int64_t Vp) override {
+#pragma omp parallel for schedule(static) if (N * V > kChunk)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = logits + n * Vp;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+      double sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+      losses[n] = static_cast<float>(std::log(sum) + mx - row[targets[n]]);
+    }
+  }
+
+  void cross_entropy_backward(const float* logits, const int32_t* targets, float dloss, float* dlogits, int64_t N,
+                              int64_t V, int64_t Vp) override {
+#pragma omp parallel for schedule(static) if (N * V > kChunk)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* row = logits + n * Vp;
+      float* drow = dlogits + n * Vp;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+      double sum = 0;
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < V; ++j) drow[j] += dloss * std::exp(row[j] - mx) * inv;
+      drow[targets[n]] -= dloss;
+    }
+  }
+};
+
+}  // namespace
+
+Kernels& cuda_kernels();  // runtime/cuda/kernels_cuda.cu, or the stub below when built without CUDA
+
+Kernels& kernels(Device device) {
+  static CpuKernels cpu;
+  if (device == Device::CPU) return cpu;
+  return cuda_kernels();
+}
+
+int cpu_threads() { return omp_get_max_threads(); }
+
+void set_cpu_threads(int n) {
+  n = std::max(1, n);
+  omp_set_num_threads(n);
+  Eigen::setNbThreads(n);
+}
+
+}  // namespace mfsdp

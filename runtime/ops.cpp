@@ -1,0 +1,204 @@
+#include "runtime/ops.h"
+
+#include <cstring>
+
+#include "runtime/autograd.h"
+#include "runtime/kernels.h"
+
+namespace mfsdp {
+namespace {
+
+void check_f32(const Tensor& t, const char* op, const char* what) {
+  check_arg(t.defined(), op, std::string(what) + " is undefined");
+  check_arg(t.dtype() == DType::f32, op, std::string(what) + " must be f32, got " + t.describe());
+}
+
+void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  check_arg(!b.defined() || a.device() == b.device(), op,
+            "tensors on different devices: " + a.describe() + " and " + b.describe());
+}
+
+float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_f32() : nullptr; }
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
+  const char* op = "linear";
+  check_f32(x, op, "input");
+  check_f32(W, op, "weight");
+  check_arg(W.dim() == 2, op, "weight must be 2-D [out, in], got " + W.describe());
+  check_arg(x.dim() >= 1 && x.size(-1) == W.size(1), op,
+            "input " + x.describe() + " does not match weight " + W.describe() + " (last dim must be in=" +
+                std::to_string(W.size(1)) + ")");
+  check_same_device(x, W, op);
+  if (b.defined()) {
+    check_f32(b, op, "bias");
+    check_arg(b.dim() == 1 && b.size(0) == W.size(0), op, "bias " + b.describe() + " for weight " + W.describe());
+    check_same_device(x, b, op);
+  }
+  const int64_t in = W.size(1), out_f = W.size(0), N = x.numel() / in;
+  Shape out_shape = x.shape();
+  out_shape.back() = out_f;
+  Tensor y = Tensor::empty(out_shape, DType::f32, x.device());
+  Kernels& k = kernels(x.device());
+  k.gemm(false, true, N, out_f, in, 1.0f, x.data_f32(), W.data_f32(), 0.0f, y.data_f32());
+  if (b.defined()) k.add_bias(y.data_f32(), b.data_f32(), N, out_f);
+  if (needs_grad({&x, &W, &b})) {
+    record(y, op, {x, W, b}, [x, W, b, N, in, out_f](const Tensor& dy) {
+      Kernels& k = kernels(dy.device());
+      if (x.requires_grad())  // dx[N, in] += dy[N, out] W[out, in]
+        k.gemm(false, false, N, in, out_f, 1.0f, dy.data_f32(), W.data_f32(), 1.0f, grad_buffer(x).data_f32());
+      if (W.requires_grad())  // dW[out, in] += dy^T x
+        k.gemm(true, false, out_f, in, N, 1.0f, dy.data_f32(), x.data_f32(), 1.0f, grad_buffer(W).data_f32());
+      if (b.defined() && b.requires_grad()) k.bias_grad(grad_buffer(b).data_f32(), dy.data_f32(), N, out_f);
+    });
+  }
+  return y;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  check_f32(a, "add", "a");
+  check_f32(b, "add", "b");
+  check_arg(a.shape() == b.shape(), "add", "shapes differ: " + a.describe() + " + " + b.describe());
+  check_same_device(a, b, "add");
+  Tensor y = Tensor::empty(a.shape(), DType::f32, a.device());
+  kernels(a.device()).add(y.data_f32(), a.data_f32(), b.data_f32(), a.numel());
+  if (needs_grad({&a, &b})) {
+    record(y, "add", {a, b}, [a, b](const Tensor& dy) {
+      accumulate_grad(a, dy);
+      accumulate_grad(b, dy);
+    });
+  }
+  return y;
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  const char* op = "layer_norm";
+  check_f32(x, op, "input");
+  check_f32(w, op, "weight");
+  check_f32(b, op, "bias");
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  check_arg(w.shape() == Shape{C} && b.shape() == Shape{C}, op,
+            "weight " + w.describe() + " / bias " + b.describe() + " for input " + x.describe());
+  check_same_device(x, w, op);
+  check_same_device(x, b, op);
+  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
+  Tensor stats = Tensor::empty({2, N}, DType::f32, x.device());  // mean | rstd
+  kernels(x.device()).layernorm_forward(x.data_f32(), w.data_f32(), b.data_f32(), y.data_f32(), stats.data_f32(),
+                                        stats.data_f32() + N, N, C, eps);
+  if (needs_grad({&x, &w, &b})) {
+    record(y, op, {x, w, b}, [x, w, b, stats, N, C](const Tensor& dy) {
+      float* dx = x.requires_grad() ? grad_buffer(x).data_f32() : nullptr;
+      float* dw = w.requires_grad() ? grad_buffer(w).data_f32() : nullptr;
+      float* db = b.requires_grad() ? grad_buffer(b).data_f32() : nullptr;
+      kernels(dy.device()).layernorm_backward(dy.data_f32(), x.data_f32(), w.data_f32(), stats.data_f32(),
+                                              stats.data_f32() + N, dx, dw, db, N, C);
+    });
+  }
+  return y;
+}
+
+Tensor gelu(const Tensor& x) {
+  check_f32(x, "gelu", "input");
+  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
+  kernels(x.device()).gelu_forward(x.data_f32(), y.data_f32(), x.numel());
+  if (needs_grad({&x})) {
+    record(y, "gelu", {x}, [x](const Tensor& dy) {
+      kernels(dy.device()).gelu_backward(x.data_f32(), dy.data_f32(), grad_buffer(x).data_f32(), x.numel());
+    });
+  }
+  return y;
+}
+
+Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens) {
+  const char* op = "embedding";
+  check_f32(wte, op, "wte");
+  check_f32(wpe, op, "wpe");
+  check_arg(tokens.defined() && tokens.dtype() == DType::i32 && tokens.dim() == 2, op,
+            "tokens must be i32 [B, T], got " + tokens.describe());
+  check_arg(wte.dim() == 2 && wpe.dim() == 2 && wte.size(1) == wpe.size(1), op,
+            "wte " + wte.describe() + " and wpe " + wpe.describe() + " must be [V, C] and [T, C]");
+  const int64_t B = tokens.size(0), T = tokens.size(1), C = wte.size(1), V = wte.size(0);
+  check_arg(T <= wpe.size(0), op, "sequence length " + std::to_string(T) + " exceeds wpe rows " + std::to_string(wpe.size(0)));
+  check_same_device(wte, wpe, op);
+  check_same_device(wte, tokens, op);
+  if (tokens.device() == Device::CPU) {
+    const int32_t* ids = tokens.data<int32_t>();
+    for (int64_t i = 0; i < B * T; ++i)
+      check_arg(ids[i] >= 0 && ids[i] < V, op, "token id " + std::to_string(ids[i]) + " at position " +
+                                                  std::to_string(i) + " is outside [0, " + std::to_string(V) + ")");
+  }
+  Tensor y = Tensor::empty({B, T, C}, DType::f32, wte.device());
+  kernels(wte.device()).embedding_forward(wte.data_f32(), wpe.data_f32(), tokens.data<int32_t>(), y.data_f32(), B, T, C);
+  if (needs_grad({&wte, &wpe})) {
+    record(y, op, {wte, wpe}, [wte, wpe, tokens, B, T, C](const Tensor& dy) {
+      float* dwte = wte.requires_grad() ? grad_buffer(wte).data_f32() : nullptr;
+      float* dwpe = wpe.requires_grad() ? grad_buffer(wpe).data_f32() : nullptr;
+      kernels(dy.device()).embedding_backward(dy.data_f32(), tokens.data<int32_t>(), dwte, dwpe, B, T, C);
+    });
+  }
+  return y;
+}
+
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head) {
+  const char* op = "causal_self_attention";
+  check_f32(qkv, op, "qkv");
+  check_arg(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op, "qkv must be [B, T, 3C], got " + qkv.describe());
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  check_arg(n_head > 0 && C % n_head == 0, op, "C=" + std::to_string(C) + " not divisible by n_head=" + std::to_string(n_head));
+  Tensor y = Tensor::empty({B, T, C}, DType::f32, qkv.device());
+  Tensor probs = Tensor::empty({B, n_head, T, T}, DType::f32, qkv.device());
+  kernels(qkv.device()).attention_forward(qkv.data_f32(), y.data_f32(), probs.data_f32(), B, T, C, n_head);
+  if (needs_grad({&qkv})) {
+    record(y, op, {qkv}, [qkv, probs, B, T, C, n_head](const Tensor& dy) {
+      kernels(dy.device()).attention_backward(dy.data_f32(), qkv.data_f32(), probs.data_f32(),
+                                              grad_buffer(qkv).data_f32(), B, T, C, n_head);
+    });
+  }
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size, double divisor) {
+  const char* op = "cross_entropy";
+  check_f32(logits, op, "logits");
+  check_arg(logits.dim() == 2, op, "logits must be [N, Vp], got " + logits.describe());
+  const int64_t N = logits.size(0), Vp = logits.size(1);
+  check_arg(targets.defined() && targets.dtype() == DType::i32 && targets.numel() == N, op,
+            "targets must be i32 with " + std::to_string(N) + " elements, got " + targets.describe());
+  check_arg(vocab_size >= 1 && vocab_size <= Vp, op,
+            "vocab_size " + std::to_string(vocab_size) + " outside [1, " + std::to_string(Vp) + "]");
+  check_same_device(logits, targets, op);
+  if (targets.device() == Device::CPU) {
+    const int32_t* t = targets.data<int32_t>();
+    for (int64_t i = 0; i < N; ++i)
+      check_arg(t[i] >= 0 && t[i] < vocab_size, op, "target " + std::to_string(t[i]) + " at position " +
+                                                        std::to_string(i) + " is outside [0, " + std::to_string(vocab_size) + ")");
+  }
+  const double div = divisor > 0 ? divisor : static_cast<double>(N);
+  Tensor losses = Tensor::empty({N}, DType::f32, logits.device());
+  Kernels& k = kernels(logits.device());
+  k.cross_entropy_forward(logits.data_f32(), targets.data<int32_t>(), losses.data_f32(), N, vocab_size, Vp);
+  // The scalar is reduced on the host (N floats), in order: deterministic.
+  std::vector<float> host = losses.to_vector();
+  double sum = 0;
+  for (float l : host) sum += l;
+  Tensor loss = Tensor::from_vector({static_cast<float>(sum / div)}, {1}, logits.device());
+  if (needs_grad({&logits})) {
+    record(loss, op, {logits}, [logits, targets, vocab_size, N, Vp, div](const Tensor& dl) {
+      const float scale = static_cast<float>(dl.item() / div);
+      kernels(logits.device()).cross_entropy_backward(logits.data_f32(), targets.data<int32_t>(), scale,
+                                                      grad_buffer(logits).data_f32(), N, vocab_size, Vp);
+    });
+  }
+  return loss;
+}
+
+Tensor tokens_tensor(const std::vector<int32_t>& ids, const Shape& shape, Device device) {
+  check_arg(static_cast<int64_t>(ids.size()) == shape_numel(shape), "tokens_tensor",
+            std::to_string(ids.size()) + " ids for shape " + shape_str(shape));
+  Tensor host = Tensor::empty(shape, DType::i32, Device::CPU);
+  if (!ids.empty()) std::memcpy(host.data_ptr(), ids.data(), ids.size() * sizeof(int32_t));
+  return device == Device::CPU ? host : host.to(device);
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,32 @@
+// Differentiable ops a GPT needs. Each op checks its arguments (throws std::invalid_argument
+// "[op] ..." naming the shapes), runs the device's kernels (kernels.h), and records a Node whose
+// backward adds into its inputs' gradients. All float tensors are f32; token tensors are i32.
+#pragma once
+#include "runtime/tensor.h"
+
+namespace mfsdp {
+
+/// y = x W^T + b. x [..., in], W [out, in] (PyTorch Linear convention), b [out] or undefined.
+/// Returns [..., out].
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b = Tensor());
+/// Elementwise a + b (same shape; the residual add).
+Tensor add(const Tensor& a, const Tensor& b);
+/// LayerNorm over the last dimension C: x [..., C], weight [C], bias [C], eps 1e-5 as GPT-2.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+/// GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2's "gelu_new").
+Tensor gelu(const Tensor& x);
+/// Token + position embedding: wte [Vp, C], wpe [Tmax, C], tokens i32 [B, T] with T <= Tmax and
+/// ids < Vp (ids are checked on CPU). Returns [B, T, C] = wte[tokens] + wpe[0..T).
+Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens);
+/// Causal multi-head self-attention on fused projections: qkv [B, T, 3C] laid out q|k|v with
+/// n_head heads of C/n_head each; softmax(q k^T / sqrt(C/H)) v with a causal mask. Returns [B, T, C].
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
+/// Fused softmax cross-entropy over a padded vocabulary: logits [N, Vp], targets i32 [N] < vocab_size.
+/// Columns vocab_size..Vp-1 are padding and never receive probability. Returns a scalar:
+/// sum of per-token losses / divisor (divisor <= 0 means N, i.e. the mean).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size, double divisor = 0);
+
+/// i32 tensor from host values (token ids).
+Tensor tokens_tensor(const std::vector<int32_t>& ids, const Shape& shape, Device device = Device::CPU);
+
+}  // namespace mfsdp

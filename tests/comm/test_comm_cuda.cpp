@@ -1,0 +1,169 @@
+// CUDA backends (host-staged and NCCL) against closed forms and against the MPI backend
+// (bitwise). Skips with a message when no CUDA device is visible; NCCL needs one GPU per rank.
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "comm/communicator.h"
+
+using namespace mfsdp;
+
+namespace {
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+/// Device buffer of `bytes` bytes, copied from/to host vectors.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t b) : bytes(b) {
+    if (b) REQUIRE(cudaMalloc(&p, b) == cudaSuccess);
+  }
+  DevBuf(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  void put(const std::vector<unsigned char>& h) {
+    if (bytes) REQUIRE(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  std::vector<unsigned char> get() const {
+    std::vector<unsigned char> h(bytes);
+    if (bytes) REQUIRE(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return h;
+  }
+};
+
+std::vector<unsigned char> host_values(DType dt, int64_t n, int rank, int64_t start) {
+  std::vector<unsigned char> h(static_cast<size_t>(n * dtype_size(dt)));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = start + i;
+    const float v = float(std::sin(0.37 * double(g) + 1.3 * rank) * std::pow(10.0, double((g + rank) % 5) - 2));
+    if (dt == DType::f32) std::memcpy(&h[i * 4], &v, 4);
+    else { bf16 b = float_to_bf16(v); std::memcpy(&h[i * 2], &b, 2); }
+  }
+  return h;
+}
+
+/// Runs the same collectives on `dev` (CUDA buffers) and `ref` (MPI, host buffers) and requires
+/// bitwise equal results and equal byte counters.
+void compare_backends(Communicator& dev, Communicator& ref) {
+  const int n = ref.world_size(), me = ref.rank();
+  std::vector<std::vector<int64_t>> layouts;
+  std::vector<int64_t> uneven(n);
+  for (int r = 0; r < n; ++r) uneven[r] = (r * 7 + 3) % 11 * 37;
+  layouts.push_back(uneven);
+  layouts.push_back(std::vector<int64_t>(n, 0));
+  std::vector<int64_t> one(n, 0);
+  one[n - 1] = 5000;
+  layouts.push_back(one);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t e = dtype_size(dt);
+    for (const auto& counts : layouts) {
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+      int64_t off = 0;
+      for (int r = 0; r < me; ++r) off += counts[r];
+      // all_gather_v
+      auto hs = host_values(dt, counts[me], me, off);
+      std::vector<unsigned char> hr(total * e);
+      ref.all_gather_v(hs.data(), hr.data(), counts, dt, CommPhase::fwd_gather);
+      DevBuf ds(hs.size()), dr(hr.size());
+      ds.put(hs);
+      dev.all_gather_v(ds.p, dr.p, counts, dt, CommPhase::fwd_gather);
+      REQUIRE(dr.get() == hr);
+      // reduce_scatter_v, all ops
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max}) {
+        auto full = host_values(dt, total, me, 0);
+        std::vector<unsigned char> out(counts[me] * e);
+        ref.reduce_scatter_v(full.data(), out.data(), counts, dt, op, CommPhase::grad_reduce);
+        DevBuf dfull(full.size()), dout(out.size());
+        dfull.put(full);
+        dev.reduce_scatter_v(dfull.p, dout.p, counts, dt, op, CommPhase::grad_reduce);
+        REQUIRE(dout.get() == out);
+        ref.all_reduce(full.data(), total, dt, op, CommPhase::opt_step);
+        dev.all_reduce(dfull.p, total, dt, op, CommPhase::opt_step);
+        REQUIRE(dfull.get() == full);
+      }
+    }
+    // broadcast from the last rank, equal-part all_gather / reduce_scatter
+    auto hb = host_values(dt, 777, me, 0);
+    DevBuf db(hb.size());
+    db.put(hb);
+    ref.broadcast(hb.data(), 777, dt, n - 1, CommPhase::other);
+    dev.broadcast(db.p, 777, dt, n - 1, CommPhase::other);
+    REQUIRE(db.get() == hb);
+    auto hg = host_values(dt, 100, me, 0);
+    std::vector<unsigned char> hgo(100 * n * e);
+    DevBuf dg(hg.size()), dgo(hgo.size());
+    dg.put(hg);
+    ref.all_gather(hg.data(), hgo.data(), 100, dt, CommPhase::fwd_gather);
+    dev.all_gather(dg.p, dgo.p, 100, dt, CommPhase::fwd_gather);
+    REQUIRE(dgo.get() == hgo);
+    std::vector<unsigned char> hro(100 * e);
+    DevBuf dro(hro.size());
+    ref.reduce_scatter(hgo.data(), hro.data(), 100, dt, ReduceOp::sum, CommPhase::grad_reduce);
+    dev.reduce_scatter(dgo.p, dro.p, 100, dt, ReduceOp::sum, CommPhase::grad_reduce);
+    REQUIRE(dro.get() == hro);
+    // ring send_recv
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    DevBuf dsend(hg.size()), drecv(hg.size());
+    dsend.put(hg);
+    dev.send_recv({{true, next, dsend.p, 100, dt}, {false, prev, drecv.p, 100, dt}}, CommPhase::other);
+    REQUIRE(drecv.get() == host_values(dt, 100, prev, 0));
+  }
+  CHECK(dev.all_reduce_scalar(me + 1.0, ReduceOp::sum, CommPhase::other) == n * (n + 1) / 2.0);
+  ref.all_reduce_scalar(me + 1.0, ReduceOp::sum, CommPhase::other);
+  dev.barrier();
+  ref.barrier();
+  for (int p = 0; p < (int)CommPhase::count; ++p) {
+    INFO("phase " << comm_phase_name(CommPhase(p)));
+    const auto a = dev.counters().phase[p], b = ref.counters().phase[p];
+    CHECK(a.bytes_sent == b.bytes_sent);
+    CHECK(a.bytes_received == b.bytes_received);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("comm.cuda host-staged backend equals the MPI backend bitwise", "[comm][cuda]") {
+  if (device_count() == 0) {
+    WARN("skipped: cudaGetDeviceCount reports 0 CUDA devices");
+    return;
+  }
+  CommOptions small;
+  small.reduce_chunk_bytes = 4096;
+  auto ref = make_mpi_communicator(MPI_COMM_WORLD, small);
+  auto dev = make_cuda_staged_communicator(MPI_COMM_WORLD, small);
+  CHECK(dev->device() == Device::CUDA);
+  compare_backends(*dev, *ref);
+}
+
+TEST_CASE("comm.cuda NCCL backend equals the MPI backend bitwise", "[comm][cuda][nccl]") {
+  const int ndev = device_count();
+  int local = 0, nlocal = 1;
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &nlocal);
+  MPI_Comm_free(&node);
+  if (nlocal > ndev) {  // same decision on every rank of the node
+    WARN("skipped: " << nlocal << " ranks on this node but " << ndev
+                     << " CUDA devices (NCCL needs one GPU per rank)");
+    return;
+  }
+  CommOptions small;
+  small.reduce_chunk_bytes = 4096;
+  auto ref = make_mpi_communicator(MPI_COMM_WORLD, small);
+  auto dev = make_nccl_communicator(MPI_COMM_WORLD, small);
+  CHECK(dev->device() == Device::CUDA);
+  CHECK(dev->local_rank() == local);
+  compare_backends(*dev, *ref);
+}

@@ -1,0 +1,142 @@
+// Training config: shipped configs, the malformed-config corpus, overrides, paths, to_json.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "apps/train_config.h"
+
+using namespace mfsdp;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+const std::string kSrc = MFSDP_SOURCE_DIR;
+}
+
+TEST_CASE("the shipped configs load with the documented values", "[config]") {
+  const TrainConfig c = load_train_config(kSrc + "/configs/shakespeare_char.json");
+  CHECK(c.model.n_layer == 4);
+  CHECK(c.model.n_head == 4);
+  CHECK(c.model.n_embd == 128);
+  CHECK(c.model.seq_len == 64);
+  CHECK(c.model.vocab_size == 65);
+  CHECK(c.sharding.placement == "matrixfsdp");
+  CHECK(c.muon.lr == 0.02);
+  CHECK(c.adamw.lr == 3e-3);
+  CHECK(c.training.steps == 1000);
+  CHECK(c.training.micro_batch_size == 12);
+  CHECK(!c.training.target_val_loss.has_value());
+  CHECK(c.data.tokenizer == "char");
+  CHECK(c.data.train.raw == "../data/tiny_shakespeare_char_train.bin");
+  CHECK(c.data.train.resolved == fs::weakly_canonical(kSrc + "/data/tiny_shakespeare_char_train.bin").string());
+  CHECK(fs::exists(c.data.train.resolved));
+  CHECK(fs::exists(c.data.val.resolved));
+  CHECK(fs::exists(c.data.tokenizer_path.resolved));
+  const GPTConfig g = c.model.gpt();
+  CHECK(g.padded_vocab_size() == 128);
+
+  const TrainConfig t = load_train_config(kSrc + "/configs/tiny_test.json");
+  CHECK(t.model.n_layer == 2);
+  CHECK(t.model.n_embd == 32);
+  CHECK(t.training.steps == 20);
+  CHECK(t.output.export_path.resolved.empty());
+  CHECK(fs::exists(t.data.train.resolved));
+}
+
+TEST_CASE("every malformed config in the corpus fails with its expected message", "[config]") {
+  const std::string dir = kSrc + "/tests/config/bad_configs";
+  std::ifstream f(dir + "/expected.json");
+  const auto expected = nlohmann::json::parse(f);
+  REQUIRE(expected.size() >= 12);
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".json" && e.path().filename() != "expected.json") ++files;
+  CHECK(files == expected.size());  // every corpus file has an expectation
+  for (auto it = expected.begin(); it != expected.end(); ++it) {
+    const std::string path = dir + "/" + it.key();
+    INFO(it.key());
+    REQUIRE(fs::exists(path));
+    try {
+      load_train_config(path);
+      FAIL("no ConfigError for " << it.key());
+    } catch (const ConfigError& err) {
+      const std::string msg = err.what();
+      INFO(msg);
+      CHECK(msg.find(it.value().get<std::string>()) != std::string::npos);
+      CHECK(msg.rfind(path + ": ", 0) == 0);  // names the file first
+    }
+  }
+}
+
+TEST_CASE("--set overrides apply, are type-checked and named in errors", "[config]") {
+  const std::string cfg = kSrc + "/configs/tiny_test.json";
+  TrainConfig c = load_train_config(cfg, {"optimizer.muon.lr=0.05", "training.steps=7", "data.shuffle=true",
+                                          "sharding.placement=zero1", "training.target_val_loss=1.5",
+                                          "model={\"n_layer\": 3}", "output.export=out/m.safetensors"});
+  CHECK(c.muon.lr == 0.05);
+  CHECK(c.training.steps == 7);
+  CHECK(c.data.shuffle);
+  CHECK(c.sharding.placement == "zero1");  // plain string fallback
+  REQUIRE(c.training.target_val_loss.has_value());
+  CHECK(*c.training.target_val_loss == 1.5);
+  CHECK(c.model.n_layer == 3);
+  CHECK(c.model.n_embd == 32);  // sibling keys from the file survive an object override
+  // Paths from --set resolve against the working directory, not the config's directory.
+  CHECK(c.output.export_path.resolved == (fs::current_path() / "out/m.safetensors").lexically_normal().string());
+  c = load_train_config(cfg, {"training.target_val_loss=null", "training.steps=1e3"});
+  CHECK(!c.training.target_val_loss.has_value());
+  CHECK(c.training.steps == 1000);
+
+  CHECK_THROWS_WITH(load_train_config(cfg, {"optimizer.muon.lr=fast"}),
+                    Contains("--set optimizer.muon.lr=fast: optimizer.muon.lr: expected a number, got \"fast\""));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"optimizer.muon.lrr=1"}),
+                    Contains("optimizer.muon.lrr: unknown key (did you mean optimizer.muon.lr?)"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"training.steps=-1"}),
+                    Contains("--set training.steps=-1: training.steps: must be >= 1, got -1"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"training.steps"}), Contains("expected key.path=value"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"model.n_head=3"}), Contains("model.n_embd: must be divisible by model.n_head"));
+}
+
+TEST_CASE("range checks name the key", "[config]") {
+  auto parse = [](const std::string& text) {
+    return parse_train_config(nlohmann::json::parse(text), "mem.json", ".");
+  };
+  const std::string train = R"("data": {"train": "x.bin"})";
+  CHECK_NOTHROW(parse("{" + train + "}"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"grad_accum": 0}})"),
+                    Contains("mem.json: training.grad_accum: must be >= 1, got 0"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "optimizer": {"adamw": {"eps": 0}}})"),
+                    Contains("optimizer.adamw.eps: must be > 0, got 0"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "optimizer": {"muon": {"momentum": 1.0}}})"),
+                    Contains("optimizer.muon.momentum: must be < 1, got 1"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "schedule": {"floor": 2}})"), Contains("schedule.floor: must be <= 1, got 2"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"grad_clip": -1}})"), Contains("training.grad_clip: must be >= 0"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"target_val_loss": "low"}})"),
+                    Contains("training.target_val_loss: expected a number or null, got \"low\""));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "model": {"n_layer": 3000000000}})"),
+                    Contains("model.n_layer: must be <= 2147483647"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "model": {"vocab_size": 1000}, "data": {"train": "x", "tokenizer": "gpt2", "tokenizer_path": "t"}})"),
+                    Contains("smaller than the gpt2 tokenizer's 50257"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "optimizer": {"muon": {"scale_rule": "match_rms"}}})"),
+                    Contains("optimizer.muon.scale_rule: unknown value \"match_rms\""));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "model": {"n_layer": [2]}})"),
+                    Contains("model.n_layer: expected an integer, got [2]"));
+}
+
+TEST_CASE("to_json is the effective config and loads back to the same config", "[config]") {
+  const TrainConfig c = load_train_config(kSrc + "/configs/shakespeare_char.json", {"training.steps=123"});
+  const nlohmann::json j = c.to_json();
+  CHECK(j["training"]["steps"] == 123);
+  CHECK(j["data"]["train"] == c.data.train.resolved);
+  CHECK(j["training"]["target_val_loss"].is_null());
+  CHECK(c.to_json(false)["data"]["train"] == "../data/tiny_shakespeare_char_train.bin");
+  // Round trip: the dumped (resolved, absolute) config parses to an identical config.
+  const TrainConfig back = parse_train_config(j, "dump.json", "/nonexistent");
+  CHECK(back.to_json() == j);
+  // Defaults alone: only data.train is required.
+  CHECK_THROWS_WITH(parse_train_config(nlohmann::json::object(), "empty.json", "."),
+                    Contains("empty.json: data.train: missing shard glob"));
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("", "abc") == 3);
+}

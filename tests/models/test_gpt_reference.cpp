@@ -1,0 +1,128 @@
+// The whole GPT-2 against PyTorch (fixture written by tests/fixtures/gen_gpt2_fixture.py):
+// logits, loss, every parameter gradient, and the losses of 5 AdamW steps.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "checkpoint/safetensors.h"
+#include "models/gpt.h"
+#include "optim/adamw.h"
+#include "runtime/autograd.h"
+#include "runtime/ops.h"
+
+using namespace mfsdp;
+
+namespace {
+
+const std::string kFixture = std::string(MFSDP_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny.safetensors";
+
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+struct Fixture {
+  SafetensorsFile file{kFixture};
+  GPTConfig cfg;
+  int64_t B = 0, T = 0;
+  Fixture() {
+    auto& m = file.metadata();
+    auto geti = [&](const char* k) { return std::stoi(m.at(k)); };
+    cfg.n_layer = geti("n_layer");
+    cfg.n_head = geti("n_head");
+    cfg.n_embd = geti("n_embd");
+    cfg.seq_len = geti("seq_len");
+    cfg.vocab_size = geti("vocab_size");
+    cfg.tie_embeddings = m.at("tie_embeddings") == "true" || m.at("tie_embeddings") == "1";
+    B = file.info("tokens").shape[0];
+    T = file.info("tokens").shape[1];
+  }
+  void load_weights(GPT& model) const {
+    for (const auto& p : model.inventory().params) {
+      auto v = file.read_f32(p.name);
+      REQUIRE(static_cast<int64_t>(v.size()) == p.numel());
+      std::copy(v.begin(), v.end(), model.param(p.name).data_f32());
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("GPT-2 forward/backward matches PyTorch on the tiny fixture", "[model][pytorch]") {
+  Fixture fx;
+  GPT model(fx.cfg);
+  model.allocate_local(1);
+  fx.load_weights(model);
+  Tensor tokens = tokens_tensor(fx.file.read_i32("tokens"), {fx.B, fx.T});
+  Tensor targets = tokens_tensor(fx.file.read_i32("targets"), {fx.B, fx.T});
+
+  Tensor x = model.embed(tokens);
+  for (int l = 0; l < fx.cfg.n_layer; ++l) x = model.block(l, x);
+  Tensor logits = model.logits(x);
+  Tensor loss = cross_entropy(logits, targets.reshape({fx.B * fx.T}), fx.cfg.vocab_size);
+
+  // logits: fixture holds the unpadded [B, T, V] columns
+  const int64_t V = fx.cfg.vocab_size, Vp = fx.cfg.padded_vocab_size();
+  auto all = logits.to_vector();
+  std::vector<float> got;
+  for (int64_t n = 0; n < fx.B * fx.T; ++n) got.insert(got.end(), all.begin() + n * Vp, all.begin() + n * Vp + V);
+  CHECK(rel_error(got, fx.file.read_f32("logits")) <= 1e-4);
+  const float want_loss = fx.file.read_f32("loss")[0];
+  CHECK(std::fabs(loss.item() - want_loss) / want_loss <= 1e-4);
+
+  backward(loss);
+  for (const auto& p : model.inventory().params) {
+    auto g = model.param(p.name).grad().to_vector();
+    auto want = fx.file.read_f32("grad." + p.name);
+    INFO(p.name);
+    if (p.name.find("c_attn.bias") != std::string::npos) {
+      // The key slice [C, 2C) has an analytically zero gradient (softmax shift invariance): compare
+      // it absolutely, the rest relatively.
+      const int64_t C = fx.cfg.n_embd;
+      std::vector<float> gq(g.begin(), g.begin() + C), wq(want.begin(), want.begin() + C);
+      std::vector<float> gv(g.begin() + 2 * C, g.end()), wv(want.begin() + 2 * C, want.end());
+      CHECK(rel_error(gq, wq) <= 1e-3);
+      CHECK(rel_error(gv, wv) <= 1e-3);
+      for (int64_t i = C; i < 2 * C; ++i) CHECK(std::fabs(g[i]) <= 1e-6);
+    } else {
+      CHECK(rel_error(g, want) <= 1e-3);
+    }
+  }
+}
+
+TEST_CASE("GPT-2 with AdamW reproduces PyTorch's 5 losses", "[model][pytorch]") {
+  Fixture fx;
+  GPT model(fx.cfg);
+  model.allocate_local(1);
+  fx.load_weights(model);
+  Tensor tokens = tokens_tensor(fx.file.read_i32("tokens"), {fx.B, fx.T});
+  Tensor targets = tokens_tensor(fx.file.read_i32("targets"), {fx.B, fx.T});
+  auto want = fx.file.read_f32("adamw_losses");
+  std::vector<Tensor> m, v;
+  for (const auto& p : model.inventory().params) {
+    m.push_back(Tensor::zeros(p.shape));
+    v.push_back(Tensor::zeros(p.shape));
+  }
+  AdamWOptions opt;
+  opt.beta1 = 0.9;
+  opt.beta2 = 0.95;
+  opt.eps = 1e-8;
+  for (int step = 0; step < 5; ++step) {
+    model.local_grads().zero();
+    Tensor loss = model.forward_loss(tokens, targets);
+    INFO("step " << step << " loss " << loss.item() << " want " << want[step]);
+    CHECK(std::fabs(loss.item() - want[step]) <= 1e-4);
+    backward(loss);
+    size_t i = 0;
+    for (const auto& p : model.inventory().params) {
+      AdamWOptions o = opt;
+      o.weight_decay = p.shape.size() >= 2 ? 0.1 : 0.0;  // the fixture decays only tensors with dim >= 2
+      const Tensor& w = model.param(p.name);
+      adamw_step_cpu(w.data_f32(), w.grad().data_f32(), m[i].data_f32(), v[i].data_f32(), p.numel(), 1e-2, step + 1, o);
+      ++i;
+    }
+  }
+}
