@@ -287,6 +287,7 @@ GPTConfig ModelSection::gpt() const {
   g.seq_len = seq_len;
   g.vocab_size = static_cast<int>(vocab_size);
   g.tie_embeddings = tie_embeddings;
+  g.init_std = init_std;
   return g;
 }
 
@@ -327,7 +328,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"seed", training.seed},
                    {"target_val_loss", training.target_val_loss ? json(*training.target_val_loss) : json(nullptr)},
                    {"sample_tokens", training.sample_tokens}};
-  j["logging"] = {{"interval", logging.interval}, {"run_dir", p(logging.run_dir)}};
+  j["logging"] = {{"interval", logging.interval}, {"peak_tflops", logging.peak_tflops}, {"run_dir", p(logging.run_dir)}};
   j["output"] = {{"export", p(output.export_path)}};
   return j;
 }
@@ -427,6 +428,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.training.sample_tokens = r.i64("training.sample_tokens", 0);
   // logging, output
   c.logging.interval = r.i64("logging.interval", 1);
+  c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);
   c.logging.run_dir = r.path_value("logging.run_dir", base_dir);
   c.output.export_path = r.path_value("output.export", base_dir);
   return c;

@@ -94,6 +94,9 @@ struct TrainingSection {
 
 struct LoggingSection {
   int64_t interval = 10;
+  /// Peak FLOP/s of one rank's device in TFLOP/s, the denominator of MFU (CPU default: one core
+  /// of this project's reference machine, ~0.17 TFLOP/s fp32; an A100 is 312 bf16, an H200 989).
+  double peak_tflops = 0.17;
   ConfigPath run_dir{"runs/latest", ""};
 };
 

@@ -64,7 +64,7 @@ void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed,
     std::fill(out, out + n, 1.0f);
     return;
   }
-  double std = 0.02;
+  double std = cfg.init_std;
   if (ends_with(spec.name, "attn.c_proj.weight") || ends_with(spec.name, "mlp.c_proj.weight"))
     std /= std::sqrt(2.0 * cfg.n_layer);
   uint64_t state = seed * 0x2545F4914F6CDD1DULL ^ hash_name(spec.name);

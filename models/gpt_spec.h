@@ -16,6 +16,7 @@ struct GPTConfig {
   int seq_len = 64;  // maximum context (rows of wpe)
   int vocab_size = 65;
   bool tie_embeddings = true;
+  double init_std = 0.02;  // std of the normal initialisation (GPT-2: 0.02)
 
   int64_t padded_vocab_size() const { return (static_cast<int64_t>(vocab_size) + 63) / 64 * 64; }
   /// Throws std::invalid_argument naming the field when a value is out of range.

@@ -1,0 +1,91 @@
+// mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on CPU (issue 2).
+// Prints the median step time over the measured steps and the achieved GFLOP/s
+// (training FLOPs = GPTConfig::flops_per_token(T) x B x T, PaLM appendix B).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "models/gpt.h"
+#include "optim/adamw.h"
+#include "runtime/autograd.h"
+#include "runtime/kernels.h"
+#include "runtime/ops.h"
+
+using namespace mfsdp;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Times forward + backward + AdamW of a GPT on one CPU rank"};
+  GPTConfig cfg;
+  cfg.n_layer = 12;
+  cfg.n_head = 12;
+  cfg.n_embd = 768;
+  cfg.seq_len = 1024;
+  cfg.vocab_size = 50257;
+  int B = 4, T = 64, warmup = 2, steps = 5, threads = 0;
+  app.add_option("--n-layer", cfg.n_layer, "transformer blocks")->capture_default_str();
+  app.add_option("--n-head", cfg.n_head, "attention heads")->capture_default_str();
+  app.add_option("--n-embd", cfg.n_embd, "model width")->capture_default_str();
+  app.add_option("--vocab", cfg.vocab_size, "vocabulary size (padded to a multiple of 64)")->capture_default_str();
+  app.add_option("-B,--batch", B, "sequences per step")->capture_default_str();
+  app.add_option("-T,--seq", T, "sequence length")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps")->capture_default_str();
+  app.add_option("--steps", steps, "timed steps (>= 1)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  cfg.seq_len = std::max(cfg.seq_len, T);
+  try {
+    cfg.validate();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mfsdp-bench-model: %s\n", e.what());
+    return 2;
+  }
+  if (threads > 0) set_cpu_threads(threads);
+
+  GPT model(cfg);
+  model.allocate_local(1);
+  const int64_t n = model.local_params().numel();
+  Tensor m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tok[i] = (i * 7919) % cfg.vocab_size;
+    tgt[i] = (i * 104729 + 1) % cfg.vocab_size;
+  }
+  Tensor tokens = tokens_tensor(tok, {B, T}), targets = tokens_tensor(tgt, {B, T});
+  AdamWOptions opt;
+  opt.weight_decay = 0.1;
+  std::printf("GPT n_layer=%d n_head=%d n_embd=%d vocab=%d (padded %lld), %lld parameters, B=%d T=%d, %d threads\n",
+              cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, static_cast<long long>(cfg.padded_vocab_size()),
+              static_cast<long long>(n), B, T, cpu_threads());
+  std::vector<double> fwd, bwd, upd, total;
+  for (int s = 0; s < warmup + steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    model.local_grads().zero();
+    Tensor loss = model.forward_loss(tokens, targets);
+    auto t1 = std::chrono::steady_clock::now();
+    backward(loss);
+    auto t2 = std::chrono::steady_clock::now();
+    adamw_step_cpu(model.local_params().data_f32(), model.local_grads().data_f32(), m.data_f32(), v.data_f32(), n,
+                   1e-4, s + 1, opt);
+    auto t3 = std::chrono::steady_clock::now();
+    auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    std::printf("step %d: loss %.4f  forward %.0f ms  backward %.0f ms  adamw %.0f ms  total %.0f ms%s\n", s,
+                loss.item(), ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t0, t3), s < warmup ? "  (warm-up)" : "");
+    if (s >= warmup) {
+      fwd.push_back(ms(t0, t1));
+      bwd.push_back(ms(t1, t2));
+      upd.push_back(ms(t2, t3));
+      total.push_back(ms(t0, t3));
+    }
+  }
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x.size() % 2 ? x[x.size() / 2] : 0.5 * (x[x.size() / 2 - 1] + x[x.size() / 2]);
+  };
+  const double med = median(total);
+  const double flops = cfg.flops_per_token(T) * B * T;
+  std::printf("\nmedian over %d steps: %.1f ms/step (forward %.1f, backward %.1f, adamw %.1f), %.1f GFLOP/s, %.0f tokens/s\n",
+              steps, med, median(fwd), median(bwd), median(upd), flops / (med * 1e-3) / 1e9, B * T / (med * 1e-3));
+  return 0;
+}

@@ -1,0 +1,351 @@
+#include "apps/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/hf_gpt2.h"
+#include "models/gpt.h"
+#include "planner/planner.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/data/token_shards.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/engine/sharded_engine.h"
+#include "runtime/ops.h"
+
+namespace mfsdp {
+namespace {
+
+using json = nlohmann::json;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+EngineOptions engine_options(const TrainConfig& cfg) {
+  EngineOptions o;
+  o.muon.momentum = cfg.muon.momentum;
+  o.muon.nesterov = cfg.muon.nesterov;
+  o.muon.ns_steps = cfg.muon.ns_steps;
+  o.muon.weight_decay = cfg.muon.weight_decay;
+  o.muon.scale_rule = parse_muon_scale_rule(cfg.muon.scale_rule);
+  o.muon.split_qkv = cfg.muon.split_qkv;
+  o.adamw.beta1 = cfg.adamw.beta1;
+  o.adamw.beta2 = cfg.adamw.beta2;
+  o.adamw.eps = cfg.adamw.eps;
+  o.adamw.weight_decay = cfg.adamw.weight_decay;
+  o.muon_lr = cfg.muon.lr;
+  o.adamw_lr = cfg.adamw.lr;
+  o.schedule.warmup_steps = cfg.schedule.warmup_steps;
+  o.schedule.total_steps = cfg.training.steps;
+  o.schedule.kind = parse_decay_kind(cfg.schedule.decay);
+  o.schedule.floor = cfg.schedule.floor;
+  o.schedule.decay_fraction = cfg.schedule.decay_fraction;
+  o.grad_clip = cfg.training.grad_clip;
+  return o;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string human_seconds(double s) {
+  if (s < 60) return fmt::format("{:.0f}s", s);
+  if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
+  return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
+}
+
+// Validation loss over an EvalSplit: every rank runs the same number of batches.
+double evaluate(ShardedEngine& engine, const EvalSplit& split, int B, int T) {
+  std::vector<MicroBatch> batches;
+  std::vector<int32_t> in(static_cast<size_t>(B) * T), tgt(static_cast<size_t>(B) * T);
+  const int64_t n = split.num_batches_all_ranks(B);
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t rows = split.batch(b, B, in.data(), tgt.data());
+    batches.push_back({tokens_tensor(std::vector<int32_t>(in.begin(), in.begin() + rows * T), {rows, T}),
+                       tokens_tensor(std::vector<int32_t>(tgt.begin(), tgt.begin() + rows * T), {rows, T})});
+  }
+  auto [sum, count] = engine.eval_loss_sum(batches);
+  return count > 0 ? sum / static_cast<double>(count) : std::nan("");
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+json nullable(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+
+}  // namespace
+
+std::string preflight_check(const TrainConfig& cfg, int world_size) {
+  try {
+    const GPTConfig g = cfg.model.gpt();
+    g.validate();
+    const int64_t global_tokens = static_cast<int64_t>(world_size) * cfg.training.grad_accum *
+                                  cfg.training.micro_batch_size * cfg.model.seq_len;
+    validate_shards(cfg.data.train.resolved, cfg.model.vocab_size, global_tokens + 1,
+                    "one global batch (world_size * grad_accum * micro_batch_size * seq_len + 1)");
+    if (!cfg.data.val.resolved.empty())
+      validate_shards(cfg.data.val.resolved, cfg.model.vocab_size, cfg.model.seq_len + 1, "one sequence (seq_len + 1)");
+    if (!cfg.data.tokenizer.empty()) {
+      auto tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved);
+      if (tok->vocab_size() > cfg.model.vocab_size)
+        return cfg.data.tokenizer_path.resolved + ": tokenizer has " + std::to_string(tok->vocab_size()) +
+               " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size);
+    }
+    if (!cfg.model.init_from.resolved.empty()) import_hf_gpt2(cfg.model.init_from.resolved, g);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts) {
+  const int rank = comm.rank(), W = comm.world_size();
+  const bool lead = rank == 0;
+  const GPTConfig gcfg = cfg.model.gpt();
+  const int B = cfg.training.micro_batch_size, T = cfg.model.seq_len, A = cfg.training.grad_accum;
+
+  GPT model(gcfg);
+  ShardPlan plan = make_plan(model.inventory(), W, parse_placement(cfg.sharding.placement),
+                             PlannerOptions{cfg.muon.ns_steps, cfg.muon.split_qkv, false});
+  ShardedEngine engine(model, comm, plan, engine_options(cfg));
+  if (!cfg.model.init_from.resolved.empty()) engine.load_full_parameters(import_hf_gpt2(cfg.model.init_from.resolved, gcfg));
+  else engine.init_parameters(static_cast<uint64_t>(cfg.training.seed));
+
+  const auto& st = plan.stats;
+  if (lead) {
+    spdlog::info("MatrixFSDP | GPT {} layers, {} heads, width {}, context {}, vocab {} (padded {}), {:.2f}M parameters",
+                 gcfg.n_layer, gcfg.n_head, gcfg.n_embd, T, gcfg.vocab_size, gcfg.padded_vocab_size(),
+                 gcfg.num_params() / 1e6);
+    spdlog::info("placement {} on {} rank(s) | Muon: {} matrices ({:.2f}M) | AdamW: {} tensors ({:.2f}M) | "
+                 "optimizer FLOPs max/mean {:.2f}, bytes max/mean {:.2f}, empty segments {}",
+                 placement_name(plan.placement), W, st.muon_params, st.muon_numel / 1e6, st.adamw_params,
+                 st.adamw_numel / 1e6, st.flops_ratio(), st.bytes_ratio(), st.empty_segments);
+  }
+
+  std::unique_ptr<EvalSplit> val_full, val_periodic;
+  if (!cfg.data.val.resolved.empty()) {
+    val_full = std::make_unique<EvalSplit>(cfg.data.val.resolved, T, rank, W, cfg.model.vocab_size);
+    val_periodic = cfg.training.eval_tokens > 0
+                       ? std::make_unique<EvalSplit>(cfg.data.val.resolved, T, rank, W, cfg.model.vocab_size,
+                                                     cfg.training.eval_tokens)
+                       : nullptr;
+  }
+  const EvalSplit* periodic = val_periodic ? val_periodic.get() : val_full.get();
+
+  if (opts.eval_only) {
+    if (!val_full) throw std::runtime_error("--eval-only needs data.val (the validation shards)");
+    const double loss = evaluate(engine, *val_full, B, T);
+    if (lead) spdlog::info("validation loss {:.6f} over {} sequences of {} tokens ({})", loss,
+                           val_full->num_sequences(), T, cfg.data.val.resolved);
+    return;
+  }
+
+  // ---- run directory ----
+  const std::filesystem::path run_dir = cfg.logging.run_dir.resolved.empty() ? "" : cfg.logging.run_dir.resolved;
+  std::ofstream metrics;
+  if (lead && !run_dir.empty()) {
+    std::filesystem::create_directories(run_dir);
+    metrics.open(run_dir / "metrics.jsonl", std::ios::trunc);
+    if (!metrics) throw std::runtime_error((run_dir / "metrics.jsonl").string() + ": cannot open for writing");
+    std::ofstream(run_dir / "config.json") << cfg.to_json().dump(2) << "\n";
+  }
+
+  DataLoader loader(cfg.data.train.resolved, B, T, rank, W, A, cfg.data.shuffle, static_cast<uint64_t>(cfg.data.seed),
+                    cfg.model.vocab_size);
+  const double flops_per_token = gcfg.flops_per_token(T);
+  const double peak = cfg.logging.peak_tflops * 1e12 * W;
+  std::vector<int32_t> in(static_cast<size_t>(B) * T), tgt(static_cast<size_t>(B) * T);
+  std::vector<double> opt_seconds;
+  double phase[4] = {0, 0, 0, 0};  // forward, backward, reduce, optimizer (max over ranks per step)
+  double final_train_loss = std::nan(""), best_val = std::nan(""), last_val = std::nan(""), time_to_target = std::nan("");
+  int64_t tokens_seen = 0, steps_done = 0;
+  comm.reset_counters();
+  MemoryTracker::instance().reset_peaks();
+  const double t_train = now_seconds();
+  double t_window = t_train, window_loss = 0;
+  int64_t window_steps = 0, window_tokens = 0;
+
+  auto log_json = [&](const json& j) {
+    if (metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
+  };
+  auto run_eval = [&](int64_t step, const EvalSplit& split, const char* what) {
+    const double t0 = now_seconds();
+    const double v = evaluate(engine, split, B, T);
+    last_val = v;
+    if (!std::isfinite(best_val) || v < best_val) best_val = v;
+    if (lead) {
+      spdlog::info("step {:>6} | {} val loss {:.4f} ({} sequences, {:.1f}s)", step, what, v, split.num_sequences(),
+                   now_seconds() - t0);
+      log_json({{"type", "eval"}, {"step", step}, {"split", what}, {"val_loss", v}, {"sequences", split.num_sequences()},
+                {"elapsed_seconds", now_seconds() - opts.program_start}});
+    }
+    return v;
+  };
+
+  bool reached_target = false;
+  for (int64_t step = 0; step < cfg.training.steps; ++step) {
+    std::vector<MicroBatch> micro;
+    for (int k = 0; k < A; ++k) {
+      loader.next(in.data(), tgt.data());
+      micro.push_back({tokens_tensor(in, {B, T}), tokens_tensor(tgt, {B, T})});
+    }
+    StepStats s = engine.train_step(micro, step);
+    if (!std::isfinite(s.loss))
+      throw std::runtime_error(fmt::format("step {}: the training loss is {} (diverged); stopping without export. "
+                                           "Lower optimizer.muon.lr / optimizer.adamw.lr or enable training.grad_clip.",
+                                           step, s.loss));
+    const double t_phase[4] = {s.t_forward, s.t_backward, s.t_reduce, s.t_optimizer};
+    for (int i = 0; i < 4; ++i) phase[i] += comm.all_reduce_scalar(t_phase[i], ReduceOp::max, CommPhase::other);
+    opt_seconds.push_back(comm.all_reduce_scalar(s.t_optimizer, ReduceOp::max, CommPhase::other));
+    ++steps_done;
+    tokens_seen += s.tokens;
+    final_train_loss = s.loss;
+    window_loss += s.loss;
+    ++window_steps;
+    window_tokens += s.tokens;
+
+    const bool last = step + 1 == cfg.training.steps;
+    if ((step + 1) % cfg.logging.interval == 0 || last) {
+      const double now = now_seconds(), dt = now - t_window;
+      const double tok_s = window_tokens / std::max(dt, 1e-9);
+      const double mfu = flops_per_token * tok_s / peak;
+      const double avg_step = (now - t_train) / steps_done;
+      if (lead) {
+        spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.2e}/{:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
+                     "fwd {:.0f} bwd {:.0f} reduce {:.0f} opt {:.0f} ms | ETA {}",
+                     step + 1, cfg.training.steps, window_loss / window_steps, s.lr_muon, s.lr_adamw, s.grad_norm, tok_s,
+                     100 * mfu, 1e3 * s.t_forward, 1e3 * s.t_backward, 1e3 * s.t_reduce, 1e3 * s.t_optimizer,
+                     human_seconds(avg_step * (cfg.training.steps - step - 1)));
+        log_json({{"type", "train"}, {"step", step + 1}, {"loss", window_loss / window_steps}, {"lr_muon", s.lr_muon},
+                  {"lr_adamw", s.lr_adamw}, {"grad_norm", s.grad_norm}, {"clip_coef", s.clip_coef},
+                  {"tokens_per_second", tok_s}, {"mfu", mfu}, {"tokens", tokens_seen},
+                  {"seconds", {{"forward", s.t_forward}, {"backward", s.t_backward}, {"reduce", s.t_reduce},
+                               {"optimizer", s.t_optimizer}, {"step", s.t_total}}},
+                  {"elapsed_seconds", now - opts.program_start}});
+      }
+      t_window = now;
+      window_loss = 0;
+      window_steps = 0;
+      window_tokens = 0;
+    }
+    const bool eval_now = periodic && !last && cfg.training.eval_interval > 0 && (step + 1) % cfg.training.eval_interval == 0;
+    if (eval_now) {
+      const double v = run_eval(step + 1, *periodic, periodic == val_full.get() ? "full" : "partial");
+      if (cfg.training.target_val_loss && v <= *cfg.training.target_val_loss) {
+        time_to_target = now_seconds() - opts.program_start;
+        reached_target = true;
+        if (lead) spdlog::info("target validation loss {:.4f} reached at step {}: stopping", *cfg.training.target_val_loss, step + 1);
+        break;
+      }
+    }
+  }
+  const double train_seconds = now_seconds() - t_train;
+
+  // ---- final validation over the whole split ----
+  double final_val = std::nan("");
+  if (val_full) {
+    final_val = run_eval(steps_done, *val_full, "full");
+    if (!reached_target && cfg.training.target_val_loss && final_val <= *cfg.training.target_val_loss)
+      time_to_target = now_seconds() - opts.program_start;
+  }
+
+  // ---- sample ----
+  if (cfg.training.sample_tokens > 0) {
+    engine.with_full_model([&] {
+      if (!lead) return;
+      std::unique_ptr<Tokenizer> tok;
+      if (!cfg.data.tokenizer.empty()) tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved);
+      std::vector<int32_t> prompt;
+      if (tok && cfg.data.tokenizer == "char") prompt = tok->encode("\n");
+      else if (gcfg.vocab_size > 50256) prompt = {50256};  // GPT-2 <|endoftext|>
+      else prompt = {0};
+      auto ids = sample_tokens(model, prompt, static_cast<int>(cfg.training.sample_tokens), 0.8f, 0,
+                               static_cast<uint64_t>(cfg.training.seed));
+      std::string text;
+      if (tok) text = tok->decode(ids);
+      else
+        for (int32_t id : ids) text += std::to_string(id) + " ";
+      spdlog::info("---- sample ({} tokens, temperature 0.8) ----\n{}\n----", ids.size(), text);
+    });
+  }
+
+  // ---- export ----
+  if (!cfg.output.export_path.resolved.empty()) {
+    auto full = engine.full_parameters();
+    if (lead) {
+      std::filesystem::path out(cfg.output.export_path.resolved);
+      if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+      export_hf_gpt2(out.string(), gcfg, full, DType::f32,
+                     {{"step", std::to_string(steps_done)}, {"val_loss", std::to_string(final_val)}});
+      spdlog::info("exported the model to {} (Hugging Face GPT-2 layout, f32)", out.string());
+    }
+  }
+
+  // ---- summary (collectives first, then rank 0 writes) ----
+  json comm_bytes, peak_bytes;
+  for (int p = 0; p < static_cast<int>(CommPhase::count); ++p) {
+    const double sent = static_cast<double>(comm.counters().phase[p].bytes_sent);
+    comm_bytes[comm_phase_name(static_cast<CommPhase>(p))] =
+        static_cast<int64_t>(comm.all_reduce_scalar(sent, ReduceOp::sum, CommPhase::other));
+  }
+  auto& mt = MemoryTracker::instance();
+  for (int c = 0; c < static_cast<int>(MemCategory::count); ++c) {
+    const double b = static_cast<double>(mt.peak(Device::CPU, static_cast<MemCategory>(c)));
+    peak_bytes[mem_category_name(static_cast<MemCategory>(c))] =
+        static_cast<int64_t>(comm.all_reduce_scalar(b, ReduceOp::max, CommPhase::other));
+  }
+  peak_bytes["total"] = static_cast<int64_t>(
+      comm.all_reduce_scalar(static_cast<double>(mt.peak_total(Device::CPU)), ReduceOp::max, CommPhase::other));
+  if (!lead) return;
+  const double wall = now_seconds() - opts.program_start;
+  json summary = {
+      {"world_size", W},
+      {"placement", placement_name(plan.placement)},
+      {"steps", steps_done},
+      {"tokens", tokens_seen},
+      {"wall_seconds", wall},
+      {"train_seconds", train_seconds},
+      {"tokens_per_second", tokens_seen / std::max(train_seconds, 1e-9)},
+      {"mfu", flops_per_token * tokens_seen / std::max(train_seconds, 1e-9) / peak},
+      {"final_train_loss", nullable(final_train_loss)},
+      {"final_val_loss", nullable(final_val)},
+      {"best_val_loss", nullable(best_val)},
+      {"target_val_loss", cfg.training.target_val_loss ? json(*cfg.training.target_val_loss) : json(nullptr)},
+      {"time_to_target_seconds", nullable(time_to_target)},
+      {"optimizer_step_seconds_median", median(opt_seconds)},
+      {"phase_seconds", {{"forward", phase[0]}, {"backward", phase[1]}, {"reduce", phase[2]}, {"optimizer", phase[3]}}},
+      {"comm_bytes", comm_bytes},
+      {"peak_bytes", peak_bytes},
+      {"parameters", gcfg.num_params()},
+      {"config", cfg.to_json()},
+  };
+  if (!run_dir.empty()) {
+    const auto tmp = run_dir / "summary.json.tmp";
+    std::ofstream(tmp) << summary.dump(2) << "\n";
+    std::filesystem::rename(tmp, run_dir / "summary.json");
+  }
+  spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | final val loss {:.4f} | "
+               "best val {:.4f} | opt-step bytes {} | peak memory/rank {}",
+               steps_done, tokens_seen, human_seconds(wall), tokens_seen / std::max(train_seconds, 1e-9),
+               final_train_loss, final_val, best_val, human_bytes(comm_bytes["opt_step"].get<double>()),
+               human_bytes(peak_bytes["total"].get<double>()));
+  if (!run_dir.empty()) spdlog::info("run directory: {}", run_dir.string());
+}
+
+}  // namespace mfsdp

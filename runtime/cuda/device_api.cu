@@ -1,0 +1,81 @@
+// CUDA build of the thin device API (device_api.h): every CUDA runtime call is checked and turned
+// into a std::runtime_error naming the call, file:line and the CUDA error string.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/device_api.h"
+
+namespace mfsdp::cuda {
+namespace {
+void check_bytes(int64_t bytes, const char* op) {
+  if (bytes < 0) throw std::invalid_argument(std::string("[") + op + "] negative size " + std::to_string(bytes) + " bytes");
+}
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: report none instead of throwing
+    return 0;
+  }
+  return n;
+}
+
+void set_device(int device) {
+  const int n = device_count();
+  if (device < 0 || device >= n)
+    throw std::invalid_argument("[cuda::set_device] device " + std::to_string(device) + " outside [0, " +
+                                std::to_string(n) + ")");
+  CUDA_CHECK(cudaSetDevice(device));
+}
+
+void* malloc_device(int64_t bytes) {
+  check_bytes(bytes, "cuda::malloc_device");
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(bytes));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    std::string mem;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+      mem = " (" + std::to_string(free_b) + " of " + std::to_string(total_b) + " bytes free)";
+    else
+      (void)cudaGetLastError();
+    throw std::runtime_error("[cuda::malloc_device] cudaMalloc of " + std::to_string(bytes) + " bytes failed at " +
+                             __FILE__ + ":" + std::to_string(__LINE__) + ": " + cudaGetErrorString(e) + mem);
+  }
+  return p;
+}
+
+void free_device(void* p) {
+  if (p) CUDA_CHECK(cudaFree(p));
+}
+
+void copy_h2d(void* dst, const void* src, int64_t bytes) {
+  check_bytes(bytes, "cuda::copy_h2d");
+  if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
+}
+
+void copy_d2h(void* dst, const void* src, int64_t bytes) {
+  check_bytes(bytes, "cuda::copy_d2h");
+  if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
+}
+
+void copy_d2d(void* dst, const void* src, int64_t bytes) {
+  check_bytes(bytes, "cuda::copy_d2d");
+  if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+}
+
+void memset_device(void* p, int value, int64_t bytes) {
+  check_bytes(bytes, "cuda::memset_device");
+  if (bytes) CUDA_CHECK(cudaMemset(p, value, static_cast<size_t>(bytes)));
+}
+
+void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace mfsdp::cuda

@@ -1,0 +1,670 @@
+// CUDA backend (kernels.h): cuBLAS SGEMM for every matrix product, hand-written kernels for the rest.
+//
+// Everything runs on the legacy default stream (stream 0), so kernels are ordered with each other and
+// with the synchronous cudaMemcpy of Tensor::to / to_vector: a host read after a kernel sees its
+// result. Reductions are deterministic (fixed launch shapes derived from the sizes only, fixed tree
+// order, no atomics): the same inputs give bitwise the same outputs on every run. Embedding backward
+// adds in the CPU's exact order (token positions in increasing order per row), so it matches the CPU
+// backend bitwise. SGEMM runs in plain FP32 (CUBLAS_DEFAULT_MATH: no TF32), so results agree with the
+// CPU backend to ~1e-6 relative.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/kernels.h"
+
+namespace mfsdp {
+namespace {
+
+constexpr int kThreads = 256;        // threads per block of the elementwise / row kernels
+constexpr int kMaxGrid = 65535 * 8;  // cap of grid-stride launches (any larger n loops)
+constexpr int kSumBlocks = 1024;     // max partial sums of sum_of_squares
+constexpr int64_t kColChunk = 64;    // rows per partial sum of the column reductions
+
+int grid_for(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<int>(std::clamp<int64_t>(blocks, 1, kMaxGrid));
+}
+
+int to_int(int64_t v, const char* op, const char* what) {
+  if (v < 0 || v > INT_MAX)
+    throw std::invalid_argument(std::string("[") + op + "] " + what + "=" + std::to_string(v) +
+                                " outside the int range cuBLAS accepts");
+  return static_cast<int>(v);
+}
+
+// ---------------- reductions inside a block (fixed tree: deterministic) ----------------
+
+template <class T>
+__device__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x == kThreads); every thread gets the result. `sh` holds kThreads/32.
+template <class T>
+__device__ T block_sum(T v, T* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // sh may still be read from a previous call
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  T r = lane < kThreads / 32 ? sh[lane] : T(0);
+  return warp_sum(r);
+}
+__device__ float block_max(float v, float* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float r = lane < kThreads / 32 ? sh[lane] : -INFINITY;
+  return warp_max(r);
+}
+
+// ---------------- elementwise ----------------
+
+// f32 -> bf16, round to nearest even, NaN kept as quiet NaN: the bit recipe of float_to_bf16 (dtype.h).
+__global__ void f32_to_bf16_kernel(const float* __restrict__ s, uint16_t* __restrict__ d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t u = __float_as_uint(s[i]);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) d[i] = static_cast<uint16_t>((u >> 16) | 0x0040u);
+    else d[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+__global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ s, float* __restrict__ d, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d[i] = __uint_as_float(static_cast<uint32_t>(s[i]) << 16);
+}
+__global__ void fill_kernel(float* x, float v, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = v;
+}
+__global__ void axpy_kernel(float* y, const float* x, float a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += a * x[i];
+}
+__global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+__global__ void scale_kernel(float* x, float a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= a;
+}
+__global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += b[i % cols];
+}
+
+// ---------------- sum of squares: per-block f64 partials, then one block sums them in order ----------------
+
+__global__ void sumsq_partial_kernel(const float* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  __shared__ double sh[kThreads / 32];
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+__global__ void sum_partials_kernel(const double* __restrict__ partial, int count, double* __restrict__ out) {
+  __shared__ double sh[kThreads / 32];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < count; i += kThreads) acc += partial[i];
+  acc = block_sum(acc, sh);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+// ---------------- column reductions (bias_grad, LayerNorm dw/db) ----------------
+// Pass 1: grid (column blocks, row chunks); thread (c, chunk) sums its kColChunk rows in order.
+// Pass 2: one thread per column adds the chunk partials in chunk order into out[c] (+=).
+
+struct BiasTerm {
+  const float* dy;
+  __device__ float operator()(int64_t r, int64_t c, int64_t cols) const { return dy[r * cols + c]; }
+};
+struct LnWeightTerm {  // dy * (x - mean) * rstd
+  const float *dy, *x, *mean, *rstd;
+  __device__ float operator()(int64_t r, int64_t c, int64_t cols) const {
+    const int64_t i = r * cols + c;
+    return dy[i] * ((x[i] - mean[r]) * rstd[r]);
+  }
+};
+
+template <class Term>
+__global__ void col_partial_kernel(Term term, float* __restrict__ partial, int64_t rows, int64_t cols) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * kColChunk, r1 = r0 + kColChunk < rows ? r0 + kColChunk : rows;
+  float acc = 0.f;
+  for (int64_t r = r0; r < r1; ++r) acc += term(r, c, cols);
+  partial[blockIdx.y * cols + c] = acc;
+}
+__global__ void col_finish_kernel(const float* __restrict__ partial, int64_t chunks, float* __restrict__ out,
+                                  int64_t cols) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  float acc = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+  out[c] += acc;
+}
+
+// ---------------- LayerNorm (one block per row) ----------------
+
+__global__ void layernorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                         const float* __restrict__ b, float* __restrict__ y, float* __restrict__ mean,
+                                         float* __restrict__ rstd, int64_t cols, float eps) {
+  __shared__ float sh[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * cols;
+  float s = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) s += xr[c];
+  const float m = block_sum(s, sh) / static_cast<float>(cols);
+  float v = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) v += (xr[c] - m) * (xr[c] - m);
+  const float var = block_sum(v, sh) / static_cast<float>(cols);
+  const float rs = 1.0f / sqrtf(var + eps);
+  float* yr = y + r * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+__global__ void layernorm_backward_dx_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                                             const float* __restrict__ w, const float* __restrict__ mean,
+                                             const float* __restrict__ rstd, float* __restrict__ dx, int64_t cols) {
+  __shared__ float sh[kThreads / 32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * cols;
+  const float* dyr = dy + r * cols;
+  const float m = mean[r], s = rstd[r];
+  float a = 0.f, bsum = 0.f;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    const float n = (xr[c] - m) * s, dn = dyr[c] * w[c];
+    a += dn;
+    bsum += dn * n;
+  }
+  const float mean_dn = block_sum(a, sh) / static_cast<float>(cols);
+  const float mean_dn_n = block_sum(bsum, sh) / static_cast<float>(cols);
+  float* dxr = dx + r * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) {
+    const float n = (xr[c] - m) * s, dn = dyr[c] * w[c];
+    dxr[c] += s * (dn - mean_dn - n * mean_dn_n);
+  }
+}
+
+// ---------------- GELU (tanh approximation, same formula as the CPU backend) ----------------
+
+__global__ void gelu_forward_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+  }
+}
+__global__ void gelu_backward_kernel(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dx,
+                                     int64_t n) {
+  const float k = 0.7978845608028654f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const float t = tanhf(k * (v + 0.044715f * v * v * v));
+    const float du = k * (1.0f + 3.0f * 0.044715f * v * v);
+    dx[i] += dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+// ---------------- embedding ----------------
+
+__global__ void embedding_forward_kernel(const float* __restrict__ wte, const float* __restrict__ wpe,
+                                         const int32_t* __restrict__ tokens, float* __restrict__ out, int64_t BT,
+                                         int64_t T, int64_t C) {
+  const int64_t n = BT * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / C, c = i % C;
+    out[i] = wte[static_cast<int64_t>(tokens[row]) * C + c] + wpe[(row % T) * C + c];
+  }
+}
+// dwpe[t, c] += dout[b*T + t, c] for b = 0..B-1 in order (the CPU's order for that element).
+__global__ void embedding_backward_wpe_kernel(const float* __restrict__ dout, float* __restrict__ dwpe, int64_t B,
+                                              int64_t T, int64_t C) {
+  const int64_t n = T * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float acc = dwpe[i];
+    for (int64_t b = 0; b < B; ++b) acc += dout[b * T * C + i];
+    dwpe[i] = acc;
+  }
+}
+// Token rows grouped by id (CSR built on the host, positions in increasing order within a group):
+// dwte[ids[g], c] += dout[pos[k], c] for k in [start[g], start[g+1]) in order.
+__global__ void embedding_backward_wte_kernel(const float* __restrict__ dout, const int32_t* __restrict__ ids,
+                                              const int32_t* __restrict__ start, const int32_t* __restrict__ pos,
+                                              float* __restrict__ dwte, int64_t groups, int64_t C) {
+  const int64_t n = groups * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t g = i / C, c = i % C;
+    float* e = dwte + static_cast<int64_t>(ids[g]) * C + c;
+    float acc = *e;
+    for (int32_t k = start[g]; k < start[g + 1]; ++k) acc += dout[static_cast<int64_t>(pos[k]) * C + c];
+    *e = acc;
+  }
+}
+
+// ---------------- attention softmax (one warp per row of probs [rows = B*H*T, T]) ----------------
+
+// In place: row i of each [T, T] block holds q k^T; becomes softmax(scale * row[0..i]), zeros after i.
+__global__ void causal_softmax_kernel(float* __restrict__ p, int64_t rows, int64_t T, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int64_t i = row % T;
+  float* r = p + row * T;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j <= i; j += 32) mx = fmaxf(mx, r[j] * scale);
+  mx = warp_max(mx);
+  float sum = 0.f;
+  for (int64_t j = lane; j <= i; j += 32) {
+    const float e = expf(r[j] * scale - mx);
+    r[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / warp_sum(sum);
+  for (int64_t j = lane; j <= i; j += 32) r[j] *= inv;
+  for (int64_t j = i + 1 + lane; j < T; j += 32) r[j] = 0.f;
+}
+// In place on dp (= dout v^T): ds = p * (dp - sum_j p dp) * scale on the causal part, 0 elsewhere.
+__global__ void causal_softmax_backward_kernel(const float* __restrict__ p, float* __restrict__ dp, int64_t rows,
+                                               int64_t T, float scale) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int64_t i = row % T;
+  const float* pr = p + row * T;
+  float* r = dp + row * T;
+  float dot = 0.f;
+  for (int64_t j = lane; j <= i; j += 32) dot += pr[j] * r[j];
+  dot = warp_sum(dot);
+  for (int64_t j = lane; j <= i; j += 32) r[j] = pr[j] * (r[j] - dot) * scale;
+  for (int64_t j = i + 1 + lane; j < T; j += 32) r[j] = 0.f;
+}
+
+// ---------------- cross-entropy over a padded vocabulary (one block per row) ----------------
+
+__global__ void cross_entropy_forward_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
+                                             float* __restrict__ losses, int64_t V, int64_t Vp) {
+  __shared__ float shf[kThreads / 32];
+  __shared__ double shd[kThreads / 32];
+  const int64_t n = blockIdx.x;
+  const float* row = logits + n * Vp;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) mx = fmaxf(mx, row[j]);
+  mx = block_max(mx, shf);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) sum += exp(static_cast<double>(row[j] - mx));
+  sum = block_sum(sum, shd);
+  if (threadIdx.x == 0) losses[n] = static_cast<float>(log(sum) + mx - row[targets[n]]);
+}
+__global__ void cross_entropy_backward_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
+                                              float dloss, float* __restrict__ dlogits, int64_t V, int64_t Vp) {
+  __shared__ float shf[kThreads / 32];
+  __shared__ double shd[kThreads / 32];
+  const int64_t n = blockIdx.x;
+  const float* row = logits + n * Vp;
+  float* drow = dlogits + n * Vp;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) mx = fmaxf(mx, row[j]);
+  mx = block_max(mx, shf);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) sum += exp(static_cast<double>(row[j] - mx));
+  sum = block_sum(sum, shd);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) drow[j] += dloss * expf(row[j] - mx) * inv;
+  __syncthreads();  // the thread that added into drow[target] is done
+  if (threadIdx.x == 0) drow[targets[n]] -= dloss;
+}
+
+// ---------------- the backend ----------------
+
+/// Grow-only device scratch buffer (contents undefined between uses).
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  void* get(size_t need) {
+    if (need <= bytes) return ptr;
+    if (ptr) CUDA_CHECK(cudaFree(ptr));
+    ptr = nullptr;
+    bytes = 0;
+    CUDA_CHECK(cudaMalloc(&ptr, need));
+    bytes = need;
+    return ptr;
+  }
+  template <class T>
+  T* as(int64_t count) {
+    return static_cast<T*>(get(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T)));
+  }
+};
+
+class CudaKernels final : public Kernels {
+ public:
+  ~CudaKernels() override {
+    // Process exit: the CUDA context may already be gone, so errors are ignored here.
+    if (handle_) cublasDestroy(handle_);
+    for (Scratch* s : {&s_a_, &s_b_, &s_c_})
+      if (s->ptr) cudaFree(s->ptr);
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n) override {
+    if (n <= 0) return;
+    if (sdt == ddt) {
+      CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(n * dtype_size(sdt)), cudaMemcpyDeviceToDevice));
+    } else if (sdt == DType::f32 && ddt == DType::bf16) {
+      f32_to_bf16_kernel<<<grid_for(n), kThreads>>>(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
+      CUDA_CHECK_LAUNCH("f32_to_bf16_kernel");
+    } else if (sdt == DType::bf16 && ddt == DType::f32) {
+      bf16_to_f32_kernel<<<grid_for(n), kThreads>>>(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+      CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
+    } else {
+      throw std::invalid_argument(std::string("[convert] unsupported ") + dtype_name(sdt) + " -> " + dtype_name(ddt) +
+                                  " on cuda");
+    }
+  }
+
+  void fill(float* x, float value, int64_t n) override {
+    if (n <= 0) return;
+    fill_kernel<<<grid_for(n), kThreads>>>(x, value, n);
+    CUDA_CHECK_LAUNCH("fill_kernel");
+  }
+  void axpy(float* y, const float* x, float alpha, int64_t n) override {
+    if (n <= 0) return;
+    axpy_kernel<<<grid_for(n), kThreads>>>(y, x, alpha, n);
+    CUDA_CHECK_LAUNCH("axpy_kernel");
+  }
+  void add(float* out, const float* a, const float* b, int64_t n) override {
+    if (n <= 0) return;
+    add_kernel<<<grid_for(n), kThreads>>>(out, a, b, n);
+    CUDA_CHECK_LAUNCH("add_kernel");
+  }
+  void scale(float* x, float alpha, int64_t n) override {
+    if (n <= 0) return;
+    scale_kernel<<<grid_for(n), kThreads>>>(x, alpha, n);
+    CUDA_CHECK_LAUNCH("scale_kernel");
+  }
+
+  double sum_of_squares(const float* x, int64_t n) override {
+    if (n <= 0) return 0.0;
+    std::lock_guard<std::mutex> lock(mu_);
+    const int blocks = static_cast<int>(std::min<int64_t>(kSumBlocks, (n + kThreads - 1) / kThreads));
+    double* partial = s_a_.as<double>(blocks + 1);
+    sumsq_partial_kernel<<<blocks, kThreads>>>(x, n, partial);
+    CUDA_CHECK_LAUNCH("sumsq_partial_kernel");
+    sum_partials_kernel<<<1, kThreads>>>(partial, blocks, partial + blocks);
+    CUDA_CHECK_LAUNCH("sum_partials_kernel");
+    double out = 0.0;
+    CUDA_CHECK(cudaMemcpy(&out, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B, float beta,
+            float* C) override {
+    gemm_batched(ta, tb, M, N, K, alpha, A, ta ? M : K, 0, B, tb ? K : N, 0, beta, C, N, 0, 1);
+  }
+
+  void add_bias(float* y, const float* b, int64_t rows, int64_t cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    add_bias_kernel<<<grid_for(rows * cols), kThreads>>>(y, b, rows, cols);
+    CUDA_CHECK_LAUNCH("add_bias_kernel");
+  }
+
+  void bias_grad(float* db, const float* dy, int64_t rows, int64_t cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    column_sum(BiasTerm{dy}, db, rows, cols, s_a_);
+  }
+
+  void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                         int64_t rows, int64_t cols, float eps) override {
+    if (rows <= 0 || cols <= 0) return;
+    check_grid(rows, "layernorm_forward", "rows");
+    layernorm_forward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(x, w, b, y, mean, rstd, cols, eps);
+    CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
+  }
+
+  void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
+                          float* dx, float* dw, float* db, int64_t rows, int64_t cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    if (dx) {
+      check_grid(rows, "layernorm_backward", "rows");
+      layernorm_backward_dx_kernel<<<static_cast<unsigned>(rows), kThreads>>>(dy, x, w, mean, rstd, dx, cols);
+      CUDA_CHECK_LAUNCH("layernorm_backward_dx_kernel");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (dw) column_sum(LnWeightTerm{dy, x, mean, rstd}, dw, rows, cols, s_a_);
+    if (db) column_sum(BiasTerm{dy}, db, rows, cols, s_b_);
+  }
+
+  void gelu_forward(const float* x, float* y, int64_t n) override {
+    if (n <= 0) return;
+    gelu_forward_kernel<<<grid_for(n), kThreads>>>(x, y, n);
+    CUDA_CHECK_LAUNCH("gelu_forward_kernel");
+  }
+  void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) override {
+    if (n <= 0) return;
+    gelu_backward_kernel<<<grid_for(n), kThreads>>>(x, dy, dx, n);
+    CUDA_CHECK_LAUNCH("gelu_backward_kernel");
+  }
+
+  void embedding_forward(const float* wte, const float* wpe, const int32_t* tokens, float* out, int64_t B, int64_t T,
+                         int64_t C) override {
+    if (B * T * C <= 0) return;
+    embedding_forward_kernel<<<grid_for(B * T * C), kThreads>>>(wte, wpe, tokens, out, B * T, T, C);
+    CUDA_CHECK_LAUNCH("embedding_forward_kernel");
+  }
+
+  void embedding_backward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t B, int64_t T,
+                          int64_t C) override {
+    const int64_t BT = B * T;
+    if (BT <= 0 || C <= 0) return;
+    if (dwpe) {
+      embedding_backward_wpe_kernel<<<grid_for(T * C), kThreads>>>(dout, dwpe, B, T, C);
+      CUDA_CHECK_LAUNCH("embedding_backward_wpe_kernel");
+    }
+    if (!dwte) return;
+    if (BT > INT_MAX) throw std::invalid_argument("[embedding_backward] B*T=" + std::to_string(BT) + " exceeds INT_MAX");
+    // Group token positions by id on the host (stable: positions stay in increasing order), so each
+    // (id, c) element is owned by one thread that adds in the CPU's order.
+    std::vector<int32_t> tok(static_cast<size_t>(BT));
+    CUDA_CHECK(cudaMemcpy(tok.data(), tokens, tok.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    std::vector<int32_t> order(tok.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return tok[a] < tok[b]; });
+    std::vector<int32_t> ids, start;  // csr: [ids | start(groups+1) | pos(BT)] in one upload
+    for (size_t k = 0; k < order.size(); ++k) {
+      if (k == 0 || tok[order[k]] != tok[order[k - 1]]) {
+        ids.push_back(tok[order[k]]);
+        start.push_back(static_cast<int32_t>(k));
+      }
+    }
+    start.push_back(static_cast<int32_t>(order.size()));
+    const int64_t groups = static_cast<int64_t>(ids.size());
+    std::vector<int32_t> csr;
+    csr.reserve(ids.size() + start.size() + order.size());
+    csr.insert(csr.end(), ids.begin(), ids.end());
+    csr.insert(csr.end(), start.begin(), start.end());
+    csr.insert(csr.end(), order.begin(), order.end());
+    std::lock_guard<std::mutex> lock(mu_);
+    int32_t* d = s_c_.as<int32_t>(static_cast<int64_t>(csr.size()));
+    CUDA_CHECK(cudaMemcpy(d, csr.data(), csr.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    embedding_backward_wte_kernel<<<grid_for(groups * C), kThreads>>>(dout, d, d + groups, d + 2 * groups + 1, dwte,
+                                                                      groups, C);
+    CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
+  }
+
+  void attention_forward(const float* qkv, float* out, float* probs, int64_t B, int64_t T, int64_t C,
+                         int64_t H) override {
+    if (B <= 0 || T <= 0 || C <= 0) return;
+    check_heads(C, H, "attention_forward");
+    const int64_t d = C / H;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (int64_t b = 0; b < B; ++b) {  // batched over the H heads of sample b
+      const float* base = qkv + b * T * 3 * C;
+      float* p = probs + b * H * T * T;
+      // scores[h] = q_h k_h^T  ([T, T], row stride T)
+      gemm_batched(false, true, T, T, d, 1.0f, base, 3 * C, d, base + C, 3 * C, d, 0.0f, p, T, T * T, H);
+    }
+    const int64_t rows = B * H * T;
+    causal_softmax_kernel<<<grid_rows(rows), kThreads>>>(probs, rows, T, scale);
+    CUDA_CHECK_LAUNCH("causal_softmax_kernel");
+    for (int64_t b = 0; b < B; ++b) {  // out_h = P_h v_h, written into columns h*d.. of out [T, C]
+      const float* base = qkv + b * T * 3 * C;
+      gemm_batched(false, false, T, d, T, 1.0f, probs + b * H * T * T, T, T * T, base + 2 * C, 3 * C, d, 0.0f,
+                   out + b * T * C, C, d, H);
+    }
+  }
+
+  void attention_backward(const float* dout, const float* qkv, const float* probs, float* dqkv, int64_t B, int64_t T,
+                          int64_t C, int64_t H) override {
+    if (B <= 0 || T <= 0 || C <= 0) return;
+    check_heads(C, H, "attention_backward");
+    const int64_t d = C / H;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    std::lock_guard<std::mutex> lock(mu_);
+    float* ds = s_a_.as<float>(H * T * T);  // one sample's [H, T, T] score gradients at a time
+    for (int64_t b = 0; b < B; ++b) {
+      const float* base = qkv + b * T * 3 * C;
+      float* dbase = dqkv + b * T * 3 * C;
+      const float* dO = dout + b * T * C;
+      const float* p = probs + b * H * T * T;
+      // dP_h = dO_h v_h^T
+      gemm_batched(false, true, T, T, d, 1.0f, dO, C, d, base + 2 * C, 3 * C, d, 0.0f, ds, T, T * T, H);
+      // dv_h += P_h^T dO_h
+      gemm_batched(true, false, T, d, T, 1.0f, p, T, T * T, dO, C, d, 1.0f, dbase + 2 * C, 3 * C, d, H);
+      causal_softmax_backward_kernel<<<grid_rows(H * T), kThreads>>>(p, ds, H * T, T, scale);
+      CUDA_CHECK_LAUNCH("causal_softmax_backward_kernel");
+      // dq_h += dS_h k_h ; dk_h += dS_h^T q_h
+      gemm_batched(false, false, T, d, T, 1.0f, ds, T, T * T, base + C, 3 * C, d, 1.0f, dbase, 3 * C, d, H);
+      gemm_batched(true, false, T, d, T, 1.0f, ds, T, T * T, base, 3 * C, d, 1.0f, dbase + C, 3 * C, d, H);
+    }
+  }
+
+  void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, int64_t N, int64_t V,
+                             int64_t Vp) override {
+    if (N <= 0) return;
+    check_grid(N, "cross_entropy_forward", "N");
+    cross_entropy_forward_kernel<<<static_cast<unsigned>(N), kThreads>>>(logits, targets, losses, V, Vp);
+    CUDA_CHECK_LAUNCH("cross_entropy_forward_kernel");
+  }
+
+  void cross_entropy_backward(const float* logits, const int32_t* targets, float dloss, float* dlogits, int64_t N,
+                              int64_t V, int64_t Vp) override {
+    if (N <= 0) return;
+    check_grid(N, "cross_entropy_backward", "N");
+    cross_entropy_backward_kernel<<<static_cast<unsigned>(N), kThreads>>>(logits, targets, dloss, dlogits, V, Vp);
+    CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
+  }
+
+ private:
+  cublasHandle_t handle() {
+    std::lock_guard<std::mutex> lock(handle_mu_);
+    if (!handle_) {
+      CUBLAS_CHECK(cublasCreate(&handle_));
+      CUBLAS_CHECK(cublasSetStream(handle_, 0));  // legacy default stream
+      CUBLAS_CHECK(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST));
+      CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));  // plain FP32, no TF32
+    }
+    return handle_;
+  }
+
+  // Row-major, strided-batched: C_i[M,N] = alpha op(A_i) op(B_i) + beta C_i with row strides lda/ldb/ldc.
+  // A row-major [r, c] with row stride ld is the column-major [c, r] matrix with leading dimension ld,
+  // so the row-major product C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T.
+  void gemm_batched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                    int64_t sA, const float* B, int64_t ldb, int64_t sB, float beta, float* C, int64_t ldc, int64_t sC,
+                    int64_t batch) {
+    const char* op = "gemm";
+    if (M < 0 || N < 0 || K < 0 || batch < 0)
+      throw std::invalid_argument("[gemm] negative size M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                                  " K=" + std::to_string(K));
+    if (M == 0 || N == 0 || batch == 0) return;
+    if (K == 0) {  // C = beta C (beta == 0 overwrites, even NaN)
+      for (int64_t i = 0; i < batch; ++i)
+        for (int64_t r = 0; r < M; ++r) {
+          float* row = C + i * sC + r * ldc;
+          if (beta == 0.f) CUDA_CHECK(cudaMemset(row, 0, static_cast<size_t>(N) * sizeof(float)));
+          else if (beta != 1.f) scale(row, beta, N);
+        }
+      return;
+    }
+    const int m = to_int(N, op, "N"), n = to_int(M, op, "M"), k = to_int(K, op, "K");
+    const int la = to_int(std::max<int64_t>(lda, 1), op, "lda"), lb = to_int(std::max<int64_t>(ldb, 1), op, "ldb"),
+              lc = to_int(std::max<int64_t>(ldc, 1), op, "ldc");
+    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasHandle_t h = handle();
+    if (batch == 1) {
+      CUBLAS_CHECK(cublasSgemm(h, opb, opa, m, n, k, &alpha, B, lb, A, la, &beta, C, lc));
+    } else {
+      CUBLAS_CHECK(cublasSgemmStridedBatched(h, opb, opa, m, n, k, &alpha, B, lb, sB, A, la, sA, &beta, C, lc, sC,
+                                             to_int(batch, op, "batch")));
+    }
+  }
+
+  // out[c] += sum over rows of term(r, c), deterministic two-pass (see col_partial_kernel).
+  template <class Term>
+  void column_sum(Term term, float* out, int64_t rows, int64_t cols, Scratch& scratch) {
+    const int64_t chunks = (rows + kColChunk - 1) / kColChunk;
+    if (chunks > 65535) throw std::invalid_argument("[column_sum] rows=" + std::to_string(rows) + " too many");
+    float* partial = scratch.as<float>(chunks * cols);
+    const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+    col_partial_kernel<<<grid, kThreads>>>(term, partial, rows, cols);
+    CUDA_CHECK_LAUNCH("col_partial_kernel");
+    col_finish_kernel<<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads>>>(partial, chunks, out, cols);
+    CUDA_CHECK_LAUNCH("col_finish_kernel");
+  }
+
+  static int grid_rows(int64_t rows) {  // one warp per row
+    const int64_t per_block = kThreads / 32;
+    const int64_t blocks = (rows + per_block - 1) / per_block;
+    if (blocks > INT_MAX) throw std::invalid_argument("[attention] " + std::to_string(rows) + " rows exceed the grid");
+    return static_cast<int>(blocks);
+  }
+  static void check_grid(int64_t rows, const char* op, const char* what) {
+    if (rows > INT_MAX)
+      throw std::invalid_argument(std::string("[") + op + "] " + what + "=" + std::to_string(rows) +
+                                  " exceeds the grid limit " + std::to_string(INT_MAX));
+  }
+  static void check_heads(int64_t C, int64_t H, const char* op) {
+    if (H <= 0 || C % H != 0)
+      throw std::invalid_argument(std::string("[") + op + "] C=" + std::to_string(C) + " not divisible by H=" +
+                                  std::to_string(H));
+  }
+
+  std::mutex handle_mu_, mu_;
+  cublasHandle_t handle_ = nullptr;
+  Scratch s_a_, s_b_, s_c_;  // reduction partials / attention score gradients, LN db partials, embedding CSR
+};
+
+}  // namespace
+
+/// The process-wide CUDA backend (declared in kernels_cpu.cpp, returned by kernels(Device::CUDA)).
+Kernels& cuda_kernels() {
+  static CudaKernels k;
+  return k;
+}
+
+}  // namespace mfsdp

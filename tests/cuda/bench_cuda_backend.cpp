@@ -1,0 +1,186 @@
+// mfsdp-bench-cuda: a short timing table of the CUDA backend against the CPU backend, for
+// scripts/gpu_check.sh. GEMM GFLOP/s (sizes written M x K x N: C[M,N] = A[M,K] B[K,N], 2MNK flops),
+// causal attention forward/backward (GPT-2 small shapes), and Newton-Schulz on a 768 x 3072 matrix
+// (optim/optim_cuda.h, bf16 GEMMs) vs newton_schulz_cpu. CUDA times use cudaEvents on the legacy
+// default stream (median of the repetitions); CPU times use steady_clock.
+// Usage: mfsdp-bench-cuda [--quick]   (--quick: fewer repetitions)
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "optim/muon.h"
+#include "optim/optim_cuda.h"
+#include "runtime/cuda/device_api.h"
+#include "runtime/kernels.h"
+#include "runtime/tensor.h"
+
+using namespace mfsdp;
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("[bench] ") + what + ": " + cudaGetErrorString(e));
+}
+
+Tensor random_tensor(int64_t n, Device dev, uint32_t seed, float stddev = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return Tensor::from_vector(v, {n}, dev);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Median milliseconds of `fn` on the GPU after `warmup` untimed calls.
+double time_cuda(const std::function<void()>& fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn();
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "cudaEventCreate");
+  check(cudaEventCreate(&b), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(a, 0), "cudaEventRecord");
+    fn();
+    check(cudaEventRecord(b, 0), "cudaEventRecord");
+    check(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float t = 0;
+    check(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(ms);
+}
+
+/// Median milliseconds of `fn` on the host after one untimed call.
+double time_cpu(const std::function<void()>& fn, int reps) {
+  fn();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(ms);
+}
+
+void row(const char* op, const std::string& shape, double cuda_ms, double cpu_ms, double gflop) {
+  auto rate = [&](double ms) { return ms > 0 && gflop > 0 ? gflop / (ms * 1e-3) : 0.0; };
+  std::printf("%-26s %-22s %10.3f %12.1f %10.3f %12.1f %8.1fx\n", op, shape.c_str(), cuda_ms, rate(cuda_ms), cpu_ms,
+              rate(cpu_ms), cuda_ms > 0 ? cpu_ms / cuda_ms : 0.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const int reps = quick ? 5 : 20, cpu_reps = quick ? 1 : 3;
+  if (cuda::device_count() == 0) {
+    std::printf("no CUDA device: nothing to benchmark\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB); CPU threads: %d\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30), cpu_threads());
+  std::printf("%-26s %-22s %10s %12s %10s %12s %9s\n", "op", "shape", "cuda ms", "cuda GFLOP/s", "cpu ms",
+              "cpu GFLOP/s", "speedup");
+  Kernels& G = kernels(Device::CUDA);
+  Kernels& C = kernels(Device::CPU);
+
+  // ---- GEMM (f32, no TF32) ----
+  struct Dims { int64_t M, K, N; };
+  for (Dims d : {Dims{768, 768, 3072}, Dims{256, 768, 50304}, Dims{4096, 768, 768}}) {
+    Tensor ag = random_tensor(d.M * d.K, Device::CUDA, 1), bg = random_tensor(d.K * d.N, Device::CUDA, 2);
+    Tensor cg = Tensor::zeros({d.M * d.N}, DType::f32, Device::CUDA);
+    Tensor ac = ag.to(Device::CPU), bc = bg.to(Device::CPU), cc = cg.to(Device::CPU);
+    const double gflop = 2.0 * d.M * d.N * d.K * 1e-9;
+    const double g = time_cuda([&] { G.gemm(false, false, d.M, d.N, d.K, 1.0f, ag.data_f32(), bg.data_f32(), 0.0f, cg.data_f32()); }, 3, reps);
+    const double c = time_cpu([&] { C.gemm(false, false, d.M, d.N, d.K, 1.0f, ac.data_f32(), bc.data_f32(), 0.0f, cc.data_f32()); }, cpu_reps);
+    row("gemm f32 (NN)", std::to_string(d.M) + "x" + std::to_string(d.K) + "x" + std::to_string(d.N), g, c, gflop);
+  }
+
+  // ---- causal attention, GPT-2 small: B=4, T=1024, C=768, H=12 ----
+  {
+    const int64_t B = 4, T = 1024, Cd = 768, H = 12, d = Cd / H;
+    Tensor qkv = random_tensor(B * T * 3 * Cd, Device::CUDA, 3);
+    Tensor out = Tensor::empty({B * T * Cd}, DType::f32, Device::CUDA);
+    Tensor probs = Tensor::empty({B * H * T * T}, DType::f32, Device::CUDA);
+    Tensor dout = random_tensor(B * T * Cd, Device::CUDA, 4);
+    Tensor dqkv = Tensor::zeros({B * T * 3 * Cd}, DType::f32, Device::CUDA);
+    Tensor qkv_c = qkv.to(Device::CPU), out_c = out.to(Device::CPU), probs_c = probs.to(Device::CPU);
+    Tensor dout_c = dout.to(Device::CPU), dqkv_c = dqkv.to(Device::CPU);
+    const double fwd_gflop = 2.0 * 2.0 * B * H * T * T * d * 1e-9;  // q k^T and P v (full T x T)
+    const double bwd_gflop = 2.0 * fwd_gflop;                        // dP, dV, dQ, dK
+    const std::string shape = "B4 T1024 C768 H12";
+    auto fwd_g = [&] { G.attention_forward(qkv.data_f32(), out.data_f32(), probs.data_f32(), B, T, Cd, H); };
+    auto fwd_c = [&] { C.attention_forward(qkv_c.data_f32(), out_c.data_f32(), probs_c.data_f32(), B, T, Cd, H); };
+    row("attention forward", shape, time_cuda(fwd_g, 2, reps), time_cpu(fwd_c, cpu_reps), fwd_gflop);
+    auto bwd_g = [&] { G.attention_backward(dout.data_f32(), qkv.data_f32(), probs.data_f32(), dqkv.data_f32(), B, T, Cd, H); };
+    auto bwd_c = [&] { C.attention_backward(dout_c.data_f32(), qkv_c.data_f32(), probs_c.data_f32(), dqkv_c.data_f32(), B, T, Cd, H); };
+    row("attention backward", shape, time_cuda(bwd_g, 2, reps), time_cpu(bwd_c, cpu_reps), bwd_gflop);
+  }
+
+  // ---- LayerNorm + GELU + cross-entropy at GPT-2 small shapes (memory-bound; ms only) ----
+  {
+    const int64_t N = 4096, Cd = 768, V = 50257, Vp = 50304;
+    Tensor x = random_tensor(N * Cd, Device::CUDA, 5), w = random_tensor(Cd, Device::CUDA, 6), b = random_tensor(Cd, Device::CUDA, 7);
+    Tensor y = Tensor::empty({N * Cd}, DType::f32, Device::CUDA), st = Tensor::empty({2 * N}, DType::f32, Device::CUDA);
+    row("layernorm forward", "4096x768", time_cuda([&] {
+          G.layernorm_forward(x.data_f32(), w.data_f32(), b.data_f32(), y.data_f32(), st.data_f32(), st.data_f32() + N, N, Cd, 1e-5f);
+        }, 2, reps), 0.0, 0.0);
+    Tensor h = random_tensor(N * 4 * Cd, Device::CUDA, 8), hy = Tensor::empty({N * 4 * Cd}, DType::f32, Device::CUDA);
+    row("gelu forward", "4096x3072", time_cuda([&] { G.gelu_forward(h.data_f32(), hy.data_f32(), N * 4 * Cd); }, 2, reps), 0.0, 0.0);
+    const int64_t Nl = 1024;
+    Tensor logits = random_tensor(Nl * Vp, Device::CUDA, 9);
+    std::vector<int32_t> ids(Nl);
+    for (int64_t i = 0; i < Nl; ++i) ids[i] = static_cast<int32_t>((i * 7919) % V);
+    Tensor tg = tokens_tensor(ids, {Nl}, Device::CUDA);
+    Tensor losses = Tensor::empty({Nl}, DType::f32, Device::CUDA), dl = Tensor::zeros({Nl * Vp}, DType::f32, Device::CUDA);
+    row("cross-entropy fwd+bwd", "1024x50304", time_cuda([&] {
+          G.cross_entropy_forward(logits.data_f32(), tg.data<int32_t>(), losses.data_f32(), Nl, V, Vp);
+          G.cross_entropy_backward(logits.data_f32(), tg.data<int32_t>(), 1.0f, dl.data_f32(), Nl, V, Vp);
+        }, 2, reps), 0.0, 0.0);
+  }
+
+  // ---- Newton-Schulz 768 x 3072 (5 steps): CUDA bf16 GEMMs vs CPU f32 ----
+  {
+    const int64_t rows = 768, cols = 3072;
+    const int steps = 5;
+    const double m = std::min(rows, cols), n = std::max(rows, cols);
+    const double gflop = steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n) * 1e-9;
+    Tensor g = random_tensor(rows * cols, Device::CUDA, 10), o = Tensor::empty({rows * cols}, DType::f32, Device::CUDA);
+    Tensor gc = g.to(Device::CPU), oc = Tensor::empty({rows * cols}, DType::f32, Device::CPU);
+    cublasHandle_t handle = nullptr;
+    if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("[bench] cublasCreate failed");
+    MuonCudaWorkspace ws;
+    const double t_gpu = time_cuda([&] { newton_schulz_cuda(g.data_f32(), o.data_f32(), rows, cols, steps, 0, handle, &ws); }, 2, reps);
+    const double t_cpu = time_cpu([&] { newton_schulz_cpu(gc.data_f32(), oc.data_f32(), rows, cols, steps); }, cpu_reps);
+    row("newton-schulz (5 steps)", "768x3072", t_gpu, t_cpu, gflop);
+    const auto a = o.to_vector(), r = oc.to_vector();
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(a[i] - r[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
+    }
+    std::printf("newton-schulz cuda (bf16) vs cpu (f32): max|diff| / max|cpu| = %.3e\n", diff / scale);
+    cublasDestroy(handle);
+  }
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return 0;
+}
