@@ -361,13 +361,6 @@ struct Scratch {
 
 class CudaKernels final : public Kernels {
  public:
-  ~CudaKernels() override {
-    // Process exit: the CUDA context may already be gone, so errors are ignored here.
-    if (handle_) cublasDestroy(handle_);
-    for (Scratch* s : {&s_a_, &s_b_, &s_c_})
-      if (s->ptr) cudaFree(s->ptr);
-  }
-
   const char* name() const override { return "cuda"; }
 
   void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n) override {
@@ -662,9 +655,11 @@ class CudaKernels final : public Kernels {
 }  // namespace
 
 /// The process-wide CUDA backend (declared in kernels_cpu.cpp, returned by kernels(Device::CUDA)).
+/// Created on first use and deliberately never destroyed: destroying the cuBLAS handle or freeing
+/// scratch during static destruction can run after the CUDA runtime has shut down.
 Kernels& cuda_kernels() {
-  static CudaKernels k;
-  return k;
+  static CudaKernels* k = new CudaKernels();
+  return *k;
 }
 
 }  // namespace mfsdp

@@ -22,6 +22,7 @@
 #include "optim/optim_cuda.h"
 #include "runtime/cuda/device_api.h"
 #include "runtime/kernels.h"
+#include "runtime/ops.h"
 #include "runtime/tensor.h"
 
 using namespace mfsdp;

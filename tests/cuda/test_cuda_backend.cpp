@@ -198,7 +198,7 @@ TEST_CASE("cuda: sum_of_squares is f64-accurate and deterministic", "[cuda][redu
   const double g1 = GK().sum_of_squares(x.g(), n), g2 = GK().sum_of_squares(x.g(), n);
   const double c = CK().sum_of_squares(x.c(), n);
   CHECK(std::memcmp(&g1, &g2, sizeof(double)) == 0);
-  CHECK(std::fabs(g1 - c) <= 1e-12 * c);
+  CHECK(std::fabs(g1 - c) <= 1e-11 * c);
   Pair halves(fvec(n, 0.5f));
   CHECK(GK().sum_of_squares(halves.g(), n) == 0.25 * n);  // exact in f64
   CHECK(GK().sum_of_squares(halves.g(), 0) == 0.0);

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""End-to-end tests of mfsdp-train under mpirun (stdlib only; the PyTorch case needs torch).
+
+usage: test_train_cli.py BIN_DIR CASE   with CASE one of
+  bad_configs   every malformed config fails with its message and exit code 2 on every rank
+  bad_data      broken shards (magic, version, truncated, too short, token >= vocab) are refused
+  e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
+  world_sizes   shuffle false: world 1 and world 2 with the same global batch give the same losses
+  export        export -> import -> --eval-only reproduces the final validation loss exactly
+  torch         PyTorch loads the export and gets the same validation loss (within 1e-4)
+Exit 0 on success, 1 on failure, 77 when skipped.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TINY = os.path.join(ROOT, "configs", "tiny_test.json")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAILED:", msg)
+
+
+def train(bin_dir, np, config, *sets, expect=0):
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"),
+           "--config", config]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    if expect is not None and p.returncode != expect:
+        print(out[-4000:])
+    return p.returncode, out
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def case_bad_configs(bin_dir, tmp):
+    cfg_dir = os.path.join(ROOT, "tests", "config", "bad_configs")
+    with open(os.path.join(cfg_dir, "expected.json")) as f:
+        expected = json.load(f)
+    for name, msg in sorted(expected.items()):
+        rc, out = train(bin_dir, 2, os.path.join(cfg_dir, name), expect=2)
+        check(rc == 2, f"{name}: exit code {rc}, expected 2")
+        check(msg in out, f"{name}: message {msg!r} not in output:\n{out[-600:]}")
+        check("(rank 0)" in out and "(rank 1)" in out, f"{name}: not reported on every rank:\n{out[-600:]}")
+        check(name in out, f"{name}: the file name is not in the message")
+    # a bad --set override and a bad command line
+    rc, out = train(bin_dir, 2, TINY, "training.steps=-1", expect=2)
+    check(rc == 2 and "training.steps" in out, f"--set training.steps=-1: rc {rc}: {out[-300:]}")
+    rc, out = train(bin_dir, 1, os.path.join(tmp, "missing.json"), expect=2)
+    check(rc == 2 and "missing.json" in out, f"missing config file: rc {rc}: {out[-300:]}")
+
+
+def write_shard(path, tokens, magic=20240520, version=1, ntok=None, truncate=0):
+    header = [0] * 256
+    header[0], header[1], header[2] = magic, version, len(tokens) if ntok is None else ntok
+    body = struct.pack("<256i", *header) + struct.pack(f"<{len(tokens)}H", *tokens)
+    with open(path, "wb") as f:
+        f.write(body[:len(body) - truncate] if truncate else body)
+
+
+def case_bad_data(bin_dir, tmp):
+    good = [i % 65 for i in range(20000)]
+    cases = {
+        "magic.bin": (dict(magic=12345), "magic"),
+        "version.bin": (dict(version=7), "version"),
+        "truncated.bin": (dict(truncate=100), "truncated"),
+        "short.bin": (dict(), "needs"),
+        "vocab.bin": (dict(), "vocab"),
+    }
+    for name, (kw, msg) in cases.items():
+        path = os.path.join(tmp, name)
+        toks = good
+        if name == "short.bin":
+            toks = good[:100]
+        if name == "vocab.bin":
+            toks = list(good)
+            toks[777] = 100
+        write_shard(path, toks, **kw)
+        rc, out = train(bin_dir, 2, TINY, f"data.train={path}", expect=2)
+        check(rc == 2, f"{name}: exit code {rc}, expected 2")
+        check(path in out and msg in out.lower(), f"{name}: message lacks the file or {msg!r}:\n{out[-600:]}")
+        if name == "vocab.bin":
+            check("777" in out, f"{name}: the offset of the bad token is not named:\n{out[-600:]}")
+
+
+def case_e2e(bin_dir, tmp):
+    run = os.path.join(tmp, "run")
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={run}")
+    check(rc == 0, f"training failed with {rc}")
+    if rc:
+        return
+    train_lines = [m for m in read_jsonl(os.path.join(run, "metrics.jsonl")) if m["type"] == "train"]
+    check(len(train_lines) == 20, f"expected 20 train records, got {len(train_lines)}")
+    first = sum(m["loss"] for m in train_lines[:3]) / 3
+    last = sum(m["loss"] for m in train_lines[-3:]) / 3
+    check(last < first - 0.3, f"loss did not fall: first {first:.4f}, last {last:.4f}")
+    with open(os.path.join(run, "summary.json")) as f:
+        s = json.load(f)
+    keys = ["world_size", "placement", "steps", "tokens", "wall_seconds", "final_train_loss", "final_val_loss",
+            "best_val_loss", "time_to_target_seconds", "optimizer_step_seconds_median", "phase_seconds",
+            "comm_bytes", "peak_bytes"]
+    for k in keys:
+        check(k in s, f"summary.json lacks {k}")
+    for k in ["forward", "backward", "reduce", "optimizer"]:
+        check(k in s.get("phase_seconds", {}), f"phase_seconds lacks {k}")
+    for k in ["fwd_gather", "bwd_gather", "grad_reduce", "opt_step", "other"]:
+        check(k in s.get("comm_bytes", {}), f"comm_bytes lacks {k}")
+    check(s.get("world_size") == 2 and s.get("placement") == "matrixfsdp", "world_size/placement wrong")
+    check(s.get("comm_bytes", {}).get("opt_step") == 0, f"matrixfsdp opt_step bytes {s.get('comm_bytes')}")
+    check(s.get("comm_bytes", {}).get("grad_reduce", 0) > 0, "no gradient reduction traffic counted")
+    check(s.get("tokens") == 20 * 2 * 4 * 32, f"tokens {s.get('tokens')}")
+    check("sample" in out, "no text sample printed")
+
+
+def case_world_sizes(bin_dir, tmp):
+    losses = {}
+    for np, b in [(1, 8), (2, 4)]:
+        run = os.path.join(tmp, f"w{np}")
+        rc, _ = train(bin_dir, np, TINY, f"logging.run_dir={run}", "data.shuffle=false",
+                      f"training.micro_batch_size={b}", "training.steps=10", "training.sample_tokens=0")
+        check(rc == 0, f"world {np} failed")
+        if rc:
+            return
+        losses[np] = [m["loss"] for m in read_jsonl(os.path.join(run, "metrics.jsonl")) if m["type"] == "train"]
+    check(len(losses[1]) == 10 and len(losses[2]) == 10, "missing train records")
+    for i, (a, b) in enumerate(zip(losses[1], losses[2])):
+        check(abs(a - b) <= 1e-5 * max(1.0, abs(a)), f"step {i + 1}: world 1 loss {a} vs world 2 loss {b}")
+
+
+def exported_run(bin_dir, tmp):
+    run = os.path.join(tmp, "exp")
+    model = os.path.join(tmp, "model.safetensors")
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={run}", f"output.export={model}", "training.steps=8",
+                    "training.sample_tokens=0")
+    check(rc == 0 and os.path.exists(model), f"export run failed ({rc})")
+    with open(os.path.join(run, "summary.json")) as f:
+        final_val = json.load(f)["final_val_loss"]
+    return model, final_val
+
+
+def case_export(bin_dir, tmp):
+    model, final_val = exported_run(bin_dir, tmp)
+    cmd_base = [os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--set", f"model.init_from={model}",
+                "--eval-only"]
+    for np in (1, 3):
+        p = subprocess.run(["mpirun", "-np", str(np), "--oversubscribe"] + cmd_base, env=ENV, capture_output=True,
+                           text=True, timeout=600)
+        check(p.returncode == 0, f"--eval-only at world {np} failed: {p.stdout[-500:]}{p.stderr[-500:]}")
+        got = None
+        for line in p.stdout.splitlines():
+            if line.startswith("validation loss"):
+                got = float(line.split()[2])
+        check(got is not None and abs(got - final_val) <= 5e-6,
+              f"world {np}: --eval-only loss {got} != final val loss {final_val}")
+    # a file that does not match the config is refused before training
+    rc, out = train(bin_dir, 2, TINY, f"model.init_from={model}", "model.n_embd=64", expect=2)
+    check(rc == 2 and model in out, f"mismatched init_from accepted (rc {rc}): {out[-400:]}")
+
+
+def case_torch(bin_dir, tmp):
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    if subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0:
+        print("torch is not importable: skipping")
+        return 77
+    model, final_val = exported_run(bin_dir, tmp)
+    val = os.path.join(ROOT, "data", "tiny_shakespeare_char_val.bin")
+    with open(val, "rb") as f:
+        ntok = struct.unpack("<3i", f.read(12))[2]
+    T = 32
+    n_seq = (ntok - 1) // T
+    p = subprocess.run([py, os.path.join(ROOT, "tests", "scripts", "torch_eval_export.py"), model, val,
+                        "--batch", str(n_seq), "--seq", str(T)], capture_output=True, text=True, timeout=600)
+    check(p.returncode == 0, f"torch_eval_export failed: {p.stderr[-800:]}")
+    if p.returncode == 0:
+        loss = json.loads(p.stdout.strip().splitlines()[-1])["loss"]
+        check(abs(loss - final_val) <= 1e-4, f"PyTorch loss {loss} vs MatrixFSDP {final_val}")
+        print(f"PyTorch {loss:.6f} vs MatrixFSDP {final_val:.6f} over {n_seq} sequences")
+    return 0
+
+
+def main():
+    bin_dir, case = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix=f"mfsdp_{case}_")
+    try:
+        rc = globals()[f"case_{case}"](bin_dir, tmp)
+        if rc == 77:
+            return 77
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
