@@ -18,8 +18,8 @@ namespace {
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MatMap = Eigen::Map<RowMat>;
 using ConstMatMap = Eigen::Map<const RowMat>;
-// The Gram matrices A = X X^T and B are symmetric, so their buffers are mapped column-major: Eigen's
-// threaded GEMM into a column-major result is ~2x faster than into a row-major one for X X^T here.
+// The Gram matrices A = X X^T and B are symmetric; their buffers are mapped column-major (for a
+// symmetric matrix the layout is immaterial, and it keeps GEMMs on Eigen's fast path).
 using ColMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>;
 using SymMap = Eigen::Map<ColMat>;
 
@@ -47,6 +47,48 @@ NsScratch& ns_scratch() {
 std::vector<float>& update_scratch() {
   thread_local std::vector<float> u;
   return u;
+}
+
+// Work is split into a fixed number of bands that depend only on the shape (never on the thread
+// count) and run under `omp parallel for schedule(dynamic)`, each band a single-threaded Eigen GEMM
+// (Eigen does not nest inside a parallel region). So the result is bitwise independent of
+// OMP_NUM_THREADS, and the dynamic schedule tolerates a busy core better than one split GEMM.
+constexpr int64_t kSymBandRows = 128;   // rows of A per band of a symmetric product (max 16 bands)
+constexpr int64_t kColBandWidth = 192;  // columns of X per band of B X (max 32 bands)
+
+/// out [m, m] = L [m, k] * R [k, m] for a product known to be symmetric (X X^T, A A): computes the
+/// lower triangle only (in equal-area row bands: a rectangle GEMM plus a triangular GEMM each, about
+/// half the FLOPs) and mirrors it into the upper triangle.
+template <class Lhs, class Rhs>
+void symmetric_product(const Lhs& L, const Rhs& R, SymMap out) {
+  const int64_t m = out.rows();
+  const int64_t bands = std::clamp<int64_t>(m / kSymBandRows, 1, 16);
+  int64_t cut[17];
+  for (int64_t b = 0; b <= bands; ++b)
+    cut[b] = static_cast<int64_t>(std::llround(static_cast<double>(m) * std::sqrt(static_cast<double>(b) / bands)));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < bands; ++b) {
+    const int64_t r0 = cut[b], h = cut[b + 1] - cut[b];
+    if (h <= 0) continue;
+    if (r0 > 0) out.block(r0, 0, h, r0).noalias() = L.middleRows(r0, h) * R.leftCols(r0);
+    out.block(r0, r0, h, h).template triangularView<Eigen::Lower>() = L.middleRows(r0, h) * R.middleCols(r0, h);
+  }
+  float* o = out.data();  // column-major: (i, j) lives at j*m + i
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 1; j < m; ++j)
+    for (int64_t i = 0; i < j; ++i) o[j * m + i] = o[i * m + j];
+}
+
+/// Y [m, n] = a*X + B X, in column bands of X.
+void quintic_update(const MatMap& X, const SymMap& B, MatMap Y) {
+  const int64_t n = X.cols();
+  const int64_t bands = std::clamp<int64_t>(n / kColBandWidth, 1, 32);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < bands; ++b) {
+    const int64_t c0 = n * b / bands, w = n * (b + 1) / bands - c0;
+    Y.middleCols(c0, w).noalias() = kNewtonSchulzA * X.middleCols(c0, w);
+    Y.middleCols(c0, w).noalias() += B * X.middleCols(c0, w);
+  }
 }
 
 void check_shape(const char* op, int64_t rows, int64_t cols) {
@@ -139,7 +181,6 @@ void newton_schulz_cpu(const float* G, float* out, int64_t rows, int64_t cols, i
   else
     X.noalias() = inv * g;
 
-  MatMap Y(s.y.data(), m, n);
   SymMap A(s.a.data(), m, m);
   SymMap B(s.b.data(), m, m);
   float* xp = s.x.data();
@@ -147,11 +188,10 @@ void newton_schulz_cpu(const float* G, float* out, int64_t rows, int64_t cols, i
   for (int it = 0; it < steps; ++it) {
     MatMap Xc(xp, m, n);
     MatMap Yc(yp, m, n);
-    A.noalias() = Xc * Xc.transpose();         // A = X X^T
-    B.noalias() = kNewtonSchulzC * (A * A);
-    B.noalias() += kNewtonSchulzB * A;         // B = b*A + c*A A
-    Yc.noalias() = kNewtonSchulzA * Xc;
-    Yc.noalias() += B * Xc;                    // X' = a*X + B X
+    symmetric_product(Xc, Xc.transpose(), A);  // A = X X^T
+    symmetric_product(A, A, B);                // B = A A
+    B = kNewtonSchulzC * B + kNewtonSchulzB * A;  // B = b*A + c*A A
+    quintic_update(Xc, B, Yc);                 // X' = a*X + B X
     std::swap(xp, yp);
   }
 

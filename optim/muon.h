@@ -37,7 +37,9 @@ inline constexpr float kNewtonSchulzNormEps = 1e-7f;
 /// G: [rows, cols] row-major f32, read only. out: [rows, cols] row-major f32 (may equal G).
 /// X = G / (||G||_F + 1e-7) (norm accumulated in f64); when rows > cols the iteration runs on X^T;
 /// `steps` times: A = X X^T; B = b*A + c*A A; X = a*X + B X. Works on private (thread-local,
-/// reused) scratch and Eigen GEMMs (OpenMP threaded). Increments the process call counter.
+/// reused) scratch; A and A A are computed as lower triangles (symmetric), all GEMMs in fixed
+/// shape-dependent bands under OpenMP, so the result is bitwise independent of the thread count.
+/// 768x3072, 5 steps: ~0.2 s on 2 cores. Increments the process call counter.
 /// Throws std::invalid_argument for negative sizes/steps or null pointers with a non-empty shape.
 void newton_schulz_cpu(const float* G, float* out, int64_t rows, int64_t cols, int steps);
 

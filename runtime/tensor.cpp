@@ -1,6 +1,7 @@
 #include "runtime/tensor.h"
 
 #include <cstdlib>
+#include <malloc.h>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -33,6 +34,17 @@ void check_arg(bool cond, const char* op, const std::string& message) {
 }
 
 // ---------------- Storage ----------------
+
+namespace {
+// Keep freed blocks in the heap instead of returning every large buffer to the OS: the step
+// allocates and frees the same activation sizes every iteration, and fresh mmap'ed pages cost a
+// page fault per 4 KiB on first touch.
+[[maybe_unused]] const bool kMallocTuned = [] {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  return true;
+}();
+}  // namespace
 
 Storage::Storage(int64_t bytes, Device device, MemCategory category)
     : nbytes_(bytes), device_(device), category_(category) {

@@ -151,7 +151,7 @@ TEST_CASE("newton_schulz_cpu leaves the input alone, is deterministic, zero stay
   CHECK_THROWS_AS(newton_schulz_cpu(nullptr, o1.data(), r, c, 5), std::invalid_argument);
 }
 
-TEST_CASE("newton_schulz_cpu result does not depend on the OpenMP thread count", "[muon]") {
+TEST_CASE("newton_schulz_cpu result is bitwise independent of the OpenMP thread count", "[muon]") {
   const int64_t r = 300, c = 500;
   const auto g = randn(r * c, 31);
   std::vector<float> o1(g.size()), o2(g.size());
@@ -161,7 +161,7 @@ TEST_CASE("newton_schulz_cpu result does not depend on the OpenMP thread count",
   omp_set_num_threads(2);
   newton_schulz_cpu(g.data(), o2.data(), r, c, 5);
   omp_set_num_threads(saved);
-  for (size_t i = 0; i < o1.size(); ++i) REQUIRE(o2[i] == Approx(o1[i]).margin(1e-5));
+  CHECK(o1 == o2);  // fixed bands, each a single-threaded GEMM
 }
 
 TEST_CASE("muon_scale exact values", "[muon]") {
