@@ -13,6 +13,7 @@ const char* mem_category_name(MemCategory c) {
     case MemCategory::activations: return "activations";
     case MemCategory::comm_buffers: return "comm_buffers";
     case MemCategory::other: return "other";
+    case MemCategory::gathered_grads: return "gathered_grads";
     default: return "?";
   }
 }

@@ -17,6 +17,7 @@ enum class MemCategory : int {
   activations,         // forward activations saved for backward and their gradients
   comm_buffers,        // staging buffers of collectives
   other,
+  gathered_grads,      // transient full-unit gradients during a unit's backward, before the reduce
   count
 };
 const char* mem_category_name(MemCategory c);

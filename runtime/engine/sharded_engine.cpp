@@ -100,7 +100,7 @@ void ShardedEngine::build_units() {
       MemCategoryScope s(MemCategory::gradients);
       unit->shard_grad = Tensor::zeros({unit->my_count});
     }
-    unit->full_grad = released(unit->total, MemCategory::gradients);
+    unit->full_grad = released(unit->total, MemCategory::gathered_grads);
 
     // Parameter bindings: a direct view when the pieces form one run of the unit buffer.
     int64_t unpacked_total = 0;
@@ -126,7 +126,7 @@ void ShardedEngine::build_units() {
     MemCategory pcat = resident_ ? MemCategory::parameters : MemCategory::gathered_params;
     unit->unpacked = Tensor::empty({unpacked_total}, DType::f32, Device::CPU, pcat);
     if (!resident_) unit->unpacked.storage()->release();
-    unit->unpacked_grad = released(unpacked_total, MemCategory::gradients);
+    unit->unpacked_grad = released(unpacked_total, MemCategory::gathered_grads);
     for (Binding& b : unit->params) {
       const MatrixShard& s = plan_.shards[b.shard];
       const Tensor& base = b.direct ? unit->full : unit->unpacked;

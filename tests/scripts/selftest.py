@@ -116,8 +116,14 @@ def compare_files(new, old, name):
     print(f"note  {name}: {len(b) - len(same)} tensors differ bitwise (other machine/BLAS?)")
     for k in b:
         if k in a:
+            x, y = a[k], b[k]
+            if k.startswith("adamw_final.") and k.endswith("attn.c_attn.bias"):
+                # the key slice [C, 2C) has a zero gradient whose round-off AdamW amplifies into
+                # summation-order-dependent updates (see tests/fixtures/README.md): compare the rest
+                c = x.shape[0] // 3
+                x, y = torch.cat([x[:c], x[2 * c:]]), torch.cat([y[:c], y[2 * c:]])
             check(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype
-                  and rel_err(a[k], b[k]) < 1e-4, f"{name}: {k} within 1e-4")
+                  and rel_err(x, y) < 1e-4, f"{name}: {k} within 1e-4")
 
 
 def test_regen(tmp):
