@@ -271,17 +271,25 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       if (!lead) return;
       std::unique_ptr<Tokenizer> tok;
       if (!cfg.data.tokenizer.empty()) tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved);
+      // Prompt: the first quarter-context of the validation split (a real opening line), else one token.
       std::vector<int32_t> prompt;
-      if (tok && cfg.data.tokenizer == "char") prompt = tok->encode("\n");
-      else if (gcfg.vocab_size > 50256) prompt = {50256};  // GPT-2 <|endoftext|>
-      else prompt = {0};
+      if (val_full) {
+        std::vector<int32_t> seq_in(T), seq_tgt(T);
+        val_full->sequence(0, seq_in.data(), seq_tgt.data());
+        prompt.assign(seq_in.begin(), seq_in.begin() + std::max(1, T / 4));
+      } else {
+        prompt = {gcfg.vocab_size > 50256 ? 50256 : 0};  // GPT-2 <|endoftext|>
+      }
       auto ids = sample_tokens(model, prompt, static_cast<int>(cfg.training.sample_tokens), 0.8f, 0,
                                static_cast<uint64_t>(cfg.training.seed));
-      std::string text;
-      if (tok) text = tok->decode(ids);
-      else
-        for (int32_t id : ids) text += std::to_string(id) + " ";
-      spdlog::info("---- sample ({} tokens, temperature 0.8) ----\n{}\n----", ids.size(), text);
+      auto render = [&](const std::vector<int32_t>& v) {
+        if (tok) return tok->decode(v);
+        std::string text;
+        for (int32_t id : v) text += std::to_string(id) + " ";
+        return text;
+      };
+      spdlog::info("---- sample: prompt [{}] + {} sampled tokens (temperature 0.8) ----\n{}{}\n----", render(prompt),
+                   ids.size(), render(prompt), render(ids));
     });
   }
 

@@ -141,6 +141,12 @@ Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, double divisor) co
   return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
 }
 
+Tensor GPT::forward_logits(const Tensor& tokens) const {
+  Tensor x = embed(tokens);
+  for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
+  return logits(x);
+}
+
 Tensor GPT::forward_loss(const Tensor& tokens, const Tensor& targets) const {
   Tensor x = embed(tokens);
   for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
@@ -157,7 +163,7 @@ std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> prompt
   for (int i = 0; i < n; ++i) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(prompt.size()), cfg.seq_len);
     std::vector<int32_t> ctx(prompt.end() - T, prompt.end());
-    Tensor logits = model.logits(model.embed(tokens_tensor(ctx, {1, T}))).to(Device::CPU);
+    Tensor logits = model.forward_logits(tokens_tensor(ctx, {1, T})).to(Device::CPU);
     const float* last = logits.data_f32() + (T - 1) * logits.size(1);
     std::vector<double> p(cfg.vocab_size);
     double mx = -INFINITY;

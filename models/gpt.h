@@ -48,11 +48,13 @@ class GPT {
   Tensor logits(const Tensor& x) const;
   /// Head unit with the loss: sum of token cross-entropies / divisor (divisor <= 0: mean).
   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor = 0) const;
+  /// Whole model (every parameter bound): tokens i32 [B, T] -> logits [B*T, Vp].
+  Tensor forward_logits(const Tensor& tokens) const;
   /// Whole model (every parameter bound): mean cross-entropy.
   Tensor forward_loss(const Tensor& tokens, const Tensor& targets) const;
 
   /// GPT-2 initialisation of one parameter's full logical value (DESIGN/issue 2): weights
-  /// N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2*n_layer)),
+  /// N(0, init_std), residual projections (attn.c_proj, mlp.c_proj) N(0, init_std/sqrt(2*n_layer)),
   /// biases 0, LayerNorm gains 1, padded embedding rows 0. The values depend only on
   /// (seed, parameter name), so every rank produces the same tensor. out has spec.numel() floats.
   static void init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
