@@ -51,6 +51,7 @@ struct ShardedEngine::Unit {
   Tensor unpacked, unpacked_grad;  // params whose pieces are not one contiguous run
   std::vector<Binding> params;
   std::vector<OwnedPiece> owned;
+  bool any_direct = false;  // some parameter is a view into `full` (else `full` is only a staging buffer)
   bool gathered = false, grads_live = false;
 };
 
@@ -100,7 +101,14 @@ void ShardedEngine::build_units() {
       MemCategoryScope s(MemCategory::gradients);
       unit->shard_grad = Tensor::zeros({unit->my_count});
     }
-    unit->full_grad = released(unit->total, MemCategory::gathered_grads);
+    // zero1 keeps full gradients resident and accumulates micro-batches in them (ZeRO-1); the other
+    // placements hold a unit's full gradients only during its backward.
+    if (plan_.placement == Placement::zero1) {
+      MemCategoryScope s(MemCategory::gradients);
+      unit->full_grad = Tensor::zeros({unit->total});
+    } else {
+      unit->full_grad = released(unit->total, MemCategory::gathered_grads);
+    }
 
     // Parameter bindings: a direct view when the pieces form one run of the unit buffer.
     int64_t unpacked_total = 0;
@@ -117,6 +125,7 @@ void ShardedEngine::build_units() {
         expect = pos + p.numel;
       }
       b.direct = contiguous;
+      unit->any_direct = unit->any_direct || contiguous;
       if (!contiguous) {
         b.offset = unpacked_total;
         unpacked_total += s.numel();
@@ -126,7 +135,13 @@ void ShardedEngine::build_units() {
     MemCategory pcat = resident_ ? MemCategory::parameters : MemCategory::gathered_params;
     unit->unpacked = Tensor::empty({unpacked_total}, DType::f32, Device::CPU, pcat);
     if (!resident_) unit->unpacked.storage()->release();
-    unit->unpacked_grad = released(unpacked_total, MemCategory::gathered_grads);
+    if (plan_.placement == Placement::zero1) {
+      MemCategoryScope s(MemCategory::gradients);
+      unit->unpacked_grad = Tensor::zeros({unpacked_total});
+      unit->grads_live = true;
+    } else {
+      unit->unpacked_grad = released(unpacked_total, MemCategory::gathered_grads);
+    }
     for (Binding& b : unit->params) {
       const MatrixShard& s = plan_.shards[b.shard];
       const Tensor& base = b.direct ? unit->full : unit->unpacked;
@@ -183,6 +198,7 @@ void ShardedEngine::gather(int u, CommPhase phase) {
                      DType::f32, phase);
   unit.unpacked.storage()->materialize();
   unpack_params(unit);
+  if (!unit.any_direct) unit.full.storage()->release();  // every parameter now lives in `unpacked`
   unit.gathered = true;
 }
 
@@ -197,22 +213,31 @@ void ShardedEngine::release(int u) {
 void ShardedEngine::ensure_grad_buffers(int u) {
   Unit& unit = *units_[u];
   if (unit.grads_live) return;
-  unit.full_grad.storage()->materialize();
-  unit.full_grad.zero();
+  if (unit.any_direct) {  // otherwise the comm-layout buffer is only needed at the reduce
+    unit.full_grad.storage()->materialize();
+    unit.full_grad.zero();
+  }
   unit.unpacked_grad.storage()->materialize();
   unit.unpacked_grad.zero();
   unit.grads_live = true;
 }
 
-void ShardedEngine::reduce_gradients(int u) {
+void ShardedEngine::reduce_gradients(int u, bool last_micro) {
   Unit& unit = *units_[u];
+  const bool zero1 = plan_.placement == Placement::zero1;
+  if (zero1 && !last_micro) return;  // ZeRO-1: micro-batches accumulate in the resident full gradients
   const UnitLayout& L = plan_.units[unit.index];
+  if (!unit.full_grad.storage()->materialized()) {
+    unit.full_grad.storage()->materialize();
+    unit.full_grad.zero();
+  }
   for (const Binding& b : unit.params) {  // scatter split parameters' gradients to the comm layout
     if (b.direct) continue;
     for (const ShardPiece& p : plan_.shards[b.shard].pieces)
       std::memcpy(unit.full_grad.data_f32() + L.segment_offset(p.rank) + p.segment_offset,
                   unit.unpacked_grad.data_f32() + b.offset + p.param_offset, p.numel * sizeof(float));
   }
+  if (!zero1) unit.unpacked_grad.storage()->release();
   Kernels& k = kernels(Device::CPU);
   if (plan_.placement == Placement::ddp) {
     comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
@@ -224,8 +249,8 @@ void ShardedEngine::reduce_gradients(int u) {
                            DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
     if (unit.my_count) k.axpy(unit.shard_grad.data_f32(), mine.data_f32(), 1.0f, unit.my_count);
   }
+  if (zero1) return;  // resident; zeroed at the start of the next step
   unit.full_grad.storage()->release();
-  unit.unpacked_grad.storage()->release();
   unit.grads_live = false;
 }
 
@@ -238,11 +263,19 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   st.step = step;
   const double t_start = now_seconds();
   const int U = static_cast<int>(units_.size()), head = model_.head_unit();
-  for (Unit* unit : units_) unit->shard_grad.zero();
+  for (Unit* unit : units_) {
+    unit->shard_grad.zero();
+    if (plan_.placement == Placement::zero1) {
+      unit->full_grad.zero();
+      unit->unpacked_grad.zero();
+    }
+  }
   double loss_sum = 0;
   int64_t local_tokens = 0;
 
-  for (const MicroBatch& mb : micro) {
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const MicroBatch& mb = micro[k];
+    const bool last_micro = k + 1 == micro.size();
     MemCategoryScope act(MemCategory::activations);
     local_tokens += mb.tokens.numel();
     // forward: gather -> compute -> free, unit by unit (the last unit stays for backward)
@@ -279,7 +312,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
       }
       const double t1 = now_seconds();
       st.t_backward += t1 - t0;
-      reduce_gradients(u);  // the unit's own gradients are complete now (a tied wte waits for unit 0)
+      reduce_gradients(u, last_micro);  // the unit's own gradients are complete now (a tied wte waits for unit 0)
       st.t_reduce += now_seconds() - t1;
       for (int d : units_needed_by(u)) release(d);
     }

@@ -50,11 +50,13 @@ struct StepStats {
 ///  - fsdp2: the same gathers/reductions over even, padded dim-0 shards; at the step each matrix's
 ///    Muon input is all-gathered (opt_step phase), Newton-Schulz runs on the full matrix on every
 ///    rank, and each rank updates its own rows (stock FSDP2 + Muon).
-///  - zero1: full parameters resident on every rank (no gathers); gradients reduce-scattered to
-///    owners; owners update; updated segments all-gathered back (opt_step phase).
+///  - zero1 (ZeRO-1): full parameters and full gradients resident on every rank (no gathers);
+///    micro-batches accumulate locally, the last one's backward reduce-scatters each unit's
+///    gradients to the owners; owners update; updated segments all-gathered back (opt_step phase).
 ///  - ddp: full replicas; gradients all-reduced; every rank runs the whole optimizer.
-/// Gradients of micro-batches are reduced as they are produced and accumulated in the owners'
-/// gradient shards; the step divides by (world size x micro-batches), so the loss is the global mean.
+/// Under matrixfsdp/fsdp2/ddp the gradients of each micro-batch are reduced as they are produced and
+/// accumulated in the owners' gradient shards (ZeRO-3 memory: no full gradients kept between
+/// micro-batches); the step divides by (world size x micro-batches), so the loss is the global mean.
 class ShardedEngine {
  public:
   /// Binds every model parameter to the engine's unit buffers. Throws std::invalid_argument when
@@ -115,7 +117,7 @@ class ShardedEngine {
   void gather(int u, CommPhase phase);
   void release(int u);
   void ensure_grad_buffers(int u);
-  void reduce_gradients(int u);
+  void reduce_gradients(int u, bool last_micro);
   void unpack_params(Unit& unit);
   double clip_gradients(StepStats& stats);
   void optimizer_step(int64_t step, StepStats& stats);
