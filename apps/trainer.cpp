@@ -205,11 +205,13 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       loader.next(in.data(), tgt.data());
       micro.push_back({tokens_tensor(in, {B, T}), tokens_tensor(tgt, {B, T})});
     }
-    StepStats s = engine.train_step(micro, step);
-    if (!std::isfinite(s.loss))
-      throw std::runtime_error(fmt::format("step {}: the training loss is {} (diverged); stopping without export. "
-                                           "Lower optimizer.muon.lr / optimizer.adamw.lr or enable training.grad_clip.",
-                                           step, s.loss));
+    StepStats s;
+    try {
+      s = engine.train_step(micro, step);
+    } catch (const NonFiniteLossError& e) {
+      throw std::runtime_error(std::string(e.what()) + "; stopping without export. Lower optimizer.muon.lr / "
+                               "optimizer.adamw.lr, enable training.grad_clip, or check model.init_from.");
+    }
     const double t_phase[4] = {s.t_forward, s.t_backward, s.t_reduce, s.t_optimizer};
     for (int i = 0; i < 4; ++i) phase[i] += comm.all_reduce_scalar(t_phase[i], ReduceOp::max, CommPhase::other);
     opt_seconds.push_back(comm.all_reduce_scalar(s.t_optimizer, ReduceOp::max, CommPhase::other));

@@ -322,6 +322,9 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   const double denom = static_cast<double>(world_) * static_cast<double>(micro.size());
   st.loss = comm_.all_reduce_scalar(loss_sum, ReduceOp::sum, CommPhase::other) / denom;
   st.tokens = static_cast<int64_t>(comm_.all_reduce_scalar(static_cast<double>(local_tokens), ReduceOp::sum, CommPhase::other));
+  if (!std::isfinite(st.loss))  // every rank sees the same reduced value, so all throw together
+    throw NonFiniteLossError("step " + std::to_string(step) + ": the training loss is " + std::to_string(st.loss) +
+                             " (diverged); the optimizer step was skipped");
   for (Unit* unit : units_)
     if (unit->my_count) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(1.0 / denom), unit->my_count);
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,13 @@ struct EngineOptions {
   double adamw_lr = 3e-3;  ///< base learning rate of the AdamW group
   LRSchedule schedule;     ///< both groups follow it, each from its own base lr
   double grad_clip = 1.0;  ///< global-norm clipping threshold on raw gradients (<= 0 disables)
+};
+
+/// Thrown by train_step when the global loss is NaN or Inf; parameters are left untouched (the
+/// optimizer step is skipped). The message names the step and the value.
+class NonFiniteLossError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 /// One micro-batch of this rank: tokens and targets, i32 [B, T].
@@ -77,6 +85,7 @@ class ShardedEngine {
 
   /// One optimizer step over this rank's micro-batches (same count on every rank). `step` is the
   /// 0-based step index used by the LR schedule and AdamW bias correction (step+1).
+  /// Throws NonFiniteLossError (on every rank) when the global loss is not finite.
   StepStats train_step(const std::vector<MicroBatch>& micro, int64_t step);
 
   /// Forward only: sum of token losses and token count over this rank's batches, summed over all

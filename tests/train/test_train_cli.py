@@ -4,6 +4,7 @@
 usage: test_train_cli.py BIN_DIR CASE   with CASE one of
   bad_configs   every malformed config fails with its message and exit code 2 on every rank
   bad_data      broken shards (magic, version, truncated, too short, token >= vocab) are refused
+  configs       every config in configs/ is valid (--print-config)
   e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
   world_sizes   shuffle false: world 1 and world 2 with the same global batch give the same losses
   export        export -> import -> --eval-only reproduces the final validation loss exactly
@@ -98,6 +99,19 @@ def case_bad_data(bin_dir, tmp):
             check("777" in out, f"{name}: the offset of the bad token is not named:\n{out[-600:]}")
 
 
+def case_configs(bin_dir, tmp):
+    """Every shipped config is valid: --print-config succeeds and echoes its placement."""
+    cfg_dir = os.path.join(ROOT, "configs")
+    for name in sorted(os.listdir(cfg_dir)):
+        if not name.endswith(".json"):
+            continue
+        p = subprocess.run([os.path.join(bin_dir, "mfsdp-train"), "--config", os.path.join(cfg_dir, name),
+                            "--print-config"], env=ENV, capture_output=True, text=True, timeout=120)
+        check(p.returncode == 0, f"{name}: --print-config failed: {p.stderr[-400:]}")
+        if p.returncode == 0:
+            check("placement" in json.loads(p.stdout)["sharding"], f"{name}: no sharding.placement in the output")
+
+
 def case_e2e(bin_dir, tmp):
     run = os.path.join(tmp, "run")
     rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={run}")
@@ -167,6 +181,19 @@ def case_export(bin_dir, tmp):
                 got = float(line.split()[2])
         check(got is not None and abs(got - final_val) <= 5e-6,
               f"world {np}: --eval-only loss {got} != final val loss {final_val}")
+    # NaN weights: the loss is NaN at step 0, the run stops naming the step, nothing is exported
+    poisoned = os.path.join(tmp, "poisoned.safetensors")
+    shutil.copy(model, poisoned)
+    with open(poisoned, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        begin = header["h.0.mlp.c_fc.weight"]["data_offsets"][0]
+        f.seek(8 + n + begin)
+        f.write(struct.pack("<f", float("nan")))
+    out_model = os.path.join(tmp, "never.safetensors")
+    rc, out = train(bin_dir, 2, TINY, f"model.init_from={poisoned}", f"output.export={out_model}", expect=None)
+    check(rc != 0 and "step 0" in out and "nan" in out.lower(), f"NaN loss not reported (rc {rc}): {out[-600:]}")
+    check(not os.path.exists(out_model), "a diverged model was exported")
     # a file that does not match the config is refused before training
     rc, out = train(bin_dir, 2, TINY, f"model.init_from={model}", "model.n_embd=64", expect=2)
     check(rc == 2 and model in out, f"mismatched init_from accepted (rc {rc}): {out[-400:]}")
