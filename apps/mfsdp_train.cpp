@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  if (error.empty() && !print_config) error = preflight_check(cfg, world);
+  if (error.empty() && !print_config) error = preflight_check(cfg, world, eval_only);
   // Agree on the outcome so a problem seen by one rank (e.g. a file missing on its node) stops all.
   int bad = error.empty() ? 0 : 1, any_bad = 0;
   MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -61,10 +61,24 @@ std::string human_bytes(double b) {
   return fmt::format("{:.1f} {}", b, units[u]);
 }
 
-std::string human_seconds(double s) {
-  if (s < 60) return fmt::format("{:.0f}s", s);
-  if (s < 3600) return fmt::format("{:.0f}m{:02.0f}s", std::floor(s / 60), std::fmod(s, 60));
-  return fmt::format("{:.0f}h{:02.0f}m", std::floor(s / 3600), std::fmod(s / 60, 60));
+std::string human_seconds(double seconds) {
+  const int64_t s = std::llround(std::max(0.0, seconds));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
+}
+
+// Creates `dir` if needed and checks a file can be written there; "" when fine.
+std::string check_writable_dir(const std::filesystem::path& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const auto probe = dir / ".mfsdp_write_test";
+  {
+    std::ofstream f(probe);
+    if (!f) return what + ": cannot write into directory '" + dir.string() + "'";
+  }
+  std::filesystem::remove(probe, ec);
+  return "";
 }
 
 // Validation loss over an EvalSplit: every rank runs the same number of batches.
@@ -91,8 +105,11 @@ json nullable(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
 
 }  // namespace
 
-std::string preflight_check(const TrainConfig& cfg, int world_size) {
+std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only) {
   try {
+    if (eval_only && cfg.data.val.resolved.empty()) return cfg.source + ": --eval-only needs data.val (validation shards)";
+    if (eval_only && cfg.model.init_from.resolved.empty())
+      return cfg.source + ": --eval-only needs model.init_from (the model to evaluate)";
     const GPTConfig g = cfg.model.gpt();
     g.validate();
     const int64_t global_tokens = static_cast<int64_t>(world_size) * cfg.training.grad_accum *
@@ -108,6 +125,17 @@ std::string preflight_check(const TrainConfig& cfg, int world_size) {
                " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size);
     }
     if (!cfg.model.init_from.resolved.empty()) import_hf_gpt2(cfg.model.init_from.resolved, g);
+    if (!eval_only) {  // the outputs must be writable before hours of training, not after
+      if (!cfg.logging.run_dir.resolved.empty()) {
+        std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir");
+        if (!e.empty()) return cfg.source + ": " + e;
+      }
+      if (!cfg.output.export_path.resolved.empty()) {
+        const std::filesystem::path out(cfg.output.export_path.resolved);
+        std::string e = check_writable_dir(out.has_parent_path() ? out.parent_path() : ".", "output.export");
+        if (!e.empty()) return cfg.source + ": " + e;
+      }
+    }
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -149,7 +177,6 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   const EvalSplit* periodic = val_periodic ? val_periodic.get() : val_full.get();
 
   if (opts.eval_only) {
-    if (!val_full) throw std::runtime_error("--eval-only needs data.val (the validation shards)");
     const double loss = evaluate(engine, *val_full, B, T);
     if (lead) spdlog::info("validation loss {:.6f} over {} sequences of {} tokens ({})", loss,
                            val_full->num_sequences(), T, cfg.data.val.resolved);
@@ -178,26 +205,55 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   comm.reset_counters();
   MemoryTracker::instance().reset_peaks();
   const double t_train = now_seconds();
-  double t_window = t_train, window_loss = 0;
+  double t_window = t_train, window_loss = 0, eval_seconds = 0;
   int64_t window_steps = 0, window_tokens = 0;
 
   auto log_json = [&](const json& j) {
     if (metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
   };
-  auto run_eval = [&](int64_t step, const EvalSplit& split, const char* what) {
+  // Validation; its time is kept out of tokens/s, MFU and train_seconds. best_val_loss only counts
+  // whole-split evaluations (a partial one is a noisier estimate).
+  auto run_eval = [&](int64_t step, const EvalSplit& split) {
     const double t0 = now_seconds();
+    const bool full = &split == val_full.get();
     const double v = evaluate(engine, split, B, T);
-    last_val = v;
-    if (!std::isfinite(best_val) || v < best_val) best_val = v;
+    if (full && (!std::isfinite(best_val) || v < best_val)) best_val = v;
+    const double dt = now_seconds() - t0;
+    eval_seconds += dt;
+    t_window += dt;
     if (lead) {
-      spdlog::info("step {:>6} | {} val loss {:.4f} ({} sequences, {:.1f}s)", step, what, v, split.num_sequences(),
-                   now_seconds() - t0);
-      log_json({{"type", "eval"}, {"step", step}, {"split", what}, {"val_loss", v}, {"sequences", split.num_sequences()},
-                {"elapsed_seconds", now_seconds() - opts.program_start}});
+      spdlog::info("step {:>6} | {} val loss {:.4f} ({} sequences, {:.1f}s)", step, full ? "full" : "partial", v,
+                   split.num_sequences(), dt);
+      log_json({{"type", "eval"}, {"step", step}, {"split", full ? "full" : "partial"}, {"val_loss", v},
+                {"sequences", split.num_sequences()}, {"elapsed_seconds", now_seconds() - opts.program_start}});
     }
     return v;
   };
 
+  // One progress line and metrics record for the steps since the last one.
+  auto log_window = [&](int64_t step, const StepStats& s) {
+    const double now = now_seconds(), dt = now - t_window;
+    const double tok_s = window_tokens / std::max(dt, 1e-9);
+    const double mfu = flops_per_token * tok_s / peak;
+    const double avg_step = (now - t_train) / steps_done;
+    if (lead) {
+      spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.2e}/{:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
+                   "fwd {:.0f} bwd {:.0f} reduce {:.0f} opt {:.0f} ms | ETA {}",
+                   step + 1, cfg.training.steps, window_loss / window_steps, s.lr_muon, s.lr_adamw, s.grad_norm, tok_s,
+                   100 * mfu, 1e3 * s.t_forward, 1e3 * s.t_backward, 1e3 * s.t_reduce, 1e3 * s.t_optimizer,
+                   human_seconds(avg_step * (cfg.training.steps - step - 1)));
+      log_json({{"type", "train"}, {"step", step + 1}, {"loss", window_loss / window_steps}, {"lr_muon", s.lr_muon},
+                {"lr_adamw", s.lr_adamw}, {"grad_norm", s.grad_norm}, {"clip_coef", s.clip_coef},
+                {"tokens_per_second", tok_s}, {"mfu", mfu}, {"tokens", tokens_seen},
+                {"seconds", {{"forward", s.t_forward}, {"backward", s.t_backward}, {"reduce", s.t_reduce},
+                             {"optimizer", s.t_optimizer}, {"step", s.t_total}}},
+                {"elapsed_seconds", now - opts.program_start}});
+    }
+    t_window = now;
+    window_loss = 0;
+    window_steps = 0;
+    window_tokens = 0;
+  };
   bool reached_target = false;
   for (int64_t step = 0; step < cfg.training.steps; ++step) {
     std::vector<MicroBatch> micro;
@@ -223,46 +279,36 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     window_tokens += s.tokens;
 
     const bool last = step + 1 == cfg.training.steps;
-    if ((step + 1) % cfg.logging.interval == 0 || last) {
-      const double now = now_seconds(), dt = now - t_window;
-      const double tok_s = window_tokens / std::max(dt, 1e-9);
-      const double mfu = flops_per_token * tok_s / peak;
-      const double avg_step = (now - t_train) / steps_done;
-      if (lead) {
-        spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.2e}/{:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-                     "fwd {:.0f} bwd {:.0f} reduce {:.0f} opt {:.0f} ms | ETA {}",
-                     step + 1, cfg.training.steps, window_loss / window_steps, s.lr_muon, s.lr_adamw, s.grad_norm, tok_s,
-                     100 * mfu, 1e3 * s.t_forward, 1e3 * s.t_backward, 1e3 * s.t_reduce, 1e3 * s.t_optimizer,
-                     human_seconds(avg_step * (cfg.training.steps - step - 1)));
-        log_json({{"type", "train"}, {"step", step + 1}, {"loss", window_loss / window_steps}, {"lr_muon", s.lr_muon},
-                  {"lr_adamw", s.lr_adamw}, {"grad_norm", s.grad_norm}, {"clip_coef", s.clip_coef},
-                  {"tokens_per_second", tok_s}, {"mfu", mfu}, {"tokens", tokens_seen},
-                  {"seconds", {{"forward", s.t_forward}, {"backward", s.t_backward}, {"reduce", s.t_reduce},
-                               {"optimizer", s.t_optimizer}, {"step", s.t_total}}},
-                  {"elapsed_seconds", now - opts.program_start}});
-      }
-      t_window = now;
-      window_loss = 0;
-      window_steps = 0;
-      window_tokens = 0;
-    }
+    if ((step + 1) % cfg.logging.interval == 0 || last) log_window(step, s);
     const bool eval_now = periodic && !last && cfg.training.eval_interval > 0 && (step + 1) % cfg.training.eval_interval == 0;
+    double v = std::nan("");
     if (eval_now) {
-      const double v = run_eval(step + 1, *periodic, periodic == val_full.get() ? "full" : "partial");
-      if (cfg.training.target_val_loss && v <= *cfg.training.target_val_loss) {
-        time_to_target = now_seconds() - opts.program_start;
-        reached_target = true;
-        if (lead) spdlog::info("target validation loss {:.4f} reached at step {}: stopping", *cfg.training.target_val_loss, step + 1);
-        break;
-      }
+      v = run_eval(step + 1, *periodic);
+      if (cfg.training.target_val_loss && v <= *cfg.training.target_val_loss && periodic != val_full.get())
+        v = run_eval(step + 1, *val_full);  // a partial estimate met the target: confirm on the whole split
+    }
+    const bool stop = eval_now && cfg.training.target_val_loss && v <= *cfg.training.target_val_loss;
+    if (stop && window_steps > 0) log_window(step, s);  // do not lose the last partial window
+    if (stop) {
+      time_to_target = now_seconds() - opts.program_start;
+      reached_target = true;
+      last_val = v;
+      if (lead) spdlog::info("target validation loss {:.4f} reached at step {}: stopping", *cfg.training.target_val_loss, step + 1);
+      break;
     }
   }
-  const double train_seconds = now_seconds() - t_train;
+  const double train_seconds = now_seconds() - t_train - eval_seconds;
+  // Training traffic and memory, before the final evaluation, sampling and export gather the model.
+  const CommCounters train_counters = comm.counters();
+  std::vector<double> train_peaks;
+  for (int c = 0; c < static_cast<int>(MemCategory::count); ++c)
+    train_peaks.push_back(static_cast<double>(MemoryTracker::instance().peak(Device::CPU, static_cast<MemCategory>(c))));
+  const double train_peak_total = static_cast<double>(MemoryTracker::instance().peak_total(Device::CPU));
 
   // ---- final validation over the whole split ----
-  double final_val = std::nan("");
-  if (val_full) {
-    final_val = run_eval(steps_done, *val_full, "full");
+  double final_val = last_val;  // the confirming whole-split evaluation when the target stopped the run
+  if (val_full && !reached_target) {
+    final_val = run_eval(steps_done, *val_full);
     if (!reached_target && cfg.training.target_val_loss && final_val <= *cfg.training.target_val_loss)
       time_to_target = now_seconds() - opts.program_start;
   }
@@ -310,18 +356,14 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   // ---- summary (collectives first, then rank 0 writes) ----
   json comm_bytes, peak_bytes;
   for (int p = 0; p < static_cast<int>(CommPhase::count); ++p) {
-    const double sent = static_cast<double>(comm.counters().phase[p].bytes_sent);
+    const double sent = static_cast<double>(train_counters.phase[p].bytes_sent);
     comm_bytes[comm_phase_name(static_cast<CommPhase>(p))] =
         static_cast<int64_t>(comm.all_reduce_scalar(sent, ReduceOp::sum, CommPhase::other));
   }
-  auto& mt = MemoryTracker::instance();
-  for (int c = 0; c < static_cast<int>(MemCategory::count); ++c) {
-    const double b = static_cast<double>(mt.peak(Device::CPU, static_cast<MemCategory>(c)));
+  for (int c = 0; c < static_cast<int>(MemCategory::count); ++c)
     peak_bytes[mem_category_name(static_cast<MemCategory>(c))] =
-        static_cast<int64_t>(comm.all_reduce_scalar(b, ReduceOp::max, CommPhase::other));
-  }
-  peak_bytes["total"] = static_cast<int64_t>(
-      comm.all_reduce_scalar(static_cast<double>(mt.peak_total(Device::CPU)), ReduceOp::max, CommPhase::other));
+        static_cast<int64_t>(comm.all_reduce_scalar(train_peaks[c], ReduceOp::max, CommPhase::other));
+  peak_bytes["total"] = static_cast<int64_t>(comm.all_reduce_scalar(train_peak_total, ReduceOp::max, CommPhase::other));
   if (!lead) return;
   const double wall = now_seconds() - opts.program_start;
   json summary = {
@@ -331,6 +373,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       {"tokens", tokens_seen},
       {"wall_seconds", wall},
       {"train_seconds", train_seconds},
+      {"eval_seconds", eval_seconds},
       {"tokens_per_second", tokens_seen / std::max(train_seconds, 1e-9)},
       {"mfu", flops_per_token * tokens_seen / std::max(train_seconds, 1e-9) / peak},
       {"final_train_loss", nullable(final_train_loss)},

@@ -10,8 +10,10 @@ namespace mfsdp {
 
 /// Everything that can be checked without communication: the data shards (train: at least one
 /// global batch; val: at least one sequence), the tokenizer files, the init_from model file and
-/// the placement. Returns "" when fine, else one message naming the file and the problem.
-std::string preflight_check(const TrainConfig& cfg, int world_size);
+/// the placement, the --eval-only requirements, and that logging.run_dir and output.export's
+/// directory are writable (creating them). Returns "" when fine, else one message naming the file
+/// and the problem.
+std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only = false);
 
 /// What the command line asks for beyond the config.
 struct TrainerOptions {
@@ -20,7 +22,9 @@ struct TrainerOptions {
 };
 
 /// Runs training (or evaluation) on every rank of `comm`. Rank 0 prints progress and writes the
-/// run directory (metrics.jsonl, summary.json) and the export. Throws std::runtime_error when the
+/// run directory (metrics.jsonl, summary.json) and the export. The summary's comm_bytes and
+/// peak_bytes cover the training steps (and periodic evaluations, whose traffic is "other"), not
+/// the final evaluation, sampling and export; its tokens/s, MFU and train_seconds exclude evaluation. Throws std::runtime_error when the
 /// loss becomes NaN/Inf (naming the step; nothing is exported) or on I/O failures.
 void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts);
 

@@ -217,16 +217,7 @@ void muon_step_cpu(float* W, const float* G, float* M, int64_t rows, int64_t col
   if (static_cast<int64_t>(ubuf.size()) < numel) ubuf.resize(static_cast<size_t>(numel));
   float* U = ubuf.data();
 
-  const float beta = static_cast<float>(opt.momentum);
-  const float one_minus_beta = static_cast<float>(1.0 - opt.momentum);
-  const bool nesterov = opt.nesterov;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < numel; ++i) {
-    const float g = G[i];
-    const float m = beta * M[i] + one_minus_beta * g;
-    M[i] = m;
-    U[i] = nesterov ? one_minus_beta * g + beta * m : m;
-  }
+  muon_momentum_cpu(G, M, U, numel, opt);
 
   // O overwrites U block by block (newton_schulz_cpu reads its input into scratch first).
   const int64_t brows = rows / blocks;
@@ -235,11 +226,27 @@ void muon_step_cpu(float* W, const float* G, float* M, int64_t rows, int64_t col
     newton_schulz_cpu(ub, ub, brows, cols, opt.ns_steps);
   }
 
-  const double scale = muon_scale(brows, cols, opt.scale_rule);
-  const float decay = static_cast<float>(1.0 - lr * opt.weight_decay);
+  muon_apply_update_cpu(W, U, numel, lr, muon_scale(brows, cols, opt.scale_rule), opt.weight_decay);
+}
+
+void muon_momentum_cpu(const float* G, float* M, float* U, int64_t n, const MuonOptions& opt) {
+  const float beta = static_cast<float>(opt.momentum);
+  const float one_minus_beta = static_cast<float>(1.0 - opt.momentum);
+  const bool nesterov = opt.nesterov;
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = G[i];
+    const float m = beta * M[i] + one_minus_beta * g;
+    M[i] = m;
+    U[i] = nesterov ? one_minus_beta * g + beta * m : m;
+  }
+}
+
+void muon_apply_update_cpu(float* W, const float* O, int64_t n, double lr, double scale, double weight_decay) {
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
   const float step = static_cast<float>(lr * scale);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < numel; ++i) W[i] = W[i] * decay - step * U[i];
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) W[i] = W[i] * decay - step * O[i];
 }
 
 }  // namespace mfsdp

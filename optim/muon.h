@@ -59,6 +59,13 @@ double muon_scale(int64_t rows, int64_t cols, MuonScaleRule rule);
 void muon_step_cpu(float* W, const float* G, float* M, int64_t rows, int64_t cols, double lr,
                    const MuonOptions& opt, int qkv_blocks = 1);
 
+/// The elementwise first half of a Muon step, on any contiguous piece of a matrix (the fsdp2
+/// baseline runs it on its row shard): M <- beta*M + (1-beta)*G; U = nesterov ? (1-beta)*G + beta*M : M.
+/// G, M, U: n f32 each (U may alias G). Same float arithmetic as muon_step_cpu.
+void muon_momentum_cpu(const float* G, float* M, float* U, int64_t n, const MuonOptions& opt);
+/// The elementwise last half: W <- W*(1 - lr*wd) - lr*scale*O over n elements.
+void muon_apply_update_cpu(float* W, const float* O, int64_t n, double lr, double scale, double weight_decay);
+
 /// Number of Newton-Schulz invocations (CPU and CUDA) in this process since start or the last reset.
 int64_t newton_schulz_call_count();
 /// Resets the Newton-Schulz invocation counter to 0.

@@ -101,9 +101,9 @@ void ShardedEngine::build_units() {
       MemCategoryScope s(MemCategory::gradients);
       unit->shard_grad = Tensor::zeros({unit->my_count});
     }
-    // zero1 keeps full gradients resident and accumulates micro-batches in them (ZeRO-1); the other
+    // zero1 and ddp keep full gradients resident and accumulate micro-batches in them; the other
     // placements hold a unit's full gradients only during its backward.
-    if (plan_.placement == Placement::zero1) {
+    if (resident_) {
       MemCategoryScope s(MemCategory::gradients);
       unit->full_grad = Tensor::zeros({unit->total});
     } else {
@@ -135,7 +135,7 @@ void ShardedEngine::build_units() {
     MemCategory pcat = resident_ ? MemCategory::parameters : MemCategory::gathered_params;
     unit->unpacked = Tensor::empty({unpacked_total}, DType::f32, Device::CPU, pcat);
     if (!resident_) unit->unpacked.storage()->release();
-    if (plan_.placement == Placement::zero1) {
+    if (resident_) {
       MemCategoryScope s(MemCategory::gradients);
       unit->unpacked_grad = Tensor::zeros({unpacked_total});
       unit->grads_live = true;
@@ -224,8 +224,7 @@ void ShardedEngine::ensure_grad_buffers(int u) {
 
 void ShardedEngine::reduce_gradients(int u, bool last_micro) {
   Unit& unit = *units_[u];
-  const bool zero1 = plan_.placement == Placement::zero1;
-  if (zero1 && !last_micro) return;  // ZeRO-1: micro-batches accumulate in the resident full gradients
+  if (resident_ && !last_micro) return;  // zero1/ddp: micro-batches accumulate in the resident full gradients
   const UnitLayout& L = plan_.units[unit.index];
   if (!unit.full_grad.storage()->materialized()) {
     unit.full_grad.storage()->materialize();
@@ -237,7 +236,7 @@ void ShardedEngine::reduce_gradients(int u, bool last_micro) {
       std::memcpy(unit.full_grad.data_f32() + L.segment_offset(p.rank) + p.segment_offset,
                   unit.unpacked_grad.data_f32() + b.offset + p.param_offset, p.numel * sizeof(float));
   }
-  if (!zero1) unit.unpacked_grad.storage()->release();
+  if (!resident_) unit.unpacked_grad.storage()->release();
   Kernels& k = kernels(Device::CPU);
   if (plan_.placement == Placement::ddp) {
     comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
@@ -249,7 +248,7 @@ void ShardedEngine::reduce_gradients(int u, bool last_micro) {
                            DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
     if (unit.my_count) k.axpy(unit.shard_grad.data_f32(), mine.data_f32(), 1.0f, unit.my_count);
   }
-  if (zero1) return;  // resident; zeroed at the start of the next step
+  if (resident_) return;  // resident; zeroed at the start of the next step
   unit.full_grad.storage()->release();
   unit.grads_live = false;
 }
@@ -265,7 +264,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   const int U = static_cast<int>(units_.size()), head = model_.head_unit();
   for (Unit* unit : units_) {
     unit->shard_grad.zero();
-    if (plan_.placement == Placement::zero1) {
+    if (resident_) {
       unit->full_grad.zero();
       unit->unpacked_grad.zero();
     }
@@ -377,16 +376,10 @@ void ShardedEngine::fsdp2_muon(Unit& unit, OwnedPiece& o, double lr) {
   const MatrixShard& s = plan_.shards[o.shard];
   const int64_t rows = s.shape[0], cols = s.shape[1];
   const int64_t slot = s.fsdp2_slot_numel(world_);
-  const double beta = opts_.muon.momentum;
   MemCategoryScope scope(MemCategory::comm_buffers);
   Tensor send = Tensor::zeros({slot}), full_u = Tensor::empty({slot * world_}), update = Tensor::empty({rows * cols});
-  float* M = o.numel ? o.m.data_f32() : nullptr;
-  const float* G = unit.shard_grad.data_f32() + o.shard_offset;
-  float* U = send.data_f32();
-  for (int64_t i = 0; i < o.numel; ++i) {
-    M[i] = static_cast<float>(beta * M[i] + (1 - beta) * G[i]);
-    U[i] = opts_.muon.nesterov ? static_cast<float>((1 - beta) * G[i] + beta * M[i]) : M[i];
-  }
+  if (o.numel)
+    muon_momentum_cpu(unit.shard_grad.data_f32() + o.shard_offset, o.m.data_f32(), send.data_f32(), o.numel, opts_.muon);
   comm_.all_gather(send.data_f32(), full_u.data_f32(), slot, DType::f32, CommPhase::opt_step);
   // the first `rows` rows of the gathered slots are the matrix, in order (padding rows follow)
   const int64_t blocks = detail::muon_block_count(rows, cols, opts_.muon, s.qkv_blocks, "fsdp2_muon");
@@ -395,11 +388,8 @@ void ShardedEngine::fsdp2_muon(Unit& unit, OwnedPiece& o, double lr) {
     newton_schulz_cpu(full_u.data_f32() + b * brows * cols, update.data_f32() + b * brows * cols, brows, cols,
                       opts_.muon.ns_steps);
   if (!o.numel) return;
-  const double scale = muon_scale(brows, cols, opts_.muon.scale_rule);
-  float* W = unit.shard.data_f32() + o.shard_offset;
-  const float* Orows = update.data_f32() + o.param_offset;
-  const float decay = static_cast<float>(1.0 - lr * opts_.muon.weight_decay), step = static_cast<float>(lr * scale);
-  for (int64_t i = 0; i < o.numel; ++i) W[i] = W[i] * decay - step * Orows[i];
+  muon_apply_update_cpu(unit.shard.data_f32() + o.shard_offset, update.data_f32() + o.param_offset, o.numel, lr,
+                        muon_scale(brows, cols, opts_.muon.scale_rule), opts_.muon.weight_decay);
 }
 
 void ShardedEngine::broadcast_updated_params() {
@@ -478,7 +468,7 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
     const bool empty = mb.tokens.numel() == 0;  // a rank with no sequences left still joins the gathers
     Tensor x;
     for (int u = 0; u < U; ++u) {
-      for (int d : units_needed_by(u)) gather(d, CommPhase::fwd_gather);
+      for (int d : units_needed_by(u)) gather(d, CommPhase::other);  // evaluation traffic: "other"
       if (!empty) {
         if (u == 0) x = model_.embed(mb.tokens);
         else if (u == head) loss_sum += model_.head_loss(x, mb.targets, 1.0).item();

@@ -61,8 +61,9 @@ struct StepStats {
 ///  - zero1 (ZeRO-1): full parameters and full gradients resident on every rank (no gathers);
 ///    micro-batches accumulate locally, the last one's backward reduce-scatters each unit's
 ///    gradients to the owners; owners update; updated segments all-gathered back (opt_step phase).
-///  - ddp: full replicas; gradients all-reduced; every rank runs the whole optimizer.
-/// Under matrixfsdp/fsdp2/ddp the gradients of each micro-batch are reduced as they are produced and
+///  - ddp: full replicas; micro-batches accumulate locally, the last one's backward all-reduces each
+///    unit's gradients; every rank runs the whole optimizer.
+/// Under matrixfsdp/fsdp2 the gradients of each micro-batch are reduced as they are produced and
 /// accumulated in the owners' gradient shards (ZeRO-3 memory: no full gradients kept between
 /// micro-batches); the step divides by (world size x micro-batches), so the loss is the global mean.
 class ShardedEngine {
@@ -89,8 +90,8 @@ class ShardedEngine {
   StepStats train_step(const std::vector<MicroBatch>& micro, int64_t step);
 
   /// Forward only: sum of token losses and token count over this rank's batches, summed over all
-  /// ranks (every rank passes the same number of batches; an empty batch list is allowed only when
-  /// every rank's is empty).
+  /// ranks (every rank passes the same number of batches, possibly with 0 rows). Its gathers are
+  /// counted in the `other` phase, not as training traffic.
   std::pair<double, int64_t> eval_loss_sum(const std::vector<MicroBatch>& batches);
 
   /// Runs `fn` with every unit gathered (the model's parameters hold full values), then frees them.
@@ -110,6 +111,7 @@ class ShardedEngine {
     Tensor data;               ///< f32 [numel] view (writable)
   };
   /// Every tensor this rank owns (parameters and optimizer state), in a deterministic order.
+  /// Under ddp every rank owns (a replica of) everything: a checkpoint writer keeps rank 0's.
   std::vector<OwnedTensor> owned_tensors();
   /// Number of optimizer steps taken (AdamW bias-correction counter).
   int64_t optimizer_steps() const { return opt_steps_; }
