@@ -86,7 +86,7 @@ TEST_CASE("--set overrides apply, are type-checked and named in errors", "[confi
   CHECK(c.output.export_path.resolved == (fs::current_path() / "out/m.safetensors").lexically_normal().string());
   c = load_train_config(cfg, {"training.target_val_loss=null", "training.steps=1e3"});
   CHECK(!c.training.target_val_loss.has_value());
-  CHECK(c.training.steps == 800);
+  CHECK(c.training.steps == 1000);
 
   CHECK_THROWS_WITH(load_train_config(cfg, {"optimizer.muon.lr=fast"}),
                     Contains("--set optimizer.muon.lr=fast: optimizer.muon.lr: expected a number, got \"fast\""));
