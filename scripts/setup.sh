@@ -15,7 +15,7 @@ for arg in "$@"; do
   esac
 done
 
-packages=(build-essential cmake libopenmpi-dev openmpi-bin libeigen3-dev libspdlog-dev libcli11-dev
+packages=(build-essential cmake libopenmpi-dev openmpi-bin libeigen3-dev libdnnl-dev libspdlog-dev libcli11-dev
           nlohmann-json3-dev catch2 python3)
 # PyTorch and numpy generate the test fixtures and check exported models; never used by the product.
 [ "$want_torch" = 1 ] && packages+=(python3-torch python3-numpy)
