@@ -26,8 +26,9 @@ inline GPTConfig tiny_config(int n_layer = 2, int n_embd = 32, bool tied = true)
   return c;
 }
 
-inline EngineOptions test_options() {
+inline EngineOptions test_options(bool split_qkv = false) {
   EngineOptions o;
+  o.muon.split_qkv = split_qkv;
   o.muon_lr = 0.02;
   o.adamw_lr = 3e-3;
   o.muon.weight_decay = 0.01;
