@@ -72,15 +72,13 @@ ShardedEngine::ShardedEngine(GPT& model, Communicator& comm, const ShardPlan& pl
   build_units();
 }
 
-ShardedEngine::~ShardedEngine() {
-  for (Unit* u : units_) delete u;
-}
+ShardedEngine::~ShardedEngine() = default;
 
 void ShardedEngine::build_units() {
   const bool ddp = plan_.placement == Placement::ddp;
   for (size_t ui = 0; ui < plan_.units.size(); ++ui) {
-    auto* unit = new Unit;
-    units_.push_back(unit);
+    units_.push_back(std::make_unique<Unit>());
+    Unit* unit = units_.back().get();
     const UnitLayout& L = plan_.units[ui];
     unit->index = static_cast<int>(ui);
     unit->counts = L.segment_numel;
@@ -97,17 +95,20 @@ void ShardedEngine::build_units() {
       unit->shard.zero();  // fsdp2 padding stays zero
       unit->full = released(unit->total, MemCategory::gathered_params);
     }
-    {
-      MemCategoryScope s(MemCategory::gradients);
-      unit->shard_grad = Tensor::zeros({unit->my_count});
-    }
     // zero1 and ddp keep full gradients resident and accumulate micro-batches in them; the other
-    // placements hold a unit's full gradients only during its backward.
+    // placements hold a unit's full gradients only during its backward. ddp all-reduces in place,
+    // so its gradient "shard" is the full buffer itself.
     if (resident_) {
       MemCategoryScope s(MemCategory::gradients);
       unit->full_grad = Tensor::zeros({unit->total});
     } else {
       unit->full_grad = released(unit->total, MemCategory::gathered_grads);
+    }
+    if (ddp) {
+      unit->shard_grad = unit->full_grad;
+    } else {
+      MemCategoryScope s(MemCategory::gradients);
+      unit->shard_grad = Tensor::zeros({unit->my_count});
     }
 
     // Parameter bindings: a direct view when the pieces form one run of the unit buffer.
@@ -240,7 +241,6 @@ void ShardedEngine::reduce_gradients(int u, bool last_micro) {
   Kernels& k = kernels(Device::CPU);
   if (plan_.placement == Placement::ddp) {
     comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
-    k.axpy(unit.shard_grad.data_f32(), unit.full_grad.data_f32(), 1.0f, unit.total);
   } else {
     MemCategoryScope s(MemCategory::comm_buffers);
     Tensor mine = Tensor::empty({unit.my_count});
@@ -262,7 +262,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   st.step = step;
   const double t_start = now_seconds();
   const int U = static_cast<int>(units_.size()), head = model_.head_unit();
-  for (Unit* unit : units_) {
+  for (auto& unit : units_) {
     unit->shard_grad.zero();
     if (resident_) {
       unit->full_grad.zero();
@@ -324,7 +324,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   if (!std::isfinite(st.loss))  // every rank sees the same reduced value, so all throw together
     throw NonFiniteLossError("step " + std::to_string(step) + ": the training loss is " + std::to_string(st.loss) +
                              " (diverged); the optimizer step was skipped");
-  for (Unit* unit : units_)
+  for (auto& unit : units_)
     if (unit->my_count) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(1.0 / denom), unit->my_count);
 
   const double t_opt = now_seconds();
@@ -337,13 +337,13 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
 
 double ShardedEngine::clip_gradients(StepStats& st) {
   double sumsq = 0;
-  for (Unit* unit : units_) sumsq += kernels(Device::CPU).sum_of_squares(unit->shard_grad.data_f32(), unit->my_count);
+  for (auto& unit : units_) sumsq += kernels(Device::CPU).sum_of_squares(unit->shard_grad.data_f32(), unit->my_count);
   // ddp: every rank holds all gradients; otherwise each rank holds its owned shards (scalar traffic)
   if (plan_.placement != Placement::ddp) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum, CommPhase::other);
   st.grad_norm = std::sqrt(sumsq);
   st.clip_coef = clip_coefficient(st.grad_norm, opts_.grad_clip);
   if (st.clip_coef < 1.0)
-    for (Unit* unit : units_) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(st.clip_coef), unit->my_count);
+    for (auto& unit : units_) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(st.clip_coef), unit->my_count);
   return st.grad_norm;
 }
 
@@ -352,7 +352,7 @@ void ShardedEngine::optimizer_step(int64_t step, StepStats& st) {
   st.lr_muon = opts_.muon_lr * mult;
   st.lr_adamw = opts_.adamw_lr * mult;
   ++opt_steps_;
-  for (Unit* unit : units_) {
+  for (auto& unit : units_) {
     for (OwnedPiece& o : unit->owned) {
       const MatrixShard& s = plan_.shards[o.shard];
       float* W = unit->shard.data_f32() + o.shard_offset;
@@ -393,7 +393,7 @@ void ShardedEngine::fsdp2_muon(Unit& unit, OwnedPiece& o, double lr) {
 }
 
 void ShardedEngine::broadcast_updated_params() {
-  for (Unit* unit : units_) {
+  for (auto& unit : units_) {
     MemCategoryScope s(MemCategory::comm_buffers);
     Tensor mine = unit->shard.clone();
     comm_.all_gather_v(unit->my_count ? mine.data_f32() : nullptr, unit->full.data_f32(), unit->counts, DType::f32,
@@ -405,7 +405,7 @@ void ShardedEngine::broadcast_updated_params() {
 // ----------------------------------------------------------------------------------------------
 
 void ShardedEngine::load_full_parameters(const std::map<std::string, std::vector<float>>& full) {
-  for (Unit* unit : units_) {
+  for (auto& unit : units_) {
     const UnitLayout& L = plan_.units[unit->index];
     for (const Binding& b : unit->params) {
       const MatrixShard& s = plan_.shards[b.shard];
@@ -452,7 +452,7 @@ void ShardedEngine::with_full_model(const std::function<void()>& fn) {
 std::map<std::string, std::vector<float>> ShardedEngine::full_parameters() {
   std::map<std::string, std::vector<float>> out;
   with_full_model([&] {
-    for (Unit* unit : units_)
+    for (auto& unit : units_)
       for (const Binding& b : unit->params) out[plan_.shards[b.shard].name] = b.param.to_vector();
   });
   return out;
@@ -485,7 +485,7 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
 
 std::vector<ShardedEngine::OwnedTensor> ShardedEngine::owned_tensors() {
   std::vector<OwnedTensor> out;
-  for (Unit* unit : units_) {
+  for (auto& unit : units_) {
     for (OwnedPiece& o : unit->owned) {
       if (!o.numel) continue;
       const MatrixShard& s = plan_.shards[o.shard];
@@ -504,7 +504,7 @@ std::vector<ShardedEngine::OwnedTensor> ShardedEngine::owned_tensors() {
 void ShardedEngine::sync_after_load() {
   if (plan_.placement == Placement::zero1) broadcast_updated_params();
   else if (plan_.placement == Placement::ddp)
-    for (Unit* unit : units_) unpack_params(*unit);
+    for (auto& unit : units_) unpack_params(*unit);
 }
 
 }  // namespace mfsdp

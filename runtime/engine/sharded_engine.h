@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -142,7 +143,7 @@ class ShardedEngine {
   EngineOptions opts_;
   int rank_, world_;
   bool resident_;  // zero1 / ddp: full parameters live on every rank
-  std::vector<Unit*> units_;
+  std::vector<std::unique_ptr<Unit>> units_;
   int64_t opt_steps_ = 0;
   int micro_in_step_ = 0;
 };
