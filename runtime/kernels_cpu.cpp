@@ -1,9 +1,12 @@
-// CPU backend: oneDNN's SGEMM (about 1.3x Eigen's on AVX-512 machines), Eigen for small
+// CPU backend: oneDNN's SGEMM when built with it (about 1.3x Eigen's on AVX-512 machines; Eigen's
+// GEMM otherwise), Eigen for small
 // matrix products inside kernels and vectorized math, and OpenMP loops. Reductions across rows (bias/LayerNorm/embedding
 // gradients, sum of squares) are split by columns or fixed-size chunks, so results do not depend on
 // the thread count or on timing (bitwise-reproducible runs).
 #include <omp.h>
+#if defined(MFSDP_WITH_DNNL)
 #include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -111,12 +114,22 @@ class CpuKernels final : public Kernels {
       else c *= beta;
       return;
     }
+#if defined(MFSDP_WITH_DNNL)
     // oneDNN's row-major SGEMM: C = alpha op(A) op(B) + beta C (lda/ldb are the stored row lengths).
     const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, ta ? M : K, B, tb ? K : N,
                                         beta, C, N);
     if (st != dnnl_success)
       throw std::runtime_error("[gemm] dnnl_sgemm failed (status " + std::to_string(static_cast<int>(st)) + ") for M=" +
                                std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+#else
+    if (beta == 0.f) c.setZero();
+    else if (beta != 1.f) c *= beta;
+    CMapMat a(A, ta ? K : M, ta ? M : K), b(B, tb ? N : K, tb ? K : N);
+    if (!ta && !tb) c.noalias() += alpha * a * b;
+    else if (!ta && tb) c.noalias() += alpha * a * b.transpose();
+    else if (ta && !tb) c.noalias() += alpha * a.transpose() * b;
+    else c.noalias() += alpha * a.transpose() * b.transpose();
+#endif
   }
 
   void add_bias(float* y, const float* b, int64_t rows, int64_t cols) override {

@@ -44,8 +44,27 @@ elif timeout 5 bash -c 'exec 3<>/dev/tcp/deb.debian.org/80' 2>/dev/null; then
   if [ "$(id -u)" = 0 ]; then APT=(apt-get); else APT=(sudo apt-get); fi
   "${APT[@]}" update -qq && DEBIAN_FRONTEND=noninteractive "${APT[@]}" install -y -qq "${MISSING[@]}" ||
     { echo "apt-get failed"; exit 2; }
+elif [ -d "$ROOT/gpu-carry/bin" ]; then
+  # No packages and no network: run the binaries prepared by scripts/gpu_prepare.sh instead.
+  echo "missing packages: ${MISSING[*]}, no network: running the prebuilt binaries in gpu-carry/"
+  export LD_LIBRARY_PATH="$ROOT/gpu-carry/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv
+  for t in test_cuda_backend test_optim_cuda; do
+    step "$t (prebuilt)"
+    "$ROOT/gpu-carry/bin/$t" 2>&1 | tee "$LOGS/$t.log" | tail -25
+    rc=${PIPESTATUS[0]}
+    case $rc in 0) note "$t: passed" ;; 77) note "$t: skipped (no CUDA device)" ;; *) note "$t: FAILED rc=$rc"; FAILED=1 ;; esac
+  done
+  step "timings (prebuilt mfsdp-bench-cuda)"
+  BENCH_ARGS=()
+  [ "${GPU_CHECK_QUICK:-0}" = 1 ] && BENCH_ARGS=(--quick)
+  timeout 180 "$ROOT/gpu-carry/bin/mfsdp-bench-cuda" "${BENCH_ARGS[@]}" 2>&1 | tee "$LOGS/bench_cuda.log"
+  step "summary (total $((SECONDS - T0))s)"
+  for s in "${SUMMARY[@]}"; do echo "  $s"; done
+  exit $FAILED
 else
-  echo "missing packages: ${MISSING[*]} and no network: cannot build here (nothing installed)"
+  echo "missing packages: ${MISSING[*]} and no network: cannot build here (nothing installed)."
+  echo "Run scripts/gpu_prepare.sh on the development machine and carry gpu-carry/."
   exit 2
 fi
 NVCC=/usr/local/cuda/bin/nvcc
