@@ -230,6 +230,16 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     return v;
   };
 
+  // This rank's cumulative bytes sent per phase and peak bytes per memory category (no collective).
+  auto rank0_counters = [&]() {
+    json comm_sent, peaks;
+    for (int p = 0; p < static_cast<int>(CommPhase::count); ++p)
+      comm_sent[comm_phase_name(static_cast<CommPhase>(p))] = comm.counters().phase[p].bytes_sent;
+    for (int c = 0; c < static_cast<int>(MemCategory::count); ++c)
+      peaks[mem_category_name(static_cast<MemCategory>(c))] =
+          MemoryTracker::instance().peak(Device::CPU, static_cast<MemCategory>(c));
+    return json{{"comm_bytes_sent", comm_sent}, {"peak_bytes", peaks}};
+  };
   // One progress line and metrics record for the steps since the last one.
   auto log_window = [&](int64_t step, const StepStats& s) {
     const double now = now_seconds(), dt = now - t_window;
@@ -247,7 +257,8 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
                 {"tokens_per_second", tok_s}, {"mfu", mfu}, {"tokens", tokens_seen},
                 {"seconds", {{"forward", s.t_forward}, {"backward", s.t_backward}, {"reduce", s.t_reduce},
                              {"optimizer", s.t_optimizer}, {"step", s.t_total}}},
-                {"elapsed_seconds", now - opts.program_start}});
+                {"elapsed_seconds", now - opts.program_start},
+                {"rank0", rank0_counters()}});
     }
     t_window = now;
     window_loss = 0;
