@@ -2,50 +2,16 @@
 // (gen_muon_fixture.py: fp32, Keller Jordan's algorithm; see tests/fixtures/README.md).
 #include <catch2/catch.hpp>
 
-#include <cstdint>
-#include <cstring>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "optim/muon.h"
 
 using namespace mfsdp;
 
 namespace {
-
-struct F32Tensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;
-};
-
-/// Minimal safetensors reader (F32 tensors only): u64 header length, JSON header, raw data.
-std::map<std::string, F32Tensor> read_safetensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("[read_safetensors] cannot open " + path);
-  uint64_t header_len = 0;
-  f.read(reinterpret_cast<char*>(&header_len), 8);
-  std::string header(header_len, '\0');
-  f.read(header.data(), static_cast<std::streamsize>(header_len));
-  std::vector<char> blob((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const auto j = nlohmann::json::parse(header);
-  std::map<std::string, F32Tensor> out;
-  for (const auto& [name, info] : j.items()) {
-    if (name == "__metadata__" || info.at("dtype") != "F32") continue;
-    F32Tensor t;
-    t.shape = info.at("shape").get<std::vector<int64_t>>();
-    const auto off = info.at("data_offsets").get<std::vector<uint64_t>>();
-    if (off[1] > blob.size() || off[0] > off[1])
-      throw std::runtime_error("[read_safetensors] " + path + ": tensor " + name + " offsets out of range");
-    t.data.resize((off[1] - off[0]) / 4);
-    std::memcpy(t.data.data(), blob.data() + off[0], off[1] - off[0]);
-    out.emplace(name, std::move(t));
-  }
-  return out;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
@@ -57,7 +23,13 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("Muon matches the PyTorch fixture (NS, two steps, split QKV)", "[muon][fixture]") {
-  const auto fx = read_safetensors(std::string(MFSDP_FIXTURE_DIR) + "/muon_reference.safetensors");
+  const SafetensorsFile file(std::string(MFSDP_FIXTURE_DIR) + "/muon_reference.safetensors");
+  struct F32Tensor {
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+  };
+  std::map<std::string, F32Tensor> fx;
+  for (const auto& name : file.names()) fx[name] = F32Tensor{file.info(name).shape, file.read_f32(name)};
   MuonOptions opt;  // momentum 0.95, nesterov, 5 steps, original scale
   opt.weight_decay = 0.1;
   const double lr = 0.05;
