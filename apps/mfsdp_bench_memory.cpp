@@ -1,4 +1,5 @@
-// mfsdp-bench-memory: per-rank peak memory by category for each placement (issue 5).
+// mfsdp-bench-memory: per-rank peak memory by category for each placement (issue 5), and the
+// optimizer-step time of that step (max over ranks; a rough figure when ranks share cores).
 //   mpirun -np 4 --oversubscribe mfsdp-bench-memory [--config configs/gpt2_124m_shakespeare.json]
 // Builds the model from the config's `model` section, runs one training step per placement on
 // random tokens (B sequences of T tokens per rank), and prints the max over ranks of each
@@ -64,13 +65,14 @@ int main(int argc, char** argv) {
                               MemCategory::comm_buffers};
   if (rank == 0)
     std::printf("GPT %d layers, width %d, vocab %d: %.1fM parameters; world %d, B=%d T=%d per rank\n"
-                "peak MiB per rank (max over ranks)\n%-11s %9s %9s %9s %11s %9s %9s %9s %9s %9s\n",
+                "peak MiB per rank (max over ranks); optimizer step seconds (max over ranks)\n"
+                "%-11s %9s %9s %9s %11s %9s %9s %9s %9s %9s %9s\n",
                 cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.num_params() / 1e6, W, B, T, "placement", "params",
-                "grads", "opt_state", "persistent", "gath_par", "gath_grad", "activ", "comm", "total");
+                "grads", "opt_state", "persistent", "gath_par", "gath_grad", "activ", "comm", "total", "opt_s");
   std::map<std::string, double> persistent, gathered;
   double largest_pair = 0;
   for (const std::string& pname : placements) {
-    double row[10] = {0};
+    double row[10] = {0}, opt_seconds = 0;
     {
       GPT model(cfg);
       ShardPlan plan = make_plan(model.inventory(), W, parse_placement(pname));
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
         tok[i] = (i * 31 + rank) % cfg.vocab_size;
         tgt[i] = (i * 17 + 1) % cfg.vocab_size;
       }
-      engine.train_step({{tokens_tensor(tok, {B, T}), tokens_tensor(tgt, {B, T})}}, 0);
+      opt_seconds = engine.train_step({{tokens_tensor(tok, {B, T}), tokens_tensor(tgt, {B, T})}}, 0).t_optimizer;
       int k = 0;
       for (MemCategory c : cats) row[k++] = static_cast<double>(mt.peak(Device::CPU, c));
       row[k++] = static_cast<double>(mt.peak_total(Device::CPU));
@@ -98,12 +100,14 @@ int main(int argc, char** argv) {
       }
     }
     for (double& v : row) v = comm->all_reduce_scalar(v, ReduceOp::max, CommPhase::other);
+    opt_seconds = comm->all_reduce_scalar(opt_seconds, ReduceOp::max, CommPhase::other);
     const double pers = row[0] + row[1] + row[2];
     persistent[pname] = pers;
     gathered[pname] = row[3];
     if (rank == 0)
-      std::printf("%-11s %9.1f %9.1f %9.1f %11.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", pname.c_str(), mib(row[0]),
-                  mib(row[1]), mib(row[2]), mib(pers), mib(row[3]), mib(row[4]), mib(row[5]), mib(row[6]), mib(row[7]));
+      std::printf("%-11s %9.1f %9.1f %9.1f %11.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2f\n", pname.c_str(), mib(row[0]),
+                  mib(row[1]), mib(row[2]), mib(pers), mib(row[3]), mib(row[4]), mib(row[5]), mib(row[6]), mib(row[7]),
+                  opt_seconds);
   }
   if (rank == 0 && persistent.count("matrixfsdp")) {
     const double mf = persistent["matrixfsdp"];
