@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "override a config value: key.path=value (repeatable)");
   app.add_flag("--print-config", print_config, "print the effective config and exit");
   app.add_flag("--eval-only", eval_only, "only evaluate model.init_from on the validation split");
-  app.add_option("--threads", threads, "CPU threads per rank (default: cores / ranks on this machine)");
+  app.add_option("--threads", threads, "CPU threads per rank, 1..1024 (default: cores / ranks on this machine)")
+      ->check(CLI::Range(1, 1024));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

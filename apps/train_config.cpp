@@ -414,7 +414,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   // sharding
   c.sharding.placement = r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"});
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
-  c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 1);
+  c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   // training
   c.training.steps = r.i64("training.steps", 1);
   c.training.micro_batch_size = r.i32("training.micro_batch_size", 1);
@@ -425,7 +425,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.training.seed = r.i64("training.seed", 0);
   if (!r.at("training.target_val_loss").is_null())
     c.training.target_val_loss = r.num("training.target_val_loss", 0.0, 1e6, true);
-  c.training.sample_tokens = r.i64("training.sample_tokens", 0);
+  c.training.sample_tokens = r.i64("training.sample_tokens", 0, 100000);
   // logging, output
   c.logging.interval = r.i64("logging.interval", 1);
   c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);
@@ -439,12 +439,28 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   if (!f) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;
   ss << f.rdbuf();
+  if (fs::is_directory(path)) throw ConfigError(path + ": is a directory, not a config file");
   json doc;
+  // JSON allows repeated keys (the last wins); in a config that is always a mistake, so refuse it.
+  std::vector<std::vector<std::string>> keys_seen;  // one list per open object
+  std::string duplicate;
+  auto reject_duplicates = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys_seen.emplace_back();
+    else if (event == json::parse_event_t::object_end && !keys_seen.empty()) keys_seen.pop_back();
+    else if (event == json::parse_event_t::key && !keys_seen.empty() && duplicate.empty()) {
+      const std::string k = parsed.get<std::string>();
+      auto& seen = keys_seen.back();
+      if (std::find(seen.begin(), seen.end(), k) != seen.end()) duplicate = k;
+      seen.push_back(k);
+    }
+    return true;
+  };
   try {
-    doc = json::parse(ss.str(), nullptr, true, /*ignore_comments=*/true);
+    doc = json::parse(ss.str(), reject_duplicates, true, /*ignore_comments=*/true);
   } catch (const json::exception& e) {
     throw ConfigError(path + ": invalid JSON: " + e.what());
   }
+  if (!duplicate.empty()) throw ConfigError(path + ": key \"" + duplicate + "\" appears twice in the same object");
   const fs::path dir = fs::path(path).parent_path();
   return parse_train_config(doc, path, dir.empty() ? std::string(".") : dir.string(), overrides);
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -114,17 +115,36 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
     g.validate();
     const int64_t global_tokens = static_cast<int64_t>(world_size) * cfg.training.grad_accum *
                                   cfg.training.micro_batch_size * cfg.model.seq_len;
-    validate_shards(cfg.data.train.resolved, cfg.model.vocab_size, global_tokens + 1,
-                    "one global batch (world_size * grad_accum * micro_batch_size * seq_len + 1)");
+    auto with_key = [](const std::string& key, const std::function<void()>& check) {
+      try {
+        check();
+      } catch (const std::exception& e) {
+        throw std::runtime_error(key + ": " + e.what());
+      }
+    };
+    with_key("data.train", [&] {
+      validate_shards(cfg.data.train.resolved, cfg.model.vocab_size, global_tokens + 1,
+                      "one global batch (world_size * grad_accum * micro_batch_size * seq_len + 1)");
+    });
     if (!cfg.data.val.resolved.empty())
-      validate_shards(cfg.data.val.resolved, cfg.model.vocab_size, cfg.model.seq_len + 1, "one sequence (seq_len + 1)");
+      with_key("data.val", [&] {
+        validate_shards(cfg.data.val.resolved, cfg.model.vocab_size, cfg.model.seq_len + 1, "one sequence (seq_len + 1)");
+      });
     if (!cfg.data.tokenizer.empty()) {
-      auto tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved);
-      if (tok->vocab_size() > cfg.model.vocab_size)
-        return cfg.data.tokenizer_path.resolved + ": tokenizer has " + std::to_string(tok->vocab_size()) +
-               " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size);
+      std::unique_ptr<Tokenizer> tok;
+      with_key("data.tokenizer_path", [&] { tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved); });
+      if (tok->vocab_size() != cfg.model.vocab_size)  // samples are decoded with it
+        return cfg.source + ": data.tokenizer_path: " + cfg.data.tokenizer_path.resolved + " has " +
+               std::to_string(tok->vocab_size()) + " tokens but model.vocab_size is " +
+               std::to_string(cfg.model.vocab_size);
     }
-    if (!cfg.model.init_from.resolved.empty()) import_hf_gpt2(cfg.model.init_from.resolved, g);
+    if (!cfg.model.init_from.resolved.empty()) {
+      with_key("model.init_from", [&] { import_hf_gpt2(cfg.model.init_from.resolved, g); });
+      const GPTConfig f = read_hf_gpt2_config(cfg.model.init_from.resolved);
+      if (f.n_head != g.n_head)  // shapes cannot tell heads apart
+        return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
+               std::to_string(f.n_head) + ", model.n_head is " + std::to_string(g.n_head);
+    }
     if (!eval_only) {  // the outputs must be writable before hours of training, not after
       if (!cfg.logging.run_dir.resolved.empty()) {
         std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir");
@@ -132,8 +152,28 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
       }
       if (!cfg.output.export_path.resolved.empty()) {
         const std::filesystem::path out(cfg.output.export_path.resolved);
+        if (std::filesystem::is_directory(out))
+          return cfg.source + ": output.export: " + out.string() + " is a directory (expected a .safetensors file)";
         std::string e = check_writable_dir(out.has_parent_path() ? out.parent_path() : ".", "output.export");
         if (!e.empty()) return cfg.source + ": " + e;
+        // Never overwrite what the run reads or writes otherwise.
+        std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
+                                                                  {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
+                                                                  {"model.init_from", cfg.model.init_from.resolved}};
+        for (const auto& f : expand_glob(cfg.data.train.resolved)) taken.push_back({"data.train", f});
+        if (!cfg.data.val.resolved.empty())
+          for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
+        if (!cfg.logging.run_dir.resolved.empty())
+          for (const char* f : {"config.json", "metrics.jsonl", "summary.json"})
+            taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
+        const auto same = [](const std::string& a, const std::string& b) {
+          std::error_code ec;
+          return !b.empty() && std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+        };
+        for (const auto& [what, path] : taken)
+          if (same(out.string(), path))
+            return cfg.source + ": output.export: " + out.string() + " is " + what + " (" + path +
+                   "); choose another file";
       }
     }
   } catch (const std::exception& e) {
@@ -188,6 +228,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   std::ofstream metrics;
   if (lead && !run_dir.empty()) {
     std::filesystem::create_directories(run_dir);
+    std::filesystem::remove(run_dir / "summary.json");  // a summary only ever describes a finished run
     metrics.open(run_dir / "metrics.jsonl", std::ios::trunc);
     if (!metrics) throw std::runtime_error((run_dir / "metrics.jsonl").string() + ": cannot open for writing");
     std::ofstream(run_dir / "config.json") << cfg.to_json().dump(2) << "\n";
@@ -328,27 +369,31 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   if (cfg.training.sample_tokens > 0) {
     engine.with_full_model([&] {
       if (!lead) return;
-      std::unique_ptr<Tokenizer> tok;
-      if (!cfg.data.tokenizer.empty()) tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved);
-      // Prompt: the first quarter-context of the validation split (a real opening line), else one token.
-      std::vector<int32_t> prompt;
-      if (val_full) {
-        std::vector<int32_t> seq_in(T), seq_tgt(T);
-        val_full->sequence(0, seq_in.data(), seq_tgt.data());
-        prompt.assign(seq_in.begin(), seq_in.begin() + std::max(1, T / 4));
-      } else {
-        prompt = {gcfg.vocab_size > 50256 ? 50256 : 0};  // GPT-2 <|endoftext|>
+      try {
+        std::unique_ptr<Tokenizer> tok;
+        if (!cfg.data.tokenizer.empty()) tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved);
+        // Prompt: the first quarter-context of the validation split (a real opening line), else one token.
+        std::vector<int32_t> prompt;
+        if (val_full) {
+          std::vector<int32_t> seq_in(T), seq_tgt(T);
+          val_full->sequence(0, seq_in.data(), seq_tgt.data());
+          prompt.assign(seq_in.begin(), seq_in.begin() + std::max(1, T / 4));
+        } else {
+          prompt = {gcfg.vocab_size > 50256 ? 50256 : 0};  // GPT-2 <|endoftext|>
+        }
+        auto ids = sample_tokens(model, prompt, static_cast<int>(cfg.training.sample_tokens), 0.8f, 0,
+                                 static_cast<uint64_t>(cfg.training.seed));
+        auto render = [&](const std::vector<int32_t>& v) {
+          if (tok) return tok->decode(v);
+          std::string text;
+          for (int32_t id : v) text += std::to_string(id) + " ";
+          return text;
+        };
+        spdlog::info("---- sample: prompt [{}] + {} sampled tokens (temperature 0.8) ----\n{}{}\n----", render(prompt),
+                     ids.size(), render(prompt), render(ids));
+      } catch (const std::exception& e) {  // a sample is a courtesy: never lose the run over it
+        spdlog::warn("[warning] sampling failed: {}", e.what());
       }
-      auto ids = sample_tokens(model, prompt, static_cast<int>(cfg.training.sample_tokens), 0.8f, 0,
-                               static_cast<uint64_t>(cfg.training.seed));
-      auto render = [&](const std::vector<int32_t>& v) {
-        if (tok) return tok->decode(v);
-        std::string text;
-        for (int32_t id : v) text += std::to_string(id) + " ";
-        return text;
-      };
-      spdlog::info("---- sample: prompt [{}] + {} sampled tokens (temperature 0.8) ----\n{}{}\n----", render(prompt),
-                   ids.size(), render(prompt), render(ids));
     });
   }
 

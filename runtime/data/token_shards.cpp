@@ -79,7 +79,7 @@ TokenShard::TokenShard(const std::string& path) : path_(path) {
       throw DataError("[token shard] " + path + ": bad magic " + std::to_string(magic) +
                       " (expected " + std::to_string(kShardMagicU16) + " for uint16 tokens or " +
                       std::to_string(kShardMagicU32) +
-                      " for uint32 tokens); regenerate the shard with mfsdp-prepare");
+                      " for uint32 tokens); is this an llm.c token shard?");
     }
     if (version != kShardVersion)
       throw DataError("[token shard] " + path + ": unsupported version " + std::to_string(version) +

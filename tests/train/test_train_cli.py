@@ -5,6 +5,7 @@ usage: test_train_cli.py BIN_DIR CASE   with CASE one of
   bad_configs   every malformed config fails with its message and exit code 2 on every rank
   bad_data      broken shards (magic, version, truncated, too short, token >= vocab) are refused
   configs       every config in configs/ is valid (--print-config)
+  bad_outputs   exports over inputs, into directories, tokenizer/vocab mismatch; stale summaries
   e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
   world_sizes   shuffle false: world 1 and world 2 with the same global batch give the same losses
   export        export -> import -> --eval-only reproduces the final validation loss exactly
@@ -110,6 +111,30 @@ def case_configs(bin_dir, tmp):
         check(p.returncode == 0, f"{name}: --print-config failed: {p.stderr[-400:]}")
         if p.returncode == 0:
             check("placement" in json.loads(p.stdout)["sharding"], f"{name}: no sharding.placement in the output")
+
+
+def case_bad_outputs(bin_dir, tmp):
+    """Outputs that would destroy an input, or that cannot be written, are refused before training."""
+    train_copy = os.path.join(tmp, "train.bin")
+    shutil.copy(os.path.join(ROOT, "data", "tiny_shakespeare_char_train.bin"), train_copy)
+    before = open(train_copy, "rb").read(64)
+    rc, out = train(bin_dir, 2, TINY, f"data.train={train_copy}", f"output.export={train_copy}", expect=2)
+    check(rc == 2 and "output.export" in out and "data.train" in out, f"export over the training shard: rc {rc}: {out[-400:]}")
+    check(open(train_copy, "rb").read(64) == before, "the training shard was modified")
+    rc, out = train(bin_dir, 2, TINY, f"output.export={tmp}", expect=2)
+    check(rc == 2 and "is a directory" in out, f"export to a directory: rc {rc}: {out[-400:]}")
+    rc, out = train(bin_dir, 2, TINY, "model.vocab_size=80", expect=2)
+    check(rc == 2 and "data.tokenizer_path" in out and "80" in out, f"tokenizer/vocab mismatch: rc {rc}: {out[-400:]}")
+    # a stale summary from an earlier run in the same directory never survives a new run
+    run = os.path.join(tmp, "run")
+    os.makedirs(run)
+    with open(os.path.join(run, "summary.json"), "w") as f:
+        f.write('{"stale": true}')
+    poisoned_lr = ["optimizer.adamw.lr=1e6", "optimizer.muon.lr=1e6", "training.grad_clip=0", "training.steps=1"]
+    train(bin_dir, 2, TINY, f"logging.run_dir={run}", "model.init_std=1000", *poisoned_lr, expect=None)
+    if os.path.exists(os.path.join(run, "summary.json")):
+        with open(os.path.join(run, "summary.json")) as f:
+            check("stale" not in f.read(), "a stale summary.json survived a new run")
 
 
 def case_e2e(bin_dir, tmp):
