@@ -305,18 +305,25 @@ __global__ void causal_softmax_backward_kernel(const float* __restrict__ p, floa
 
 // ---------------- cross-entropy over a padded vocabulary (one block per row) ----------------
 
+// Block-wide max of row[0..V) and sum of exp(row - max) (f64), for the softmax of one row.
+__device__ void row_max_and_expsum(const float* row, int64_t V, float* shf, double* shd, float& mx, double& sum) {
+  mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) mx = fmaxf(mx, row[j]);
+  mx = block_max(mx, shf);
+  sum = 0.0;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) sum += exp(static_cast<double>(row[j] - mx));
+  sum = block_sum(sum, shd);
+}
+
 __global__ void cross_entropy_forward_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
                                              float* __restrict__ losses, int64_t V, int64_t Vp) {
   __shared__ float shf[kThreads / 32];
   __shared__ double shd[kThreads / 32];
   const int64_t n = blockIdx.x;
   const float* row = logits + n * Vp;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += kThreads) mx = fmaxf(mx, row[j]);
-  mx = block_max(mx, shf);
-  double sum = 0.0;
-  for (int64_t j = threadIdx.x; j < V; j += kThreads) sum += exp(static_cast<double>(row[j] - mx));
-  sum = block_sum(sum, shd);
+  float mx;
+  double sum;
+  row_max_and_expsum(row, V, shf, shd, mx, sum);
   if (threadIdx.x == 0) losses[n] = static_cast<float>(log(sum) + mx - row[targets[n]]);
 }
 __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
@@ -326,12 +333,9 @@ __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits, 
   const int64_t n = blockIdx.x;
   const float* row = logits + n * Vp;
   float* drow = dlogits + n * Vp;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += kThreads) mx = fmaxf(mx, row[j]);
-  mx = block_max(mx, shf);
-  double sum = 0.0;
-  for (int64_t j = threadIdx.x; j < V; j += kThreads) sum += exp(static_cast<double>(row[j] - mx));
-  sum = block_sum(sum, shd);
+  float mx;
+  double sum;
+  row_max_and_expsum(row, V, shf, shd, mx, sum);
   const float inv = static_cast<float>(1.0 / sum);
   for (int64_t j = threadIdx.x; j < V; j += kThreads) drow[j] += dloss * expf(row[j] - mx) * inv;
   __syncthreads();  // the thread that added into drow[target] is done

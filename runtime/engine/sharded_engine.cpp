@@ -483,28 +483,4 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
   return {loss_sum, tokens};
 }
 
-std::vector<ShardedEngine::OwnedTensor> ShardedEngine::owned_tensors() {
-  std::vector<OwnedTensor> out;
-  for (auto& unit : units_) {
-    for (OwnedPiece& o : unit->owned) {
-      if (!o.numel) continue;
-      const MatrixShard& s = plan_.shards[o.shard];
-      out.push_back({s.name, s.name, o.param_offset, unit->shard.view(o.shard_offset, {o.numel})});
-      if (s.optimizer == OptimizerKind::muon) {
-        out.push_back({s.name + ".muon_momentum", s.name, o.param_offset, o.m});
-      } else {
-        out.push_back({s.name + ".adam_m", s.name, o.param_offset, o.m});
-        out.push_back({s.name + ".adam_v", s.name, o.param_offset, o.v});
-      }
-    }
-  }
-  return out;
-}
-
-void ShardedEngine::sync_after_load() {
-  if (plan_.placement == Placement::zero1) broadcast_updated_params();
-  else if (plan_.placement == Placement::ddp)
-    for (auto& unit : units_) unpack_params(*unit);
-}
-
 }  // namespace mfsdp

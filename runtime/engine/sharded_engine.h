@@ -103,23 +103,6 @@ class ShardedEngine {
   GPT& model() { return model_; }
   const EngineOptions& options() const { return opts_; }
 
-  // ---- owned state, for checkpoints ----
-  /// A named owned tensor piece: parameter or optimizer state of one piece this rank owns.
-  struct OwnedTensor {
-    std::string name;          ///< "<param>", "<param>.muon_momentum", "<param>.adam_m", "<param>.adam_v"
-    std::string param;         ///< the parameter
-    int64_t param_offset = 0;  ///< first element of the parameter covered
-    Tensor data;               ///< f32 [numel] view (writable)
-  };
-  /// Every tensor this rank owns (parameters and optimizer state), in a deterministic order.
-  /// Under ddp every rank owns (a replica of) everything: a checkpoint writer keeps rank 0's.
-  std::vector<OwnedTensor> owned_tensors();
-  /// Number of optimizer steps taken (AdamW bias-correction counter).
-  int64_t optimizer_steps() const { return opt_steps_; }
-  void set_optimizer_steps(int64_t n) { opt_steps_ = n; }
-  /// After owned parameters were overwritten (checkpoint load): refreshes resident replicas.
-  void sync_after_load();
-
  private:
   struct Binding;
   struct OwnedPiece;
@@ -145,7 +128,6 @@ class ShardedEngine {
   bool resident_;  // zero1 / ddp: full parameters live on every rank
   std::vector<std::unique_ptr<Unit>> units_;
   int64_t opt_steps_ = 0;
-  int micro_in_step_ = 0;
 };
 
 }  // namespace mfsdp
