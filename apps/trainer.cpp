@@ -420,6 +420,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     peak_bytes[mem_category_name(static_cast<MemCategory>(c))] =
         static_cast<int64_t>(comm.all_reduce_scalar(train_peaks[c], ReduceOp::max, CommPhase::other));
   peak_bytes["total"] = static_cast<int64_t>(comm.all_reduce_scalar(train_peak_total, ReduceOp::max, CommPhase::other));
+  const std::string fingerprint = engine.state_fingerprint();  // collective
   if (!lead) return;
   const double wall = now_seconds() - opts.program_start;
   json summary = {
@@ -442,6 +443,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       {"comm_bytes", comm_bytes},
       {"peak_bytes", peak_bytes},
       {"parameters", gcfg.num_params()},
+      {"state_fingerprint", fingerprint},
       {"config", cfg.to_json()},
   };
   if (!run_dir.empty()) {
@@ -450,10 +452,10 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     std::filesystem::rename(tmp, run_dir / "summary.json");
   }
   spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | final val loss {:.4f} | "
-               "best val {:.4f} | opt-step bytes {} | peak memory/rank {}",
+               "best val {:.4f} | opt-step bytes {} | peak memory/rank {} | state fingerprint {}",
                steps_done, tokens_seen, human_seconds(wall), tokens_seen / std::max(train_seconds, 1e-9),
                final_train_loss, final_val, best_val, human_bytes(comm_bytes["opt_step"].get<double>()),
-               human_bytes(peak_bytes["total"].get<double>()));
+               human_bytes(peak_bytes["total"].get<double>()), fingerprint);
   if (!run_dir.empty()) spdlog::info("run directory: {}", run_dir.string());
 }
 

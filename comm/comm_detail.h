@@ -14,7 +14,7 @@ namespace mfsdp::detail {
 /// Operation ids used in debug signatures and messages.
 enum class CommOpId : int64_t {
   all_gather = 1, all_gather_v, reduce_scatter, reduce_scatter_v, all_reduce, all_reduce_scalar,
-  broadcast, barrier, send_recv
+  broadcast, barrier, send_recv, all_gather_host
 };
 const char* comm_op_name(CommOpId op);
 
@@ -58,9 +58,14 @@ void mpi_check(int rc, MPI_Comm comm, int rank, const CallInfo& call, const char
 /// the job is aborted. Every rank must call it once per collective (`seq` counts them).
 void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call);
 
-/// Rank-ordered reduction of one chunk on the host: acc[i] = op over srcs[0][i], srcs[1][i], ...
-/// (in that order, in f32), then written to `out` in dtype `dt` (mean divides by srcs.size()).
-/// `out` may alias the source of this rank; `acc` needs n floats.
+/// Throws std::invalid_argument naming `op` when `reduce` is accumulate and either the call is
+/// not a reduce-scatter (`allow_accumulate` false) or the dtype is not f32.
+void check_reduce_op(const char* op, ReduceOp reduce, DType dt, bool allow_accumulate);
+
+/// Rank-ordered reduction of one chunk on the host, in f32: sum/mean start from +0 (accumulate
+/// from `out`'s f32 values) and add srcs[0][i], srcs[1][i], ... in that order; max takes the
+/// maximum. The result is written to `out` in dtype `dt` (mean divides by srcs.size()).
+/// `out` may alias the source of this rank except for accumulate; `acc` needs n floats.
 void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_t n, DType dt,
                          ReduceOp op, float* acc);
 

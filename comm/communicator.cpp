@@ -27,6 +27,7 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::sum: return "sum";
     case ReduceOp::mean: return "mean";
     case ReduceOp::max: return "max";
+    case ReduceOp::accumulate: return "accumulate";
   }
   return "?";
 }
@@ -99,6 +100,7 @@ const char* comm_op_name(CommOpId op) {
     case CommOpId::reduce_scatter_v: return "reduce_scatter_v";
     case CommOpId::all_reduce: return "all_reduce";
     case CommOpId::all_reduce_scalar: return "all_reduce_scalar";
+    case CommOpId::all_gather_host: return "all_gather_host";
     case CommOpId::broadcast: return "broadcast";
     case CommOpId::barrier: return "barrier";
     case CommOpId::send_recv: return "send_recv";
@@ -267,38 +269,49 @@ void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const Call
   }
 }
 
+void check_reduce_op(const char* op, ReduceOp reduce, DType dt, bool allow_accumulate) {
+  if (reduce != ReduceOp::accumulate) return;
+  if (!allow_accumulate)
+    throw std::invalid_argument(std::string("[") + op + "] ReduceOp::accumulate is only defined for reduce_scatter(_v)");
+  if (dt != DType::f32)
+    throw std::invalid_argument(std::string("[") + op + "] ReduceOp::accumulate needs f32 buffers, got " + dtype_name(dt));
+}
+
 void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_t n, DType dt,
                          ReduceOp op, float* acc) {
   const size_t k = srcs.size();
-  if (dt == DType::f32) {
-    const float* s0 = static_cast<const float*>(srcs[0]);
-    std::copy(s0, s0 + n, acc);
-    for (size_t j = 1; j < k; ++j) {
-      const float* s = static_cast<const float*>(srcs[j]);
-      if (op == ReduceOp::max)
-        for (int64_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], s[i]);
-      else
+  auto load = [dt](const void* p, int64_t i) {
+    return dt == DType::f32 ? static_cast<const float*>(p)[i] : bf16_to_float(static_cast<const bf16*>(p)[i]);
+  };
+  if (op == ReduceOp::max) {
+    for (int64_t i = 0; i < n; ++i) acc[i] = load(srcs[0], i);
+    for (size_t j = 1; j < k; ++j)
+      for (int64_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], load(srcs[j], i));
+  } else {
+    if (op == ReduceOp::accumulate) {
+      std::copy(static_cast<const float*>(out), static_cast<const float*>(out) + n, acc);
+    } else {
+      std::fill(acc, acc + n, 0.0f);
+    }
+    for (size_t j = 0; j < k; ++j) {
+      if (dt == DType::f32) {
+        const float* s = static_cast<const float*>(srcs[j]);
         for (int64_t i = 0; i < n; ++i) acc[i] += s[i];
+      } else {
+        for (int64_t i = 0; i < n; ++i) acc[i] += load(srcs[j], i);
+      }
     }
     if (op == ReduceOp::mean) {
       const float div = static_cast<float>(k);
       for (int64_t i = 0; i < n; ++i) acc[i] /= div;
     }
+  }
+  if (dt == DType::f32) {
     std::copy(acc, acc + n, static_cast<float*>(out));
-    return;
+  } else {
+    bf16* o = static_cast<bf16*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(acc[i]);
   }
-  const bf16* s0 = static_cast<const bf16*>(srcs[0]);
-  for (int64_t i = 0; i < n; ++i) acc[i] = bf16_to_float(s0[i]);
-  for (size_t j = 1; j < k; ++j) {
-    const bf16* s = static_cast<const bf16*>(srcs[j]);
-    if (op == ReduceOp::max)
-      for (int64_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], bf16_to_float(s[i]));
-    else
-      for (int64_t i = 0; i < n; ++i) acc[i] += bf16_to_float(s[i]);
-  }
-  const float div = op == ReduceOp::mean ? static_cast<float>(k) : 1.0f;
-  bf16* o = static_cast<bf16*>(out);
-  for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(op == ReduceOp::mean ? acc[i] / div : acc[i]);
 }
 
 }  // namespace detail

@@ -21,7 +21,11 @@ const char* comm_phase_name(CommPhase p);
 
 /// Reduction operator. `mean` is the sum divided by the world size (after summation).
 /// max is supported by every reduction; all_reduce_scalar supports sum and max (mean too).
-enum class ReduceOp { sum, mean, max };
+/// `accumulate` (reduce_scatter and reduce_scatter_v, f32 only) adds every rank's contribution,
+/// in rank order, onto the values already in `recv`: recv = ((recv + c_0) + c_1) + ... + c_{N-1}.
+/// It is how gradient accumulation over micro-batches stays bitwise independent of the world
+/// size: each owned element receives the same sequence of f32 additions as at world size 1.
+enum class ReduceOp { sum, mean, max, accumulate };
 const char* reduce_op_name(ReduceOp op);
 
 /// Traffic of one phase. Bytes follow the *direct model* documented on each collective below:
@@ -113,9 +117,13 @@ class Communicator {
   virtual void reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts,
                                 DType dt, ReduceOp op, CommPhase ph) = 0;
   /// In place. Same rank-order accumulation as reduce_scatter_v (bitwise identical on all ranks).
+  /// `accumulate` is refused (std::invalid_argument).
   virtual void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) = 0;
   /// One f64 value; sum/mean add in rank order 0..N-1, so every rank gets the identical result.
   virtual double all_reduce_scalar(double value, ReduceOp op, CommPhase ph) = 0;
+  /// Host bytes on every backend (small control data: exact-sum states, fingerprints): `send`
+  /// has `bytes` bytes, `recv` gets world*bytes, rank r's at r*bytes. Counted like all_gather.
+  virtual void all_gather_host(const void* send, void* recv, int64_t bytes, CommPhase ph) = 0;
   /// `buf` (count elements) of rank `root` is copied to every rank.
   virtual void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) = 0;
   virtual void barrier() = 0;

@@ -91,8 +91,9 @@ class CudaStagedCommunicator final : public Communicator {
     detail::check_buffer("reduce_scatter", "send", send, count * world_size());
     CallInfo call{CommOpId::reduce_scatter, ph, dt, count, nullptr, -1, op};
     Scope s(this, ph);
+    detail::check_reduce_op("reduce_scatter", op, dt, true);
     void* hs = to_host(hsend_, send, count * world_size() * e, call);
-    void* hr = hrecv_.get(count * e);
+    void* hr = op == ReduceOp::accumulate ? to_host(hrecv_, recv, count * e, call) : hrecv_.get(count * e);
     mpi_->reduce_scatter(hs, hr, count, dt, op, ph);
     to_device(recv, hr, count * e, call);
   }
@@ -103,8 +104,10 @@ class CudaStagedCommunicator final : public Communicator {
     detail::check_buffer("reduce_scatter_v", "send", send, total);
     CallInfo call{CommOpId::reduce_scatter_v, ph, dt, total, &counts, -1, op};
     Scope s(this, ph);
+    detail::check_reduce_op("reduce_scatter_v", op, dt, true);
     void* hs = to_host(hsend_, send, total * e, call);
-    void* hr = hrecv_.get(counts[rank()] * e);
+    void* hr = op == ReduceOp::accumulate ? to_host(hrecv_, recv, counts[rank()] * e, call)
+                                          : hrecv_.get(counts[rank()] * e);
     mpi_->reduce_scatter_v(hs, hr, counts, dt, op, ph);
     to_device(recv, hr, counts[rank()] * e, call);
   }
@@ -120,6 +123,10 @@ class CudaStagedCommunicator final : public Communicator {
   double all_reduce_scalar(double value, ReduceOp op, CommPhase ph) override {
     Scope s(this, ph);
     return mpi_->all_reduce_scalar(value, op, ph);
+  }
+  void all_gather_host(const void* send, void* recv, int64_t bytes, CommPhase ph) override {
+    Scope s(this, ph);
+    mpi_->all_gather_host(send, recv, bytes, ph);
   }
   void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) override {
     const int64_t e = dtype_size(dt);

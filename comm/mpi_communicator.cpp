@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <limits>
 #include <climits>
 #include <cstring>
 #include <stdexcept>
@@ -213,6 +214,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
                                      ReduceOp op, CommPhase ph) {
   detail::check_buffer("reduce_scatter", "send", send, count * world_);
   detail::check_buffer("reduce_scatter", "recv", recv, count);
+  detail::check_reduce_op("reduce_scatter", op, dt, true);
   const std::vector<int64_t> counts(world_, count);
   CallInfo call{CommOpId::reduce_scatter, ph, dt, count, nullptr, -1, op};
   const double t0 = MPI_Wtime();
@@ -227,6 +229,7 @@ void MpiCommunicator::reduce_scatter_v(const void* send, void* recv,
   const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
   detail::check_buffer("reduce_scatter_v", "send", send, total);
   detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
+  detail::check_reduce_op("reduce_scatter_v", op, dt, true);
   CallInfo call{CommOpId::reduce_scatter_v, ph, dt, total, &counts, -1, op};
   const double t0 = MPI_Wtime();
   debug_check(call);
@@ -236,6 +239,7 @@ void MpiCommunicator::reduce_scatter_v(const void* send, void* recv,
 
 void MpiCommunicator::all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) {
   detail::check_buffer("all_reduce", "buf", buf, count);
+  detail::check_reduce_op("all_reduce", op, dt, false);
   CallInfo call{CommOpId::all_reduce, ph, dt, count, nullptr, -1, op};
   const double t0 = MPI_Wtime();
   debug_check(call);
@@ -262,6 +266,22 @@ double MpiCommunicator::all_reduce_scalar(double value, ReduceOp op, CommPhase p
   if (op == ReduceOp::mean) r /= world_;
   account(ph, Traffic{8 * int64_t(world_ - 1), 8 * int64_t(world_ - 1)}, MPI_Wtime() - t0);
   return r;
+}
+
+void MpiCommunicator::all_gather_host(const void* send, void* recv, int64_t bytes, CommPhase ph) {
+  detail::check_buffer("all_gather_host", "send", send, bytes);
+  detail::check_buffer("all_gather_host", "recv", recv, bytes * world_);
+  if (bytes > std::numeric_limits<int>::max())
+    throw std::invalid_argument("[all_gather_host] " + std::to_string(bytes) + " bytes is more than one MPI message");
+  CallInfo call{CommOpId::all_gather_host, ph, DType::f32, bytes};
+  const double t0 = MPI_Wtime();
+  debug_check(call);
+  MPI_Request req;
+  mpi_check(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE, comm_, &req),
+            comm_, rank_, call, "MPI_Iallgather");
+  reqs_.push_back(req);
+  wait_all(call);
+  account(ph, Traffic{bytes * (world_ - 1), bytes * (world_ - 1)}, MPI_Wtime() - t0);
 }
 
 void MpiCommunicator::broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) {

@@ -35,6 +35,7 @@ class MpiCommunicator final : public Communicator {
                         ReduceOp op, CommPhase ph) override;
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) override;
   double all_reduce_scalar(double value, ReduceOp op, CommPhase ph) override;
+  void all_gather_host(const void* send, void* recv, int64_t bytes, CommPhase ph) override;
   void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) override;
   void barrier() override;
   void send_recv(const std::vector<P2P>& ops, CommPhase ph) override;

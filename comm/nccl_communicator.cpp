@@ -96,6 +96,7 @@ class NcclCommunicator final : public Communicator {
                       CommPhase ph) override {
     detail::check_buffer("reduce_scatter", "send", send, count * world_);
     detail::check_buffer("reduce_scatter", "recv", recv, count);
+    detail::check_reduce_op("reduce_scatter", op, dt, true);
     const std::vector<int64_t> counts(world_, count);
     CallInfo call{CommOpId::reduce_scatter, ph, dt, count, nullptr, -1, op};
     const double t0 = begin(call);
@@ -108,6 +109,7 @@ class NcclCommunicator final : public Communicator {
     const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
     detail::check_buffer("reduce_scatter_v", "send", send, total);
     detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
+    detail::check_reduce_op("reduce_scatter_v", op, dt, true);
     CallInfo call{CommOpId::reduce_scatter_v, ph, dt, total, &counts, -1, op};
     const double t0 = begin(call);
     reduce_scatter_v_impl(send, recv, counts, dt, op, call);
@@ -116,6 +118,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) override {
     detail::check_buffer("all_reduce", "buf", buf, count);
+    detail::check_reduce_op("all_reduce", op, dt, false);
     CallInfo call{CommOpId::all_reduce, ph, dt, count, nullptr, -1, op};
     const double t0 = begin(call);
     const auto parts = split_even(count, world_);
@@ -132,6 +135,13 @@ class NcclCommunicator final : public Communicator {
     const double r = mpi_->all_reduce_scalar(value, op, ph);
     account(ph, Traffic{8 * int64_t(world_ - 1), 8 * int64_t(world_ - 1)}, MPI_Wtime() - t0);
     return r;
+  }
+
+  void all_gather_host(const void* send, void* recv, int64_t bytes, CommPhase ph) override {
+    // Host bytes over MPI; counted here.
+    const double t0 = MPI_Wtime();
+    mpi_->all_gather_host(send, recv, bytes, ph);
+    account(ph, Traffic{bytes * (world_ - 1), bytes * (world_ - 1)}, MPI_Wtime() - t0);
   }
 
   void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) override {

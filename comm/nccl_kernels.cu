@@ -29,14 +29,18 @@ __device__ __forceinline__ float load_f32<uint16_t>(const uint16_t* p, int64_t i
 template <typename T>
 __global__ void ordered_reduce_kernel(const T* stage, int64_t stride, const T* own, int own_index,
                                       int nsrc, T* out, int64_t n, int op) {
+  // op: 0 sum, 1 mean, 2 max, 3 accumulate (T = float; start from out's value)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    float acc = load_f32(own_index == 0 ? own : stage, i);
-    for (int j = 1; j < nsrc; ++j) {
-      const float v = load_f32(j == own_index ? own : stage + j * stride, i);
-      acc = op == 2 ? fmaxf(acc, v) : acc + v;
+    float acc;
+    if (op == 2) {
+      acc = load_f32(own_index == 0 ? own : stage, i);
+      for (int j = 1; j < nsrc; ++j) acc = fmaxf(acc, load_f32(j == own_index ? own : stage + j * stride, i));
+    } else {
+      acc = op == 3 ? load_f32(out, i) : 0.0f;
+      for (int j = 0; j < nsrc; ++j) acc = acc + load_f32(j == own_index ? own : stage + j * stride, i);
+      if (op == 1) acc = acc / static_cast<float>(nsrc);
     }
-    if (op == 1) acc = acc / static_cast<float>(nsrc);
     if constexpr (sizeof(T) == 4) out[i] = acc;
     else out[i] = f32_to_bf16_bits(acc);
   }
@@ -51,7 +55,7 @@ void launch_ordered_reduce(const void* stage, int64_t stride, const void* own, i
   const int threads = 256;
   const int64_t want = (n + threads - 1) / threads;
   const int blocks = static_cast<int>(want < 65535 ? want : 65535);
-  const int o = op == ReduceOp::sum ? 0 : op == ReduceOp::mean ? 1 : 2;
+  const int o = op == ReduceOp::sum ? 0 : op == ReduceOp::mean ? 1 : op == ReduceOp::max ? 2 : 3;
   if (dt == DType::f32)
     ordered_reduce_kernel<float><<<blocks, threads, 0, stream>>>(
         static_cast<const float*>(stage), stride, static_cast<const float*>(own), own_index, nsrc,

@@ -9,8 +9,8 @@ namespace mfsdp {
 /// Throws std::invalid_argument when clipping is enabled and global_norm is negative or not finite.
 double clip_coefficient(double global_norm, double max_norm);
 
-/// Sum of squares of x[0..n) accumulated in f64. Deterministic: fixed-size chunks summed in parallel,
-/// chunk partials added in index order, so the result is bitwise independent of the thread count.
+/// Sum of squares of x[0..n): the exact sum (optim/exact_sum.h) rounded once to f64, so the result
+/// does not depend on the thread count, on chunking, or on how x is split across ranks.
 /// Throws std::invalid_argument for n < 0 or a null x with n > 0.
 double sum_of_squares_cpu(const float* x, int64_t n);
 

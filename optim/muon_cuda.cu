@@ -8,11 +8,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "optim/optim_cuda.h"
 
@@ -76,6 +79,84 @@ __global__ void sumsq_finalize_kernel(const double* __restrict__ partial, int co
     if (total) *total = s;
     if (inv_norm) *inv_norm = static_cast<float>(1.0 / (sqrt(s) + static_cast<double>(eps)));
   }
+}
+
+// ---- exact sum of squares (integer digits; the layout of optim/exact_sum.h) ----
+//
+// x^2 of an f32 x = mx * 2^e (mx < 2^24, e = expf - 150, or -149 for subnormals) is the integer
+// mx^2 < 2^48 times 2^(p - 1074), p = 2e + 1074 in [776, 1282]. Shifted by p & 31 it is an 80-bit
+// integer whose three 32-bit digits go to bins p>>5, p>>5 + 1, p>>5 + 2 (the CPU's add_scaled).
+// Digits are summed with u64 integer atomics: exact and commutative, so the bins (and the value
+// rounded from them) do not depend on the block / thread schedule. A launch covers at most
+// kExactMaxChunk elements; a bin receives at most one digit (< 2^32) per element, so a chunk's bins
+// stay below 2^60 (no u64 overflow, and within the |bin| < 2^62 that ExactSum::from_words takes).
+
+constexpr int kExactBins = ExactSum::kBins;
+constexpr int kExactWords = ExactSum::kWords;  // bins, then the non-finite flags
+constexpr int64_t kExactMaxChunk = int64_t(1) << 28;
+constexpr int kExactMaxBlocks = 2048;
+static_assert(kExactWords == kExactBins + 1, "ExactSum words are its bins followed by one flag word");
+
+/// Adds a thread's 4-bin window (bins base .. base+3) into the block's shared bins.
+__device__ __forceinline__ void exact_flush(unsigned long long* bins, int base, unsigned long long a0,
+                                            unsigned long long a1, unsigned long long a2, unsigned long long a3) {
+  if (base < 0) return;
+  if (a0) atomicAdd(bins + base, a0);
+  if (a1) atomicAdd(bins + base + 1, a1);
+  if (a2) atomicAdd(bins + base + 2, a2);
+  if (a3) atomicAdd(bins + base + 3, a3);
+}
+
+/// out[0..kExactBins) += the digits of sum x[i]^2 (i < n); out[kExactBins] |= non-finite flags
+/// (bit 0 NaN, bit 1 +Inf: a square is never -Inf). Each thread first sums digits in registers over
+/// a window of two consecutive digit positions (x^2 of typical data shares p>>5), then flushes to
+/// shared memory; each block then adds its nonzero bins to `out`.
+__global__ void __launch_bounds__(kThreads)
+    exact_sumsq_kernel(const float* __restrict__ x, int64_t n, unsigned long long* __restrict__ out) {
+  __shared__ unsigned long long bins[kExactBins];
+  for (int t = threadIdx.x; t < kExactBins; t += kThreads) bins[t] = 0;
+  __syncthreads();
+  int base = -1;
+  unsigned long long a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  unsigned int flags = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const uint32_t b = __float_as_uint(x[i]);
+    const uint32_t frac = b & 0x7fffffu;
+    const int expf = static_cast<int>((b >> 23) & 0xffu);
+    if (expf == 0xff) {
+      flags |= frac ? 1u : 2u;
+      continue;
+    }
+    const unsigned long long mx = expf == 0 ? frac : (frac | 0x800000u);
+    if (mx == 0) continue;  // +-0 adds nothing
+    const int p = 2 * (expf == 0 ? -149 : expf - 150) + 1074;
+    const int s = p & 31, k = p >> 5;
+    const unsigned long long prod = mx * mx;  // < 2^48
+    const unsigned long long w = prod << s;   // low 64 bits of prod * 2^s (< 2^79)
+    const unsigned long long lo = w & 0xffffffffull, mid = w >> 32, hi = s ? prod >> (64 - s) : 0ull;
+    if (k == base) {
+      a0 += lo;
+      a1 += mid;
+      a2 += hi;
+    } else if (k == base + 1) {
+      a1 += lo;
+      a2 += mid;
+      a3 += hi;
+    } else {
+      exact_flush(bins, base, a0, a1, a2, a3);
+      base = k;
+      a0 = lo;
+      a1 = mid;
+      a2 = hi;
+      a3 = 0;
+    }
+  }
+  exact_flush(bins, base, a0, a1, a2, a3);
+  if (flags) atomicOr(out + kExactBins, static_cast<unsigned long long>(flags));
+  __syncthreads();
+  for (int t = threadIdx.x; t < kExactBins; t += kThreads)
+    if (bins[t]) atomicAdd(out + t, bins[t]);
 }
 
 int partial_blocks(int64_t n) {
@@ -358,22 +439,71 @@ void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, do
   MFSDP_CU_LAUNCH("adamw_kernel");
 }
 
-double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream) {
-  if (n < 0) throw std::invalid_argument("[sum_of_squares_cuda] n " + std::to_string(n) + " is negative");
-  if (n == 0) return 0.0;
-  if (!x) throw std::invalid_argument("[sum_of_squares_cuda] null buffer");
-  double* buf = nullptr;
-  MFSDP_CU(cudaMallocAsync(reinterpret_cast<void**>(&buf), (MuonCudaWorkspace::kPartials + 1) * sizeof(double), stream));
-  const int pb = partial_blocks(n);
-  sumsq_partial_kernel<<<pb, kThreads, 0, stream>>>(x, n, buf);
-  MFSDP_CU_LAUNCH("sumsq_partial_kernel");
-  sumsq_finalize_kernel<<<1, kThreads, 0, stream>>>(buf, pb, buf + MuonCudaWorkspace::kPartials, nullptr, 0.0f);
-  MFSDP_CU_LAUNCH("sumsq_finalize_kernel");
-  double total = 0.0;
-  MFSDP_CU(cudaMemcpyAsync(&total, buf + MuonCudaWorkspace::kPartials, sizeof(double), cudaMemcpyDeviceToHost, stream));
-  MFSDP_CU(cudaFreeAsync(buf, stream));
+namespace {
+
+void exact_sum_of_squares_impl(const char* op, const float* x, int64_t n, ExactSum& acc, int64_t chunk,
+                               cudaStream_t stream) {
+  if (n < 0) throw std::invalid_argument(std::string("[") + op + "] n " + std::to_string(n) + " is negative");
+  if (chunk < 1 || chunk > kExactMaxChunk)
+    throw std::invalid_argument(std::string("[") + op + "] chunk " + std::to_string(chunk) + " is outside [1, 2^28]");
+  if (n == 0) return;
+  if (!x) throw std::invalid_argument(std::string("[") + op + "] null buffer with n " + std::to_string(n));
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  const size_t words = static_cast<size_t>(chunks) * kExactWords;
+  const size_t bytes = words * sizeof(unsigned long long);
+  unsigned long long* dev = nullptr;
+  MFSDP_CU(cudaMallocAsync(reinterpret_cast<void**>(&dev), bytes, stream));
+  std::vector<unsigned long long> host(words);
+  try {
+    MFSDP_CU(cudaMemsetAsync(dev, 0, bytes, stream));
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t begin = c * chunk;
+      const int64_t len = std::min(chunk, n - begin);
+      const int blocks = static_cast<int>(std::clamp<int64_t>((len + kThreads - 1) / kThreads, 1, kExactMaxBlocks));
+      exact_sumsq_kernel<<<blocks, kThreads, 0, stream>>>(x + begin, len, dev + c * kExactWords);
+      MFSDP_CU_LAUNCH("exact_sumsq_kernel");
+    }
+    MFSDP_CU(cudaMemcpyAsync(host.data(), dev, bytes, cudaMemcpyDeviceToHost, stream));
+  } catch (...) {
+    cudaFreeAsync(dev, stream);
+    throw;
+  }
+  MFSDP_CU(cudaFreeAsync(dev, stream));
   MFSDP_CU(cudaStreamSynchronize(stream));
-  return total;
+  // Add the chunks' bins (each < 2^60) with carries after every chunk, so the running bins stay
+  // in [0, 2^32) below the top one; then one exact merge into acc.
+  std::array<int64_t, ExactSum::kWords> total{};
+  unsigned long long flags = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const unsigned long long* w = host.data() + c * kExactWords;
+    for (int i = 0; i < kExactBins; ++i) total[i] += static_cast<int64_t>(w[i]);
+    for (int i = 0; i + 1 < kExactBins; ++i) {
+      total[i + 1] += total[i] >> 32;
+      total[i] &= 0xffffffffll;
+    }
+    flags |= w[kExactBins];
+  }
+  total[kExactBins] = static_cast<int64_t>(flags & 7u);
+  acc.merge(ExactSum::from_words(total));
+}
+
+}  // namespace
+
+namespace detail {
+void exact_sum_of_squares_cuda_chunked(const float* x, int64_t n, ExactSum& acc, int64_t chunk,
+                                       cudaStream_t stream) {
+  exact_sum_of_squares_impl("exact_sum_of_squares_cuda", x, n, acc, chunk, stream);
+}
+}  // namespace detail
+
+void exact_sum_of_squares_cuda(const float* x, int64_t n, ExactSum& acc, cudaStream_t stream) {
+  exact_sum_of_squares_impl("exact_sum_of_squares_cuda", x, n, acc, kExactMaxChunk, stream);
+}
+
+double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream) {
+  ExactSum acc;
+  exact_sum_of_squares_impl("sum_of_squares_cuda", x, n, acc, kExactMaxChunk, stream);
+  return acc.value();
 }
 
 void scale_cuda(float* x, int64_t n, float alpha, cudaStream_t stream) {

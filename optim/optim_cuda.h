@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "optim/adamw.h"
+#include "optim/exact_sum.h"
 #include "optim/muon.h"
 
 namespace mfsdp {
@@ -59,11 +60,27 @@ void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t co
 void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, double lr, int64_t step,
                      const AdamWOptions& opt, cudaStream_t stream);
 
-/// Sum of squares of x[0..n) (f64 accumulation, deterministic). Synchronizes `stream`.
+/// Adds x[i]^2 for i in [0, n) exactly into `acc` (x: device pointer): the same integer state as
+/// exact_sum_of_squares_cpu, so acc.value() is bitwise identical to the CPU result. Each element's
+/// exact square is split into 32-bit digits and summed with integer atomics (exact and
+/// commutative: the result does not depend on scheduling). Non-finite inputs set acc's NaN / +Inf
+/// flags. Synchronizes `stream` (returns without touching it when n == 0). Throws
+/// std::invalid_argument for n < 0 or a null x with n > 0.
+void exact_sum_of_squares_cuda(const float* x, int64_t n, ExactSum& acc, cudaStream_t stream);
+
+/// Sum of squares of x[0..n): exact_sum_of_squares_cuda rounded once to f64, bitwise equal to
+/// sum_of_squares_cpu on the same data. Synchronizes `stream`.
 double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream);
 
 /// x[i] *= alpha on device (asynchronous).
 void scale_cuda(float* x, int64_t n, float alpha, cudaStream_t stream);
+
+namespace detail {
+/// exact_sum_of_squares_cuda with an explicit per-launch element count (1 <= chunk <= 2^28; the
+/// public entry uses 2^28). Exposed so tests can exercise the multi-chunk merge on small inputs.
+void exact_sum_of_squares_cuda_chunked(const float* x, int64_t n, ExactSum& acc, int64_t chunk,
+                                       cudaStream_t stream);
+}  // namespace detail
 
 }  // namespace mfsdp
 #endif

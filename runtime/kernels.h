@@ -24,8 +24,6 @@ class Kernels {
   /// out = a + b
   virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
   virtual void scale(float* x, float alpha, int64_t n) = 0;
-  /// sum of x^2, accumulated in f64
-  virtual double sum_of_squares(const float* x, int64_t n) = 0;
 
   // ---- GEMM ----
   /// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; op(A) is [M,K] (A stored [K,M] when

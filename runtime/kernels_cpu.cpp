@@ -90,21 +90,6 @@ class CpuKernels final : public Kernels {
     for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
   }
 
-  double sum_of_squares(const float* x, int64_t n) override {
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    std::vector<double> partial(chunks, 0.0);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-    for (int64_t c = 0; c < chunks; ++c) {
-      double s = 0;
-      const int64_t end = std::min(n, (c + 1) * kChunk);
-      for (int64_t i = c * kChunk; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
-      partial[c] = s;
-    }
-    double total = 0;
-    for (double p : partial) total += p;
-    return total;
-  }
-
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B,
             float beta, float* C) override {
     MapMat c(C, M, N);

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs, builds and runs the whole test suite (ctest; MPI tests run under mpirun on this machine).
+# Installs, builds and runs the whole test suite (ctest; MPI tests run under mpirun on this machine),
+# then the engine and end-to-end groups once more with oneDNN limited to AVX2 kernels, so both CPU
+# code paths are checked for bitwise world-size equivalence on any x86-64 machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,3 +10,5 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 cd build
 ctest --output-on-failure --timeout 900 "$@"
+echo "test.sh: engine and end-to-end tests again with ONEDNN_MAX_CPU_ISA=AVX2"
+ONEDNN_MAX_CPU_ISA=AVX2 ctest --output-on-failure --timeout 900 -R '^(engine|train)\.' "$@"

@@ -27,7 +27,6 @@ namespace {
 
 constexpr int kThreads = 256;        // threads per block of the elementwise / row kernels
 constexpr int kMaxGrid = 65535 * 8;  // cap of grid-stride launches (any larger n loops)
-constexpr int kSumBlocks = 1024;     // max partial sums of sum_of_squares
 constexpr int64_t kColChunk = 64;    // rows per partial sum of the column reductions
 
 int grid_for(int64_t n, int threads = kThreads) {
@@ -109,24 +108,6 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t 
   const int64_t n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += b[i % cols];
-}
-
-// ---------------- sum of squares: per-block f64 partials, then one block sums them in order ----------------
-
-__global__ void sumsq_partial_kernel(const float* __restrict__ x, int64_t n, double* __restrict__ partial) {
-  __shared__ double sh[kThreads / 32];
-  double acc = 0.0;
-  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-}
-__global__ void sum_partials_kernel(const double* __restrict__ partial, int count, double* __restrict__ out) {
-  __shared__ double sh[kThreads / 32];
-  double acc = 0.0;
-  for (int i = threadIdx.x; i < count; i += kThreads) acc += partial[i];
-  acc = block_sum(acc, sh);
-  if (threadIdx.x == 0) *out = acc;
 }
 
 // ---------------- column reductions (bias_grad, LayerNorm dw/db) ----------------
@@ -402,20 +383,6 @@ class CudaKernels final : public Kernels {
     if (n <= 0) return;
     scale_kernel<<<grid_for(n), kThreads>>>(x, alpha, n);
     CUDA_CHECK_LAUNCH("scale_kernel");
-  }
-
-  double sum_of_squares(const float* x, int64_t n) override {
-    if (n <= 0) return 0.0;
-    std::lock_guard<std::mutex> lock(mu_);
-    const int blocks = static_cast<int>(std::min<int64_t>(kSumBlocks, (n + kThreads - 1) / kThreads));
-    double* partial = s_a_.as<double>(blocks + 1);
-    sumsq_partial_kernel<<<blocks, kThreads>>>(x, n, partial);
-    CUDA_CHECK_LAUNCH("sumsq_partial_kernel");
-    sum_partials_kernel<<<1, kThreads>>>(partial, blocks, partial + blocks);
-    CUDA_CHECK_LAUNCH("sum_partials_kernel");
-    double out = 0.0;
-    CUDA_CHECK(cudaMemcpy(&out, partial + blocks, sizeof(double), cudaMemcpyDeviceToHost));
-    return out;
   }
 
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B, float beta,

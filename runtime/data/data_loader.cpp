@@ -170,23 +170,17 @@ EvalSplit::EvalSplit(const std::string& glob, int T, int rank, int world, int64_
   }
   n_ = first_seq_.back();
   if (max_tokens > 0) n_ = std::min(n_, (max_tokens + T - 1) / T);
-  begin_ = n_ * rank / world;
-  end_ = n_ * (rank + 1) / world;
 }
 
 int64_t EvalSplit::num_batches(int B) const {
   if (B < 1) throw std::invalid_argument("[EvalSplit::num_batches] B must be >= 1, got " + std::to_string(B));
-  return (end_ - begin_ + B - 1) / B;
+  const int64_t global = (n_ + B - 1) / B;  // global batches g = b*W + rank with g < global
+  return global > rank_ ? (global - rank_ - 1) / world_ + 1 : 0;
 }
 
 int64_t EvalSplit::num_batches_all_ranks(int B) const {
   if (B < 1) throw std::invalid_argument("[EvalSplit::num_batches_all_ranks] B must be >= 1, got " + std::to_string(B));
-  int64_t most = 0;
-  for (int r = 0; r < world_; ++r) {
-    const int64_t len = n_ * (r + 1) / world_ - n_ * r / world_;
-    most = std::max(most, (len + B - 1) / B);
-  }
-  return most;
+  return ((n_ + B - 1) / B + world_ - 1) / world_;
 }
 
 int64_t EvalSplit::sequence(int64_t index, int32_t* inputs, int32_t* targets) const {
@@ -211,8 +205,8 @@ int64_t EvalSplit::batch(int64_t b, int B, int32_t* inputs, int32_t* targets) co
   if (B < 1 || b < 0)
     throw std::invalid_argument("[EvalSplit::batch] need b >= 0 and B >= 1, got b=" + std::to_string(b) +
                                 " B=" + std::to_string(B));
-  const int64_t first = begin_ + b * B;
-  const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(B, end_ - first));
+  const int64_t first = first_sequence(b, B);
+  const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(B, n_ - first));
   for (int64_t i = 0; i < rows; ++i) sequence(first + i, inputs + i * T_, targets + i * T_);
   return rows;
 }

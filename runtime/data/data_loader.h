@@ -95,8 +95,9 @@ class DataLoader {
 /// target exactly once. A shard with (ntok - 1) % T != 0 ends in a partial window; with
 /// pad_last = true it is included, its missing inputs padded with 0 and missing targets set to -1
 /// ("ignore": the loss must skip them); with pad_last = false it is dropped (its tail tokens are
-/// not evaluated). The sequences are split into W contiguous per-rank ranges
-/// [r*n/W, (r+1)*n/W), each read in batches of up to B sequences (the last may be short).
+/// not evaluated). The sequences are read in *global batches* of B consecutive sequences (the
+/// last may be short); global batch g goes to rank g % W as that rank's batch g / W. Every batch
+/// therefore holds the same sequences at every world size, and so has the same loss bits.
 class EvalSplit {
  public:
   /// max_tokens > 0 limits the split to its first ceil(max_tokens / T) sequences (eval_tokens);
@@ -104,17 +105,18 @@ class EvalSplit {
   EvalSplit(const std::string& glob, int T, int rank, int world, int64_t vocab_size,
             int64_t max_tokens = 0, bool pad_last = false);
 
-  int64_t num_sequences() const { return n_; }          ///< over all ranks
-  int64_t rank_begin() const { return begin_; }         ///< first sequence of this rank
-  int64_t rank_end() const { return end_; }             ///< one past the last
+  int64_t num_sequences() const { return n_; }  ///< over all ranks
   /// Batches of up to B sequences for this rank.
   int64_t num_batches(int B) const;
   /// Max of num_batches over all ranks: every rank must run this many evaluation forwards if the
   /// forward involves collectives (ranks past their range get 0-row batches).
   int64_t num_batches_all_ranks(int B) const;
-  /// Fills rows of batch b ([rows, T] int32 each; rows <= B) and returns rows (0 when b is past
-  /// this rank's range). Targets of padded positions are -1.
+  /// Fills rows of this rank's batch b (global batch b*W + rank; [rows, T] int32 each; rows <= B)
+  /// and returns rows (0 when that global batch is past the split). Targets of padded positions
+  /// are -1. The sequences are [first_sequence(b, B), first_sequence(b, B) + rows).
   int64_t batch(int64_t b, int B, int32_t* inputs, int32_t* targets) const;
+  /// Global index of the first sequence of this rank's batch b.
+  int64_t first_sequence(int64_t b, int B) const { return (b * world_ + rank_) * B; }
   /// Number of targets (!= -1) in sequences [begin, end) — to weight per-rank losses.
   int64_t num_targets(int64_t begin, int64_t end) const;
   /// Fills one sequence (global index) and returns its number of targets.
@@ -124,7 +126,7 @@ class EvalSplit {
   int T_, rank_, world_;
   std::vector<TokenShard> shards_;
   std::vector<int64_t> first_seq_;  // prefix sums of per-shard sequence counts
-  int64_t n_ = 0, begin_ = 0, end_ = 0;
+  int64_t n_ = 0;
 };
 
 }  // namespace mfsdp

@@ -1,7 +1,9 @@
 #include "runtime/engine/sharded_engine.h"
 
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -14,6 +16,27 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Exact sum over ranks: every rank's accumulator state is gathered and merged with integer
+// additions, so all ranks get the same bits whatever the rank split.
+ExactSum all_reduce_exact(Communicator& comm, const ExactSum& local, CommPhase phase) {
+  const auto words = local.to_words();
+  std::vector<std::array<int64_t, ExactSum::kWords>> all(static_cast<size_t>(comm.world_size()));
+  comm.all_gather_host(words.data(), all.data(), sizeof(words), phase);
+  ExactSum total;
+  for (const auto& w : all) total.merge(ExactSum::from_words(w));
+  return total;
+}
+
+// A bijective 64-bit finalizer (MurmurHash3's fmix64): every input bit affects every output bit.
+uint64_t fingerprint_mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
 }
 
 Tensor released(int64_t numel, MemCategory cat) {  // a buffer whose bytes exist only when needed
@@ -238,15 +261,13 @@ void ShardedEngine::reduce_gradients(int u, bool last_micro) {
                   unit.unpacked_grad.data_f32() + b.offset + p.param_offset, p.numel * sizeof(float));
   }
   if (!resident_) unit.unpacked_grad.storage()->release();
-  Kernels& k = kernels(Device::CPU);
   if (plan_.placement == Placement::ddp) {
     comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
   } else {
-    MemCategoryScope s(MemCategory::comm_buffers);
-    Tensor mine = Tensor::empty({unit.my_count});
-    comm_.reduce_scatter_v(unit.full_grad.data_f32(), unit.my_count ? mine.data_f32() : nullptr, unit.counts,
-                           DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
-    if (unit.my_count) k.axpy(unit.shard_grad.data_f32(), mine.data_f32(), 1.0f, unit.my_count);
+    // Every rank's contribution is added onto the owner's running gradient shard in rank order, so
+    // each owned element sees the same f32 additions as at world size 1 (micro-batch j = k*W + r).
+    comm_.reduce_scatter_v(unit.full_grad.data_f32(), unit.my_count ? unit.shard_grad.data_f32() : nullptr,
+                           unit.counts, DType::f32, ReduceOp::accumulate, CommPhase::grad_reduce);
   }
   if (resident_) return;  // resident; zeroed at the start of the next step
   unit.full_grad.storage()->release();
@@ -269,7 +290,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
       unit->unpacked_grad.zero();
     }
   }
-  double loss_sum = 0;
+  ExactSum loss_sum;  // exact: the printed loss does not depend on the rank split
   int64_t local_tokens = 0;
 
   for (size_t k = 0; k < micro.size(); ++k) {
@@ -292,7 +313,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
       if (u != U - 1)
         for (int d : units_needed_by(u)) release(d);
     }
-    loss_sum += out[head].item();
+    loss_sum.add(out[head].item());
     st.t_forward += now_seconds() - t0;
 
     // backward: gather -> backward -> reduce to owners -> free, in reverse unit order
@@ -319,7 +340,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
 
   // mean over every rank's micro-batches: sum-reduced gradients / (world x micro-batches)
   const double denom = static_cast<double>(world_) * static_cast<double>(micro.size());
-  st.loss = comm_.all_reduce_scalar(loss_sum, ReduceOp::sum, CommPhase::other) / denom;
+  st.loss = all_reduce_exact(comm_, loss_sum, CommPhase::other).value() / denom;
   st.tokens = static_cast<int64_t>(comm_.all_reduce_scalar(static_cast<double>(local_tokens), ReduceOp::sum, CommPhase::other));
   if (!std::isfinite(st.loss))  // every rank sees the same reduced value, so all throw together
     throw NonFiniteLossError("step " + std::to_string(step) + ": the training loss is " + std::to_string(st.loss) +
@@ -336,11 +357,13 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
 }
 
 double ShardedEngine::clip_gradients(StepStats& st) {
-  double sumsq = 0;
-  for (auto& unit : units_) sumsq += kernels(Device::CPU).sum_of_squares(unit->shard_grad.data_f32(), unit->my_count);
-  // ddp: every rank holds all gradients; otherwise each rank holds its owned shards (scalar traffic)
-  if (plan_.placement != Placement::ddp) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum, CommPhase::other);
-  st.grad_norm = std::sqrt(sumsq);
+  // The exact sum of squares makes the norm, and so the clip coefficient, the same bits at every
+  // world size and placement, however the tail tensors are split.
+  ExactSum sumsq;
+  for (auto& unit : units_) exact_sum_of_squares_cpu(unit->shard_grad.data_f32(), unit->my_count, sumsq);
+  // ddp: every rank holds all gradients; otherwise each rank holds its owned shards
+  if (plan_.placement != Placement::ddp) sumsq = all_reduce_exact(comm_, sumsq, CommPhase::other);
+  st.grad_norm = std::sqrt(sumsq.value());
   st.clip_coef = clip_coefficient(st.grad_norm, opts_.grad_clip);
   if (st.clip_coef < 1.0)
     for (auto& unit : units_) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(st.clip_coef), unit->my_count);
@@ -438,6 +461,121 @@ void ShardedEngine::init_parameters(uint64_t seed) {
   load_full_parameters(full);
 }
 
+std::vector<ShardedEngine::StatePiece> ShardedEngine::state_pieces_of(int r) const {
+  std::vector<StatePiece> out;
+  const bool ddp = plan_.placement == Placement::ddp;
+  for (size_t u = 0; u < plan_.units.size(); ++u)
+    for (int si : plan_.shards_in_unit(static_cast<int>(u))) {
+      const MatrixShard& s = plan_.shards[si];
+      if (ddp) {
+        if (r == 0)
+          for (const ShardPiece& p : s.pieces) out.push_back({si, p.param_offset, p.numel});
+      } else if (const ShardPiece* p = s.piece_on(r); p && p->numel > 0) {
+        out.push_back({si, p->param_offset, p->numel});
+      }
+    }
+  return out;
+}
+
+std::vector<std::pair<ShardedEngine::Unit*, ShardedEngine::OwnedPiece*>> ShardedEngine::contributed_pieces() {
+  std::vector<std::pair<Unit*, OwnedPiece*>> out;
+  if (plan_.placement == Placement::ddp && rank_ != 0) return out;
+  for (auto& unit : units_)
+    for (OwnedPiece& o : unit->owned)
+      if (o.numel > 0) out.push_back({unit.get(), &o});
+  return out;
+}
+
+ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
+  auto state_numel = [&](const StatePiece& p) {
+    return plan_.shards[p.shard].optimizer == OptimizerKind::adamw ? 2 * p.numel : p.numel;
+  };
+  std::vector<int64_t> counts(static_cast<size_t>(world_), 0);
+  std::vector<std::vector<StatePiece>> layout(static_cast<size_t>(world_));
+  for (int r = 0; r < world_; ++r) {
+    layout[r] = state_pieces_of(r);
+    for (const StatePiece& p : layout[r]) counts[r] += state_numel(p);
+  }
+  std::vector<float> send;
+  send.reserve(static_cast<size_t>(counts[rank_]));
+  for (auto [unit, o] : contributed_pieces()) {
+    const std::vector<float> m = o->m.to_vector();
+    send.insert(send.end(), m.begin(), m.end());
+    if (o->v.defined()) {
+      const std::vector<float> v = o->v.to_vector();
+      send.insert(send.end(), v.begin(), v.end());
+    }
+  }
+  check_arg(static_cast<int64_t>(send.size()) == counts[rank_], "full_optimizer_state", "owned state does not match the plan");
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<float> all(static_cast<size_t>(total));
+  comm_.all_gather_v(send.empty() ? nullptr : send.data(), all.data(), counts, DType::f32, CommPhase::other);
+  FullOptimizerState out;
+  for (const MatrixShard& s : plan_.shards) {
+    out.m[s.name].assign(static_cast<size_t>(s.numel()), 0.0f);
+    if (s.optimizer == OptimizerKind::adamw) out.v[s.name].assign(static_cast<size_t>(s.numel()), 0.0f);
+  }
+  const float* src = all.data();
+  for (int r = 0; r < world_; ++r)
+    for (const StatePiece& p : layout[r]) {
+      const MatrixShard& s = plan_.shards[p.shard];
+      std::copy(src, src + p.numel, out.m[s.name].begin() + p.param_offset);
+      src += p.numel;
+      if (s.optimizer == OptimizerKind::adamw) {
+        std::copy(src, src + p.numel, out.v[s.name].begin() + p.param_offset);
+        src += p.numel;
+      }
+    }
+  out.step = opt_steps_;
+  return out;
+}
+
+std::string ShardedEngine::state_fingerprint() {
+  // Per tensor (parameter, m, v of each shard) two 64-bit sums over its elements of a strong
+  // 64-bit mix of (tensor key, logical index, f32 bits): order-free, so ranks add their parts.
+  const size_t S = plan_.shards.size();
+  std::vector<uint64_t> sums(S * 3 * 2, 0);
+  auto accumulate = [&](size_t slot, const float* x, int64_t first_index, int64_t n) {
+    uint64_t a = 0, b = 0;
+    const uint64_t key = fingerprint_mix(0x6d66736470ull + slot);
+#pragma omp parallel for schedule(static) reduction(+ : a, b) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, x + i, 4);
+      const uint64_t v = (static_cast<uint64_t>(first_index + i) << 32 | bits) ^ key;
+      a += fingerprint_mix(v);
+      b += fingerprint_mix(v ^ 0x9e3779b97f4a7c15ull);
+    }
+    sums[2 * slot] += a;
+    sums[2 * slot + 1] += b;
+  };
+  for (auto [unit, o] : contributed_pieces()) {
+    const size_t base = static_cast<size_t>(o->shard) * 3;
+    accumulate(base, unit->shard.data_f32() + o->shard_offset, o->param_offset, o->numel);
+    accumulate(base + 1, o->m.data_f32(), o->param_offset, o->numel);
+    if (o->v.defined()) accumulate(base + 2, o->v.data_f32(), o->param_offset, o->numel);
+  }
+  std::vector<uint64_t> all(sums.size() * static_cast<size_t>(world_));
+  comm_.all_gather_host(sums.data(), all.data(), static_cast<int64_t>(sums.size() * sizeof(uint64_t)), CommPhase::other);
+  // Fold the canonical sequence (tensor slot, numel, both sums, then the step) into 128 bits.
+  uint64_t h1 = fingerprint_mix(static_cast<uint64_t>(opt_steps_) + 1), h2 = fingerprint_mix(h1 ^ 0x51ed27);
+  for (size_t slot = 0; slot < S * 3; ++slot) {
+    uint64_t a = 0, b = 0;
+    for (int r = 0; r < world_; ++r) {
+      a += all[static_cast<size_t>(r) * sums.size() + 2 * slot];
+      b += all[static_cast<size_t>(r) * sums.size() + 2 * slot + 1];
+    }
+    const uint64_t numel = static_cast<uint64_t>(plan_.shards[slot / 3].numel());
+    h1 = fingerprint_mix(h1 ^ fingerprint_mix(a + numel));
+    h2 = fingerprint_mix(h2 ^ fingerprint_mix(b + slot));
+  }
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h1),
+                static_cast<unsigned long long>(h2));
+  return hex;
+}
+
 void ShardedEngine::with_full_model(const std::function<void()>& fn) {
   for (size_t u = 0; u < units_.size(); ++u) gather(static_cast<int>(u), CommPhase::other);
   try {
@@ -462,7 +600,7 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
   NoGradGuard no_grad;
   MemCategoryScope act(MemCategory::activations);
   const int U = static_cast<int>(units_.size()), head = model_.head_unit();
-  double loss_sum = 0;
+  ExactSum loss_sum;
   int64_t tokens = 0;
   for (const MicroBatch& mb : batches) {
     const bool empty = mb.tokens.numel() == 0;  // a rank with no sequences left still joins the gathers
@@ -471,16 +609,16 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
       for (int d : units_needed_by(u)) gather(d, CommPhase::other);  // evaluation traffic: "other"
       if (!empty) {
         if (u == 0) x = model_.embed(mb.tokens);
-        else if (u == head) loss_sum += model_.head_loss(x, mb.targets, 1.0).item();
+        else if (u == head) loss_sum.add(model_.head_loss(x, mb.targets, 1.0).item());
         else x = model_.block(u - 1, x);
       }
       for (int d : units_needed_by(u)) release(d);
     }
     tokens += mb.targets.numel();
   }
-  loss_sum = comm_.all_reduce_scalar(loss_sum, ReduceOp::sum, CommPhase::other);
+  const double total = all_reduce_exact(comm_, loss_sum, CommPhase::other).value();
   tokens = static_cast<int64_t>(comm_.all_reduce_scalar(static_cast<double>(tokens), ReduceOp::sum, CommPhase::other));
-  return {loss_sum, tokens};
+  return {total, tokens};
 }
 
 }  // namespace mfsdp

@@ -95,6 +95,22 @@ class ShardedEngine {
   /// counted in the `other` phase, not as training traffic.
   std::pair<double, int64_t> eval_loss_sum(const std::vector<MicroBatch>& batches);
 
+  /// Optimizer state as full logical tensors, on every rank (all-gathered from the owners):
+  /// m = Muon momentum or AdamW first moment, v = AdamW second moment (AdamW tensors only), step =
+  /// optimizer steps taken (AdamW bias correction). For tests, export and checkpoints.
+  struct FullOptimizerState {
+    std::map<std::string, std::vector<float>> m, v;
+    int64_t step = 0;
+  };
+  FullOptimizerState full_optimizer_state();
+
+  /// Digest of the whole training state: every parameter, every optimizer-state tensor and the
+  /// step counter, in canonical (logical, unsharded) order; 32 lowercase hex digits, the same at
+  /// every world size and placement for bitwise-equal state. Computed without gathering: each
+  /// rank hashes the elements it owns, keyed by (tensor, kind, logical index, f32 bits), and the
+  /// per-tensor 2x64-bit sums are combined by integer addition across ranks (a collective).
+  std::string state_fingerprint();
+
   /// Runs `fn` with every unit gathered (the model's parameters hold full values), then frees them.
   void with_full_model(const std::function<void()>& fn);
 
@@ -119,6 +135,15 @@ class ShardedEngine {
   void fsdp2_muon(Unit& unit, OwnedPiece& piece, double lr);
   void broadcast_updated_params();
   std::vector<int> units_needed_by(int u) const;
+  /// The optimizer-state pieces rank r contributes, in canonical order (unit, then parameter):
+  /// its owned pieces; under ddp all pieces on rank 0 and none elsewhere.
+  struct StatePiece {
+    int shard;
+    int64_t param_offset, numel;
+  };
+  std::vector<StatePiece> state_pieces_of(int r) const;
+  /// This rank's OwnedPieces in the order of state_pieces_of(rank()).
+  std::vector<std::pair<Unit*, OwnedPiece*>> contributed_pieces();
 
   GPT& model_;
   Communicator& comm_;

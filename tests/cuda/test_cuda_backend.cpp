@@ -191,20 +191,6 @@ TEST_CASE("cuda: fill, axpy, add, scale, add_bias vs CPU", "[cuda][elementwise]"
   GK().axpy(y.g(), y.g(), 1.0f, 0);
 }
 
-TEST_CASE("cuda: sum_of_squares is f64-accurate and deterministic", "[cuda][reduction]") {
-  REQUIRE_GPU();
-  const int64_t n = 1000003;
-  Pair x(randn(n, 8));
-  const double g1 = GK().sum_of_squares(x.g(), n), g2 = GK().sum_of_squares(x.g(), n);
-  const double c = CK().sum_of_squares(x.c(), n);
-  CHECK(std::memcmp(&g1, &g2, sizeof(double)) == 0);
-  CHECK(std::fabs(g1 - c) <= 1e-11 * c);
-  Pair halves(fvec(n, 0.5f));
-  CHECK(GK().sum_of_squares(halves.g(), n) == 0.25 * n);  // exact in f64
-  CHECK(GK().sum_of_squares(halves.g(), 0) == 0.0);
-  CHECK(GK().sum_of_squares(halves.g(), 1) == 0.25);
-}
-
 TEST_CASE("cuda: gemm vs CPU for every transpose, alpha/beta and edge sizes", "[cuda][gemm]") {
   REQUIRE_GPU();
   struct Dims { int64_t M, N, K; };

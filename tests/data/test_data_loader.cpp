@@ -197,19 +197,20 @@ TEST_CASE("eval windows cover the split exactly once", "[eval]") {
     for (int W : {1, 2, 3, 4}) {
       std::multiset<int32_t> targets;
       int64_t counted = 0, total_seqs = 0;
-      int64_t prev_end = 0;
       for (int r = 0; r < W; ++r) {
         EvalSplit ev(dir.file("v_*.bin"), T, r, W, kVocab, 0, pad);
         CHECK(ev.num_sequences() == (pad ? 10 : 9));
-        CHECK(ev.rank_begin() == prev_end);  // contiguous per-rank ranges
-        prev_end = ev.rank_end();
         const int B = 2;
         const int64_t nb = ev.num_batches_all_ranks(B);
         CHECK(nb >= ev.num_batches(B));
         for (int64_t b = 0; b < nb; ++b) {
           std::vector<int32_t> x(B * T, -7), y(B * T, -7);
           const int64_t rows = ev.batch(b, B, x.data(), y.data());
-          CHECK(rows == std::max<int64_t>(0, std::min<int64_t>(B, ev.rank_end() - ev.rank_begin() - b * B)));
+          // global batch b*W + r of B consecutive sequences: the same batches at every world size
+          CHECK(ev.first_sequence(b, B) == (b * W + r) * B);
+          CHECK(rows == std::max<int64_t>(0, std::min<int64_t>(B, ev.num_sequences() - ev.first_sequence(b, B))));
+          if (rows > 0) CHECK(b < ev.num_batches(B));
+          counted += ev.num_targets(ev.first_sequence(b, B), ev.first_sequence(b, B) + rows);
           for (int64_t i = 0; i < rows * T; ++i) {
             if (y[i] == -1) continue;
             targets.insert(y[i]);
@@ -217,9 +218,8 @@ TEST_CASE("eval windows cover the split exactly once", "[eval]") {
           }
           total_seqs += rows;
         }
-        counted += ev.num_targets(ev.rank_begin(), ev.rank_end());
       }
-      CHECK(prev_end == total_seqs);
+      CHECK(total_seqs == (pad ? 10 : 9));
       std::multiset<int32_t> expect;
       for (int i = 1; i <= (pad ? 5 * T + 3 : 5 * T); ++i) expect.insert(i);
       for (int i = 1; i <= 4 * T; ++i) expect.insert(30000 + i);

@@ -88,7 +88,7 @@ struct ReferenceTrainer {
     Kernels& k = kernels(Device::CPU);
     const Tensor& g = model.local_grads();
     k.scale(g.data_f32(), static_cast<float>(1.0 / micro.size()), g.numel());
-    const double norm = std::sqrt(k.sum_of_squares(g.data_f32(), g.numel()));
+    const double norm = std::sqrt(sum_of_squares_cpu(g.data_f32(), g.numel()));
     grad_norms.push_back(norm);
     const double coef = clip_coefficient(norm, opts.grad_clip);
     if (coef < 1) k.scale(g.data_f32(), static_cast<float>(coef), g.numel());

@@ -1,5 +1,6 @@
 // CUDA Muon / AdamW against the CPU kernels on random inputs (bf16 tolerance for Newton-Schulz,
-// f32 tolerance for the elementwise kernels). Exits 77 (ctest: skipped) when no GPU is present.
+// f32 tolerance for the elementwise kernels, bitwise equality for the exact sum of squares).
+// Exits 77 (ctest: skipped) when no GPU is present.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -7,9 +8,14 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "optim/optim.h"
@@ -64,6 +70,41 @@ double rel_fro(const std::vector<float>& a, const std::vector<float>& b) {
     den += double(b[i]) * b[i];
   }
   return std::sqrt(num / den);
+}
+
+/// Bitwise equality of two doubles (memcmp: tells -0 from +0 and compares NaN payloads).
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
+
+float float_from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(float));
+  return f;
+}
+
+/// n floats with random sign, mantissa and exponent field in [0, 254]: subnormals, zeros and
+/// normals up to FLT_MAX, so the squares land in every digit position the accumulator uses.
+std::vector<float> wide_range_floats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<uint32_t> expf(0, 254), frac(0, 0x7fffffu), sign(0, 1);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = float_from_bits(sign(rng) << 31 | expf(rng) << 23 | frac(rng));
+  return v;
+}
+
+/// The CPU reference state for x[0..n).
+ExactSum cpu_exact(const std::vector<float>& x) {
+  ExactSum acc;
+  exact_sum_of_squares_cpu(x.data(), static_cast<int64_t>(x.size()), acc);
+  return acc;
+}
+
+/// GPU sum of squares of a host vector (copied to the device), as a double and as exact state.
+double gpu_sum(const Cuda& cuda, const std::vector<float>& x, ExactSum* state = nullptr) {
+  DeviceBuffer d(x);
+  ExactSum acc;
+  exact_sum_of_squares_cuda(d.ptr, static_cast<int64_t>(x.size()), acc, cuda.stream);
+  if (state) *state = acc;
+  return acc.value();
 }
 
 }  // namespace
@@ -145,16 +186,133 @@ TEST_CASE("adamw_step_cuda matches adamw_step_cpu", "[cuda][adamw]") {
 
 TEST_CASE("sum_of_squares_cuda and scale_cuda", "[cuda][clip]") {
   Cuda cuda;
-  const int64_t n = 3000001;
+  const int64_t n = 1000003;
   const auto x = randn(n, 9);
   DeviceBuffer dx(x);
+  const ExactSum ref = cpu_exact(x);
   const double s = sum_of_squares_cuda(dx.ptr, n, cuda.stream);
-  CHECK(s == Approx(sum_of_squares_cpu(x.data(), n)).epsilon(1e-12));
-  CHECK(sum_of_squares_cuda(dx.ptr, n, cuda.stream) == s);  // deterministic
+  CHECK(same_bits(s, sum_of_squares_cpu(x.data(), n)));
+  CHECK(same_bits(s, ref.value()));
+  CHECK(same_bits(sum_of_squares_cuda(dx.ptr, n, cuda.stream), s));  // deterministic
+
+  // The exact state (every digit, not only the rounded value) matches the CPU accumulator, for
+  // any split of x across calls and any per-launch chunk size.
+  ExactSum whole, split, chunked;
+  exact_sum_of_squares_cuda(dx.ptr, n, whole, cuda.stream);
+  CHECK(whole.to_words() == ref.to_words());
+  exact_sum_of_squares_cuda(dx.ptr, 12345, split, cuda.stream);
+  exact_sum_of_squares_cuda(dx.ptr + 12345, n - 12345, split, cuda.stream);
+  CHECK(split.to_words() == ref.to_words());
+  detail::exact_sum_of_squares_cuda_chunked(dx.ptr, n, chunked, 4099, cuda.stream);
+  CHECK(chunked.to_words() == ref.to_words());
+
+  // Adds into a non-empty accumulator.
+  ExactSum pre_gpu, pre_cpu;
+  for (double v : {-3.25, 1e-30, 7.0}) {
+    pre_gpu.add(v);
+    pre_cpu.add(v);
+  }
+  exact_sum_of_squares_cuda(dx.ptr, n, pre_gpu, cuda.stream);
+  exact_sum_of_squares_cpu(x.data(), n, pre_cpu);
+  CHECK(pre_gpu.to_words() == pre_cpu.to_words());
+  CHECK(same_bits(pre_gpu.value(), pre_cpu.value()));
+
+  // Empty input: 0.0 and an untouched accumulator; bad arguments throw.
+  ExactSum empty;
+  exact_sum_of_squares_cuda(dx.ptr, 0, empty, cuda.stream);
+  CHECK(empty.is_zero());
+  CHECK(same_bits(sum_of_squares_cuda(dx.ptr, 0, cuda.stream), 0.0));
+  CHECK_THROWS_AS(sum_of_squares_cuda(dx.ptr, -1, cuda.stream), std::invalid_argument);
+  CHECK_THROWS_AS(exact_sum_of_squares_cuda(nullptr, 5, empty, cuda.stream), std::invalid_argument);
+  CHECK_THROWS_AS(detail::exact_sum_of_squares_cuda_chunked(dx.ptr, n, empty, 0, cuda.stream),
+                  std::invalid_argument);
+
   scale_cuda(dx.ptr, n, 0.5f, cuda.stream);
   cu(cudaStreamSynchronize(cuda.stream), "sync");
   const auto y = dx.to_host();
   for (int64_t i = 0; i < n; ++i) REQUIRE(y[i] == x[i] * 0.5f);
+}
+
+TEST_CASE("exact_sum_of_squares_cuda: subnormals, huge values, extremes", "[cuda][clip]") {
+  Cuda cuda;
+  // Every exponent (squares from 2^-298 to ~2^256): the sum is dominated by the huge values, but
+  // the exact state must match the CPU digit for digit.
+  {
+    const auto x = wide_range_floats(1 << 20, 21);
+    ExactSum gpu;
+    const double s = gpu_sum(cuda, x, &gpu);
+    CHECK(gpu.to_words() == cpu_exact(x).to_words());
+    CHECK(same_bits(s, sum_of_squares_cpu(x.data(), static_cast<int64_t>(x.size()))));
+    CHECK(std::isfinite(s));
+  }
+  // Subnormals only (random and the extremes): a tiny but nonzero sum, still bitwise equal.
+  {
+    std::mt19937 rng(33);
+    std::uniform_int_distribution<uint32_t> frac(1, 0x7fffffu);
+    std::vector<float> x(200001);
+    for (auto& v : x) v = float_from_bits(frac(rng) | (rng() & 1u) << 31);
+    x[0] = float_from_bits(1u);           // smallest subnormal: square 2^-298
+    x[1] = float_from_bits(0x7fffffu);    // largest subnormal
+    x[2] = std::numeric_limits<float>::min();
+    ExactSum gpu;
+    const double s = gpu_sum(cuda, x, &gpu);
+    CHECK(s > 0.0);
+    CHECK(gpu.to_words() == cpu_exact(x).to_words());
+    CHECK(same_bits(s, sum_of_squares_cpu(x.data(), static_cast<int64_t>(x.size()))));
+  }
+  // The heaviest digits: many copies of +-FLT_MAX (all-ones mantissa) fill every digit of their
+  // bins; a single smallest subnormal still lands in the low bins.
+  {
+    std::vector<float> x(1000000, std::numeric_limits<float>::max());
+    for (size_t i = 0; i < x.size(); i += 3) x[i] = -x[i];
+    x[777] = float_from_bits(1u);
+    ExactSum gpu;
+    const double s = gpu_sum(cuda, x, &gpu);
+    CHECK(gpu.to_words() == cpu_exact(x).to_words());
+    CHECK(same_bits(s, sum_of_squares_cpu(x.data(), static_cast<int64_t>(x.size()))));
+    DeviceBuffer d(x);
+    ExactSum chunked;
+    detail::exact_sum_of_squares_cuda_chunked(d.ptr, static_cast<int64_t>(x.size()), chunked, 1000, cuda.stream);
+    CHECK(chunked.to_words() == gpu.to_words());
+  }
+  // Zeros only (both signs): exactly +0.0.
+  {
+    std::vector<float> x(4096, 0.0f);
+    for (size_t i = 0; i < x.size(); i += 2) x[i] = -0.0f;
+    CHECK(same_bits(gpu_sum(cuda, x), 0.0));
+  }
+}
+
+TEST_CASE("exact_sum_of_squares_cuda: NaN and Inf", "[cuda][clip]") {
+  Cuda cuda;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto with = [](std::vector<std::pair<size_t, float>> specials) {
+    auto x = randn(100003, 17);
+    for (auto [i, v] : specials) x[i] = v;
+    return x;
+  };
+  const auto check_same = [&](const std::vector<float>& x) {
+    ExactSum gpu;
+    const double s = gpu_sum(cuda, x, &gpu);
+    CHECK(gpu.to_words() == cpu_exact(x).to_words());
+    CHECK(same_bits(s, sum_of_squares_cpu(x.data(), static_cast<int64_t>(x.size()))));
+    return s;
+  };
+  const double pinf = check_same(with({{5, inf}}));
+  CHECK((std::isinf(pinf) && pinf > 0));
+  const double minf = check_same(with({{99999, -inf}}));  // (-Inf)^2 = +Inf
+  CHECK((std::isinf(minf) && minf > 0));
+  CHECK(std::isnan(check_same(with({{0, nan}}))));
+  CHECK(std::isnan(check_same(with({{3, -nan}, {100002, inf}}))));
+  CHECK(std::isnan(check_same(with({{1, float_from_bits(0x7f800001u)}}))));  // signalling NaN bits
+  // Flags from a later chunk survive the merge.
+  const auto x = with({{90000, inf}});
+  DeviceBuffer d(x);
+  ExactSum chunked;
+  detail::exact_sum_of_squares_cuda_chunked(d.ptr, static_cast<int64_t>(x.size()), chunked, 1024, cuda.stream);
+  CHECK(chunked.to_words() == cpu_exact(x).to_words());
+  CHECK(same_bits(chunked.value(), std::numeric_limits<double>::infinity()));
 }
 
 int main(int argc, char** argv) {

@@ -7,13 +7,15 @@ usage: test_train_cli.py BIN_DIR CASE   with CASE one of
   configs       every config in configs/ is valid (--print-config)
   bad_outputs   exports over inputs, into directories, tokenizer/vocab mismatch; stale summaries
   e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
-  world_sizes   shuffle false: world 1 and world 2 with the same global batch give the same losses
+  world_sizes   -np 1/2/4 with grad_accum 4/2/1, shuffle off and on: bitwise-identical losses,
+                metrics, state fingerprints and exports (cmp)
   export        export -> import -> --eval-only reproduces the final validation loss exactly
   torch         PyTorch loads the export and gets the same validation loss (within 1e-4)
 Exit 0 on success, 1 on failure, 77 when skipped.
 """
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -33,9 +35,9 @@ def check(cond, msg):
         print("FAILED:", msg)
 
 
-def train(bin_dir, np, config, *sets, expect=0):
+def train(bin_dir, np, config, *sets, expect=0, args=()):
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"),
-           "--config", config]
+           "--config", config, *args]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
@@ -166,19 +168,44 @@ def case_e2e(bin_dir, tmp):
     check("sample" in out, "no text sample printed")
 
 
+LOSS_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+) \| lr (\S+) \| grad norm (\S+)")
+
+
 def case_world_sizes(bin_dir, tmp):
-    losses = {}
-    for np, b in [(1, 8), (2, 4)]:
-        run = os.path.join(tmp, f"w{np}")
-        rc, _ = train(bin_dir, np, TINY, f"logging.run_dir={run}", "data.shuffle=false",
-                      f"training.micro_batch_size={b}", "training.steps=10", "training.sample_tokens=0")
-        check(rc == 0, f"world {np} failed")
-        if rc:
-            return
-        losses[np] = [m["loss"] for m in read_jsonl(os.path.join(run, "metrics.jsonl")) if m["type"] == "train"]
-    check(len(losses[1]) == 10 and len(losses[2]) == 10, "missing train records")
-    for i, (a, b) in enumerate(zip(losses[1], losses[2])):
-        check(abs(a - b) <= 1e-5 * max(1.0, abs(a)), f"step {i + 1}: world 1 loss {a} vs world 2 loss {b}")
+    """-np 1 x grad_accum 4, -np 2 x 2 and -np 4 x 1 (same global batch) are bitwise identical:
+    the same loss lines, metrics, state fingerprints and byte-identical exports. The guarantee is
+    for the same CPU threads per rank (--threads 1 here; the default divides the cores by the ranks)."""
+    for shuffle in ("false", "true"):
+        seen = {}
+        for np, accum in [(1, 4), (2, 2), (4, 1)]:
+            run = os.path.join(tmp, f"s{shuffle}_w{np}")
+            model = os.path.join(tmp, f"s{shuffle}_w{np}.safetensors")
+            rc, out = train(bin_dir, np, TINY, f"logging.run_dir={run}", f"data.shuffle={shuffle}",
+                            f"training.grad_accum={accum}", "training.micro_batch_size=2", "training.steps=10",
+                            "training.eval_interval=5", "training.sample_tokens=0", f"output.export={model}",
+                            args=("--threads", "1"))
+            check(rc == 0, f"shuffle {shuffle}: world {np} x grad_accum {accum} failed")
+            if rc:
+                return
+            with open(os.path.join(run, "summary.json")) as f:
+                summary = json.load(f)
+            records = [(m["type"], m["step"], m.get("loss"), m.get("grad_norm"), m.get("clip_coef"), m.get("val_loss"))
+                       for m in read_jsonl(os.path.join(run, "metrics.jsonl")) if m["type"] in ("train", "eval")]
+            with open(model, "rb") as f:
+                exported = f.read()
+            seen[np] = (LOSS_LINE.findall(out), records, summary["state_fingerprint"], exported,
+                        summary["final_val_loss"])
+            print(f"shuffle={shuffle} -np {np} grad_accum={accum}: state_fingerprint {summary['state_fingerprint']}, "
+                  f"final val loss {summary['final_val_loss']!r}")
+        lines1, records1, fp1, export1, val1 = seen[1]
+        check(len(lines1) == 10 and sum(r[0] == "train" for r in records1) == 10, "missing train records")
+        for np in (2, 4):
+            lines, records, fp, exported, val = seen[np]
+            check(lines == lines1, f"shuffle {shuffle}: -np {np} printed other loss lines than -np 1")
+            check(records == records1, f"shuffle {shuffle}: -np {np} metrics differ from -np 1: {records} vs {records1}")
+            check(fp == fp1, f"shuffle {shuffle}: -np {np} state_fingerprint {fp} != {fp1}")
+            check(exported == export1, f"shuffle {shuffle}: -np {np} export differs from -np 1 (cmp)")
+            check(val == val1, f"shuffle {shuffle}: -np {np} final val loss {val!r} != {val1!r}")
 
 
 def exported_run(bin_dir, tmp):
