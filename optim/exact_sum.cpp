@@ -16,7 +16,8 @@ constexpr int64_t kDigit = int64_t(1) << 32;
 constexpr int64_t kNormalizeAfter = int64_t(1) << 30;  // each addition adds < 2^32 to a bin
 constexpr uint8_t kNaN = 1, kPosInf = 2, kNegInf = 4;
 
-// Adds (or subtracts) the integer m * 2^p (units of 2^-1074; m < 2^53, 0 <= p <= 2045).
+// Adds (or subtracts) the integer m * 2^p (units of 2^-1074; m < 2^64, 0 <= p <= 2045): three
+// 32-bit digits, each < 2^32.
 inline void add_scaled(int64_t* bins, uint64_t m, int p, bool negative) {
   const u128 wide = static_cast<u128>(m) << (p & 31);
   const int i = p >> 5;
@@ -57,24 +58,45 @@ void ExactSum::add(double x) {
 }
 
 void ExactSum::add_squares(const float* x, int64_t n) {
-  // x = mx * 2^(ex - 1074 ... ) in f32 terms: mx < 2^24, x = mx * 2^(E), E = expf - 150 (normal)
-  // or -149 (subnormal); x^2 = mx^2 * 2^(2E) and 2E + 1074 >= 776, so p never underflows.
-  constexpr int64_t kBlock = int64_t(1) << 20;
+  // x = mx * 2^e with an integer mx < 2^24 and e = expf - 150 (e = -149 for subnormals), so
+  // x^2 = mx^2 * 2^(2e): squares sharing an f32 exponent field are integer multiples of one
+  // power of two. Each block first sums mx^2 per exponent field in 64-bit integers (4 lanes of
+  // 256 buckets, so consecutive updates rarely wait on one another), then adds each bucket to
+  // the bins once. A lane takes at most kBlock / kLanes = 2^14 squares < 2^48 per bucket, and
+  // the four lanes of a bucket sum to < 2^64.
+  constexpr int kLanes = 4;
+  constexpr int64_t kBlock = int64_t(1) << 16;
+  uint64_t bucket[kLanes][256];
   for (int64_t begin = 0; begin < n; begin += kBlock) {
     const int64_t end = std::min(n, begin + kBlock);
-    int64_t* bins = bins_.data();
-    for (int64_t i = begin; i < end; ++i) {
-      const uint32_t b = std::bit_cast<uint32_t>(x[i]);
-      const int expf = static_cast<int>((b >> 23) & 0xff);
-      if (expf == 0xff) [[unlikely]] {
-        nonfinite_ |= (b & 0x7fffffu) ? kNaN : kPosInf;  // a square is never -Inf
-        continue;
+    std::fill(&bucket[0][0], &bucket[0][0] + kLanes * 256, uint64_t(0));
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const uint32_t b = std::bit_cast<uint32_t>(x[i + l]);
+        const uint32_t expf = (b >> 23) & 0xff;
+        const uint64_t mx = (b & 0x7fffffu) | (expf ? 0x800000u : 0u);
+        bucket[l][expf] += mx * mx;
       }
-      const uint64_t mx = expf == 0 ? (b & 0x7fffffu) : ((b & 0x7fffffu) | 0x800000u);
-      const int e = expf == 0 ? -149 : expf - 150;
-      add_scaled(bins, mx * mx, 2 * e + 1074, false);
+    for (; i < end; ++i) {
+      const uint32_t b = std::bit_cast<uint32_t>(x[i]);
+      const uint32_t expf = (b >> 23) & 0xff;
+      const uint64_t mx = (b & 0x7fffffu) | (expf ? 0x800000u : 0u);
+      bucket[0][expf] += mx * mx;
     }
-    pending_ += end - begin;
+    // Exponent field 255 is Inf or NaN (its bucket is non-zero exactly when one occurred).
+    if (bucket[0][255] | bucket[1][255] | bucket[2][255] | bucket[3][255]) [[unlikely]]
+      for (int64_t j = begin; j < end; ++j) {
+        const uint32_t b = std::bit_cast<uint32_t>(x[j]);
+        if (((b >> 23) & 0xff) == 0xff) nonfinite_ |= (b & 0x7fffffu) ? kNaN : kPosInf;  // a square is never -Inf
+      }
+    for (int expf = 0; expf < 255; ++expf) {
+      const uint64_t total = bucket[0][expf] + bucket[1][expf] + bucket[2][expf] + bucket[3][expf];
+      if (total == 0) continue;
+      const int e = expf == 0 ? -149 : expf - 150;
+      add_scaled(bins_.data(), total, 2 * e + 1074, false);  // 2e + 1074 >= 776
+      ++pending_;
+    }
     if (pending_ >= kNormalizeAfter) normalize();
   }
 }
