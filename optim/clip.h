@@ -1,4 +1,4 @@
-// Global-norm gradient clipping helpers on raw f32 buffers (DESIGN.md section 4, "clip").
+// Global-norm gradient clipping helpers on raw f32 buffers.
 #pragma once
 #include <cstdint>
 

@@ -275,7 +275,7 @@ void ShardedEngine::reduce_gradients(int u, bool last_micro) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// The step schedule (DESIGN.md section 4), top to bottom.
+// The step schedule, top to bottom.
 // ----------------------------------------------------------------------------------------------
 StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_t step) {
   check_arg(!micro.empty(), "train_step", "no micro-batches");

@@ -1,5 +1,6 @@
 // The ZeRO-3 sharding engine: FSDP units over a ShardPlan, one explicit step schedule, and the
-// optimizer step on owned tensors only (DESIGN.md sections 1, 4, 5, 7).
+// optimizer step on owned tensors only. runtime/README.md explains why training is bitwise
+// identical at every world size.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -54,7 +55,8 @@ struct StepStats {
 /// Placements (planner/shard_plan.h):
 ///  - matrixfsdp: each rank stores its owner segments; forward/backward all-gather a unit
 ///    (all_gather_v), run it, free it; backward reduce-scatters the unit's gradients to the owners
-///    (reduce_scatter_v, deterministic rank-order sums); owners run Muon on whole matrices and AdamW
+///    (reduce_scatter_v with ReduceOp::accumulate: rank-ordered additions onto the owner's running
+///    gradient shard); owners run Muon on whole matrices and AdamW
 ///    on their tail pieces. No weight-sized collective between backward and the end of the step.
 ///  - fsdp2: the same gathers/reductions over even, padded dim-0 shards; at the step each matrix's
 ///    Muon input is all-gathered (opt_step phase), Newton-Schulz runs on the full matrix on every
@@ -67,6 +69,8 @@ struct StepStats {
 /// Under matrixfsdp/fsdp2 the gradients of each micro-batch are reduced as they are produced and
 /// accumulated in the owners' gradient shards (ZeRO-3 memory: no full gradients kept between
 /// micro-batches); the step divides by (world size x micro-batches), so the loss is the global mean.
+/// Rank r's k-th micro-batch must be global micro-batch j = k*W + r: then the run is bitwise
+/// identical to world size 1 with W*A micro-batches (zero1/ddp: for A = 1).
 class ShardedEngine {
  public:
   /// Binds every model parameter to the engine's unit buffers. Throws std::invalid_argument when

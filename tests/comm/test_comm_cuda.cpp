@@ -92,6 +92,17 @@ void compare_backends(Communicator& dev, Communicator& ref) {
         dev.all_reduce(dfull.p, total, dt, op, CommPhase::opt_step);
         REQUIRE(dfull.get() == full);
       }
+      if (dt == DType::f32) {  // accumulate onto an existing owner shard, in rank order
+        auto full = host_values(dt, total, me, 0);
+        auto acc = host_values(dt, counts[me], me + 17, off);
+        DevBuf dfull(full.size()), dacc(acc.size());
+        dfull.put(full);
+        dacc.put(acc);
+        ref.reduce_scatter_v(full.data(), counts[me] ? acc.data() : nullptr, counts, dt, ReduceOp::accumulate,
+                             CommPhase::grad_reduce);
+        dev.reduce_scatter_v(dfull.p, dacc.p, counts, dt, ReduceOp::accumulate, CommPhase::grad_reduce);
+        REQUIRE(dacc.get() == acc);
+      }
     }
     // broadcast from the last rank, equal-part all_gather / reduce_scatter
     auto hb = host_values(dt, 777, me, 0);

@@ -153,6 +153,56 @@ TEST_CASE("comm.mpi reduce_scatter and reduce_scatter_v match closed forms", "[c
   }
 }
 
+TEST_CASE("comm.mpi accumulate adds each rank's contribution onto recv in rank order", "[comm]") {
+  for (const auto& opts : option_sets()) {
+    auto c = make_mpi_communicator(MPI_COMM_WORLD, opts);
+    const int n = c->world_size(), me = c->rank();
+    // Contributions whose f32 sum depends on association: recv starts at 1, rank r adds
+    // (r + 1) * 2^-24 (plus a per-element offset), so ((1 + c_0) + c_1) + ... rounds at every step.
+    auto contrib = [](int r, int64_t i) { return float(r + 1) * 0x1p-24f + float(i % 4) * 0x1p-23f; };
+    for (const auto& counts : layouts(n)) {
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+      int64_t off = 0;
+      for (int r = 0; r < me; ++r) off += counts[r];
+      std::vector<float> send(static_cast<size_t>(total)), recv(static_cast<size_t>(counts[me]), 1.0f);
+      for (int64_t i = 0; i < total; ++i) send[i] = contrib(me, i);
+      c->reduce_scatter_v(total ? send.data() : nullptr, counts[me] ? recv.data() : nullptr, counts, DType::f32,
+                          ReduceOp::accumulate, CommPhase::grad_reduce);
+      for (int64_t i = 0; i < counts[me]; ++i) {
+        float want = 1.0f;
+        for (int r = 0; r < n; ++r) want += contrib(r, off + i);  // the documented order
+        REQUIRE(std::memcmp(&recv[i], &want, 4) == 0);
+      }
+    }
+    if (n >= 2) {  // the order is observable: 1 + (sum of the others) rounds differently
+      float ordered = 1.0f, grouped = 0.0f;
+      for (int r = 0; r < n; ++r) ordered += contrib(r, 0);
+      for (int r = 0; r < n; ++r) grouped += contrib(r, 0);
+      CHECK(ordered != 1.0f + grouped);
+    }
+    std::vector<float> buf(static_cast<size_t>(n) * 2, 0.0f);
+    CHECK_THROWS_AS(c->reduce_scatter(buf.data(), buf.data(), 2, DType::bf16, ReduceOp::accumulate,
+                                      CommPhase::grad_reduce),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(c->all_reduce(buf.data(), 2, DType::f32, ReduceOp::accumulate, CommPhase::grad_reduce),
+                    std::invalid_argument);
+  }
+}
+
+TEST_CASE("comm.mpi all_gather_host moves every rank's bytes", "[comm]") {
+  auto c = make_mpi_communicator();
+  const int n = c->world_size(), me = c->rank();
+  const int64_t mine[3] = {me, -me, int64_t(1) << (40 + me % 8)};
+  std::vector<int64_t> all(static_cast<size_t>(n) * 3);
+  c->all_gather_host(mine, all.data(), sizeof(mine), CommPhase::other);
+  for (int r = 0; r < n; ++r) {
+    CHECK(all[r * 3] == r);
+    CHECK(all[r * 3 + 1] == -r);
+    CHECK(all[r * 3 + 2] == int64_t(1) << (40 + r % 8));
+  }
+  CHECK(c->counters().at(CommPhase::other).bytes_received == int64_t(sizeof(mine)) * (n - 1));
+}
+
 TEST_CASE("comm.mpi all_reduce, all_reduce_scalar, broadcast, send_recv", "[comm]") {
   for (const auto& opts : option_sets()) {
     auto c = make_mpi_communicator(MPI_COMM_WORLD, opts);
