@@ -77,6 +77,12 @@ int main(int argc, char** argv) {
     copts.reduce_chunk_bytes = cfg.sharding.reduce_chunk_bytes;
     auto comm = make_mpi_communicator(MPI_COMM_WORLD, copts);
     run_training(cfg, *comm, TrainerOptions{eval_only, program_start});
+  } catch (const InputError& e) {  // every rank agreed on it: a clean exit, like a config error
+    std::fprintf(stderr, "mfsdp-train: error (rank %d): %s\n", rank, e.what());
+    return 2;
+  } catch (const Preempted& e) {
+    if (rank == 0) std::fprintf(stderr, "mfsdp-train: %s\n", e.what());
+    return kExitPreempted;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mfsdp-train: rank %d: %s\n", rank, e.what());
     std::fflush(stderr);

@@ -279,6 +279,12 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+std::string CheckpointSection::root(const std::string& run_dir) const {
+  if (!dir.resolved.empty()) return dir.resolved;
+  if (run_dir.empty()) return "";
+  return (std::filesystem::path(run_dir) / "checkpoints").string();
+}
+
 GPTConfig ModelSection::gpt() const {
   GPTConfig g;
   g.n_layer = n_layer;
@@ -327,9 +333,14 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"grad_clip", training.grad_clip},
                    {"seed", training.seed},
                    {"target_val_loss", training.target_val_loss ? json(*training.target_val_loss) : json(nullptr)},
-                   {"sample_tokens", training.sample_tokens}};
+                   {"sample_tokens", training.sample_tokens},
+                   {"resume", training.resume}};
   j["logging"] = {{"interval", logging.interval}, {"peak_tflops", logging.peak_tflops}, {"run_dir", p(logging.run_dir)}};
   j["output"] = {{"export", p(output.export_path)}};
+  j["checkpoint"] = {{"dir", p(checkpoint.dir)},
+                     {"interval", checkpoint.interval},
+                     {"keep_last", checkpoint.keep_last},
+                     {"at_end", checkpoint.at_end}};
   return j;
 }
 
@@ -431,6 +442,11 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);
   c.logging.run_dir = r.path_value("logging.run_dir", base_dir);
   c.output.export_path = r.path_value("output.export", base_dir);
+  c.training.resume = r.str("training.resume");
+  c.checkpoint.dir = r.path_value("checkpoint.dir", base_dir);
+  c.checkpoint.interval = r.i64("checkpoint.interval", 0);
+  c.checkpoint.keep_last = r.i32("checkpoint.keep_last", 0);
+  c.checkpoint.at_end = r.flag("checkpoint.at_end");
   return c;
 }
 

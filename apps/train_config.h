@@ -90,6 +90,18 @@ struct TrainingSection {
   int64_t seed = 1337;          ///< parameter init seed
   std::optional<double> target_val_loss;  ///< stop when the validation loss reaches it
   int64_t sample_tokens = 200;  ///< tokens sampled at the end; 0 = none
+  /// "" = start fresh, "auto" = the newest complete checkpoint in checkpoint.dir (else fresh),
+  /// otherwise a checkpoint directory (which must be complete)
+  std::string resume;
+};
+
+struct CheckpointSection {
+  ConfigPath dir;          ///< "" = <logging.run_dir>/checkpoints
+  int64_t interval = 0;    ///< steps between checkpoints; 0 = none
+  int keep_last = 3;       ///< complete checkpoints kept (0 = all); older ones go after a newer one is complete
+  bool at_end = true;      ///< save when training ends (also after a preemption signal)
+  /// The checkpoint root this config resolves to ("" when neither dir nor run_dir is set).
+  std::string root(const std::string& run_dir) const;
 };
 
 struct LoggingSection {
@@ -115,6 +127,7 @@ struct TrainConfig {
   TrainingSection training;
   LoggingSection logging;
   OutputSection output;
+  CheckpointSection checkpoint;
   std::string source;  ///< the config file it was loaded from ("" for defaults)
 
   /// The effective config as JSON (same keys as the file). resolved_paths = true writes the

@@ -8,10 +8,16 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <unistd.h>
 
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/owner_checkpoint.h"
 #include "models/gpt.h"
 #include "planner/planner.h"
 #include "runtime/data/data_loader.h"
@@ -104,6 +110,30 @@ double median(std::vector<double> v) {
 
 json nullable(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
 
+// SIGTERM / SIGINT (what Slurm and Kubernetes send before killing): the first asks for a checkpoint
+// at the next step boundary, a second one exits at once. The previous handlers come back after.
+std::atomic<int> g_signal{0};
+extern "C" void on_preemption_signal(int sig) {
+  if (g_signal.exchange(sig) != 0) _exit(128 + sig);
+}
+class PreemptionGuard {
+ public:
+  PreemptionGuard() {
+    g_signal = 0;
+    old_term_ = std::signal(SIGTERM, on_preemption_signal);
+    old_int_ = std::signal(SIGINT, on_preemption_signal);
+  }
+  ~PreemptionGuard() {
+    std::signal(SIGTERM, old_term_);
+    std::signal(SIGINT, old_int_);
+  }
+  bool requested() const { return g_signal.load() != 0; }
+
+ private:
+  void (*old_term_)(int) = SIG_DFL;
+  void (*old_int_)(int) = SIG_DFL;
+};
+
 }  // namespace
 
 std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only) {
@@ -145,7 +175,19 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
         return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
                std::to_string(f.n_head) + ", model.n_head is " + std::to_string(g.n_head);
     }
+    const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
+    if (ckpt_root.empty() && (cfg.training.resume == "auto" || cfg.checkpoint.interval > 0))
+      return cfg.source + ": " + (cfg.training.resume == "auto" ? "training.resume \"auto\"" : "checkpoint.interval") +
+             " needs checkpoint.dir or logging.run_dir (where checkpoints live)";
+    if (!cfg.training.resume.empty() && cfg.training.resume != "auto" &&
+        !std::filesystem::is_regular_file(std::filesystem::path(cfg.training.resume) / "manifest.json"))
+      return cfg.source + ": training.resume: " + cfg.training.resume +
+             " is not a complete checkpoint directory (no manifest.json)";
     if (!eval_only) {  // the outputs must be writable before hours of training, not after
+      if (!ckpt_root.empty() && (cfg.checkpoint.interval > 0 || cfg.checkpoint.at_end)) {
+        std::string e = check_writable_dir(ckpt_root, "checkpoint.dir");
+        if (!e.empty()) return cfg.source + ": " + e;
+      }
       if (!cfg.logging.run_dir.resolved.empty()) {
         std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir");
         if (!e.empty()) return cfg.source + ": " + e;
@@ -195,6 +237,36 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   if (!cfg.model.init_from.resolved.empty()) engine.load_full_parameters(import_hf_gpt2(cfg.model.init_from.resolved, gcfg));
   else engine.init_parameters(static_cast<uint64_t>(cfg.training.seed));
 
+  // ---- resume: each rank reads the pieces it owns under this run's plan; all ranks agree ----
+  const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
+  std::optional<CheckpointManifest> resumed;
+  {
+    std::string error, note;
+    try {
+      const std::string dir = resolve_resume(cfg.training.resume, ckpt_root, &note);
+      if (!dir.empty()) {
+        resumed = CheckpointManifest::read(dir);
+        load_checkpoint(engine, *resumed);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    // the first collective of the run
+    if (comm.all_reduce_scalar(error.empty() ? 0.0 : 1.0, ReduceOp::max, CommPhase::other) > 0)
+      throw InputError(error.empty() ? "another rank could not load the checkpoint (see its message)" : error);
+    if (lead && !note.empty()) spdlog::info("{}", note);
+    if (resumed && lead) {
+      spdlog::info("resumed at step {} ({} tokens) from {} (saved by {} rank(s) under {})", resumed->step,
+                   resumed->tokens, resumed->dir, resumed->world_size, resumed->placement);
+      const json now = cfg.to_json();
+      for (const auto& d : json::diff(resumed->config, now))
+        if (d.value("op", "") == "replace")
+          spdlog::info("  config change since the checkpoint: {}: {} -> {}", d["path"].get<std::string>(),
+                       resumed->config.value(json::json_pointer(d["path"].get<std::string>()), json()).dump(),
+                       d["value"].dump());
+    }
+  }
+
   const auto& st = plan.stats;
   if (lead) {
     spdlog::info("MatrixFSDP | GPT {} layers, {} heads, width {}, context {}, vocab {} (padded {}), {:.2f}M parameters",
@@ -229,20 +301,23 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   if (lead && !run_dir.empty()) {
     std::filesystem::create_directories(run_dir);
     std::filesystem::remove(run_dir / "summary.json");  // a summary only ever describes a finished run
-    metrics.open(run_dir / "metrics.jsonl", std::ios::trunc);
+    metrics.open(run_dir / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);  // a resumed run continues it
     if (!metrics) throw std::runtime_error((run_dir / "metrics.jsonl").string() + ": cannot open for writing");
     std::ofstream(run_dir / "config.json") << cfg.to_json().dump(2) << "\n";
   }
 
   DataLoader loader(cfg.data.train.resolved, B, T, rank, W, A, cfg.data.shuffle, static_cast<uint64_t>(cfg.data.seed),
                     cfg.model.vocab_size);
+  if (resumed) loader.set_state(resumed->loader);
   const double flops_per_token = gcfg.flops_per_token(T);
   const double peak = cfg.logging.peak_tflops * 1e12 * W;
   std::vector<int32_t> in(static_cast<size_t>(B) * T), tgt(static_cast<size_t>(B) * T);
   std::vector<double> opt_seconds;
   double phase[4] = {0, 0, 0, 0};  // forward, backward, reduce, optimizer (max over ranks per step)
   double final_train_loss = std::nan(""), best_val = std::nan(""), last_val = std::nan(""), time_to_target = std::nan("");
-  int64_t tokens_seen = 0, steps_done = 0;
+  const int64_t start_step = resumed ? resumed->step : 0;
+  int64_t tokens_seen = resumed ? resumed->tokens : 0, steps_done = 0, last_saved = resumed ? resumed->step : -1;
+  const int64_t start_tokens = tokens_seen;  // tokens/s and MFU count this process's steps only
   comm.reset_counters();
   MemoryTracker::instance().reset_peaks();
   const double t_train = now_seconds();
@@ -306,8 +381,28 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     window_steps = 0;
     window_tokens = 0;
   };
-  bool reached_target = false;
-  for (int64_t step = 0; step < cfg.training.steps; ++step) {
+  // Checkpoints: collective; rank 0 reports where, how big and how long.
+  auto save = [&](int64_t step) {
+    const double t0 = now_seconds();
+    CheckpointMeta meta{step, tokens_seen, loader.state(), cfg.to_json(), engine.state_fingerprint()};
+    const std::string dir = save_checkpoint(engine, ckpt_root, meta, cfg.checkpoint.keep_last);
+    last_saved = step;
+    if (lead) {
+      std::error_code ec;
+      int64_t bytes = 0;
+      for (const auto& f : std::filesystem::directory_iterator(dir, ec)) bytes += static_cast<int64_t>(f.file_size(ec));
+      spdlog::info("step {:>6} | saved checkpoint {} ({}, {:.2f} s)", step, dir, human_bytes(static_cast<double>(bytes)),
+                   now_seconds() - t0);
+      log_json({{"type", "checkpoint"}, {"step", step}, {"dir", dir}, {"bytes", bytes}, {"seconds", now_seconds() - t0}});
+    }
+  };
+  PreemptionGuard preemption;
+  bool reached_target = false, preempted = false;
+  // Test-only fault injection: rank 0 kills itself (SIGKILL) at the start of this step.
+  const char* kill_env = std::getenv("MFSDP_TEST_KILL_AT_STEP");
+  const int64_t kill_at = kill_env ? std::atoll(kill_env) : -1;
+  for (int64_t step = start_step; step < cfg.training.steps; ++step) {
+    if (step == kill_at && lead) std::raise(SIGKILL);
     std::vector<MicroBatch> micro;
     for (int k = 0; k < A; ++k) {
       loader.next(in.data(), tgt.data());
@@ -341,6 +436,13 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     }
     const bool stop = eval_now && cfg.training.target_val_loss && v <= *cfg.training.target_val_loss;
     if (stop && window_steps > 0) log_window(step, s);  // do not lose the last partial window
+    // A SIGTERM/SIGINT on any rank stops every rank at this step boundary (one scalar collective).
+    preempted = comm.all_reduce_scalar(preemption.requested() ? 1.0 : 0.0, ReduceOp::max, CommPhase::other) > 0;
+    if (!ckpt_root.empty() && cfg.checkpoint.interval > 0 && (step + 1) % cfg.checkpoint.interval == 0) save(step + 1);
+    if (preempted) {
+      if (lead) spdlog::warn("preemption signal received: stopping after step {}", step + 1);
+      break;
+    }
     if (stop) {
       time_to_target = now_seconds() - opts.program_start;
       reached_target = true;
@@ -349,6 +451,11 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       break;
     }
   }
+  const int64_t final_step = start_step + steps_done;
+  if (!ckpt_root.empty() && (cfg.checkpoint.at_end || preempted) && last_saved != final_step) save(final_step);
+  if (preempted) throw Preempted("preempted after step " + std::to_string(final_step) +
+                                 (ckpt_root.empty() ? " (no checkpoint: set checkpoint.dir or logging.run_dir)"
+                                                    : "; checkpoint saved, resume with --set training.resume=auto"));
   const double train_seconds = now_seconds() - t_train - eval_seconds;
   // Training traffic and memory, before the final evaluation, sampling and export gather the model.
   const CommCounters train_counters = comm.counters();
@@ -360,7 +467,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   // ---- final validation over the whole split ----
   double final_val = last_val;  // the confirming whole-split evaluation when the target stopped the run
   if (val_full && !reached_target) {
-    final_val = run_eval(steps_done, *val_full);
+    final_val = run_eval(final_step, *val_full);
     if (!reached_target && cfg.training.target_val_loss && final_val <= *cfg.training.target_val_loss)
       time_to_target = now_seconds() - opts.program_start;
   }
@@ -404,7 +511,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       std::filesystem::path out(cfg.output.export_path.resolved);
       if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
       export_hf_gpt2(out.string(), gcfg, full, DType::f32,
-                     {{"step", std::to_string(steps_done)}, {"val_loss", std::to_string(final_val)}});
+                     {{"step", std::to_string(final_step)}, {"val_loss", std::to_string(final_val)}});
       spdlog::info("exported the model to {} (Hugging Face GPT-2 layout, f32)", out.string());
     }
   }
@@ -426,13 +533,14 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   json summary = {
       {"world_size", W},
       {"placement", placement_name(plan.placement)},
-      {"steps", steps_done},
+      {"steps", final_step},
+      {"resumed_from_step", resumed ? json(resumed->step) : json(nullptr)},
       {"tokens", tokens_seen},
       {"wall_seconds", wall},
       {"train_seconds", train_seconds},
       {"eval_seconds", eval_seconds},
-      {"tokens_per_second", tokens_seen / std::max(train_seconds, 1e-9)},
-      {"mfu", flops_per_token * tokens_seen / std::max(train_seconds, 1e-9) / peak},
+      {"tokens_per_second", (tokens_seen - start_tokens) / std::max(train_seconds, 1e-9)},
+      {"mfu", flops_per_token * (tokens_seen - start_tokens) / std::max(train_seconds, 1e-9) / peak},
       {"final_train_loss", nullable(final_train_loss)},
       {"final_val_loss", nullable(final_val)},
       {"best_val_loss", nullable(best_val)},
@@ -453,7 +561,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   }
   spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | final val loss {:.4f} | "
                "best val {:.4f} | opt-step bytes {} | peak memory/rank {} | state fingerprint {}",
-               steps_done, tokens_seen, human_seconds(wall), tokens_seen / std::max(train_seconds, 1e-9),
+               steps_done, tokens_seen - start_tokens, human_seconds(wall), (tokens_seen - start_tokens) / std::max(train_seconds, 1e-9),
                final_train_loss, final_val, best_val, human_bytes(comm_bytes["opt_step"].get<double>()),
                human_bytes(peak_bytes["total"].get<double>()), fingerprint);
   if (!run_dir.empty()) spdlog::info("run directory: {}", run_dir.string());

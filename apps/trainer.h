@@ -1,6 +1,7 @@
 // The training driver behind mfsdp-train: checks inputs, builds the model, plan and engine from a
 // TrainConfig, runs the step loop with progress, validation, metrics, samples and export.
 #pragma once
+#include <stdexcept>
 #include <string>
 
 #include "apps/train_config.h"
@@ -14,6 +15,22 @@ namespace mfsdp {
 /// directory are writable (creating them). Returns "" when fine, else one message naming the file
 /// and the problem.
 std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only = false);
+
+/// Bad input found after start-up (e.g. a corrupted checkpoint), agreed by every rank: the app
+/// prints the message and exits 2, like a config error.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The run stopped at a step boundary after SIGTERM/SIGINT (a checkpoint was saved when a
+/// checkpoint directory is configured). mfsdp-train exits with kExitPreempted.
+class Preempted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+/// EX_TEMPFAIL: "try again" to schedulers that requeue preempted jobs.
+constexpr int kExitPreempted = 75;
 
 /// What the command line asks for beyond the config.
 struct TrainerOptions {

@@ -1,4 +1,5 @@
-// CPU Muon: Newton-Schulz on Eigen GEMMs (OpenMP threaded by Eigen), momentum and update in OpenMP loops.
+// CPU Muon: Newton-Schulz on single-threaded Eigen GEMM kernels run in fixed bands under OpenMP
+// (bitwise independent of the thread count), momentum and update in OpenMP loops.
 #include "optim/muon.h"
 
 #include <Eigen/Dense>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "optim/clip.h"
@@ -50,11 +52,38 @@ std::vector<float>& update_scratch() {
 }
 
 // Work is split into a fixed number of bands that depend only on the shape (never on the thread
-// count) and run under `omp parallel for schedule(dynamic)`, each band a single-threaded Eigen GEMM
-// (Eigen does not nest inside a parallel region). So the result is bitwise independent of
-// OMP_NUM_THREADS, and the dynamic schedule tolerates a busy core better than one split GEMM.
+// count) and run under `omp parallel for schedule(dynamic)`, each band one single-threaded GEMM with
+// the whole K reduction (gemm_serial below). So the result is bitwise independent of the number of
+// OpenMP threads, and the dynamic schedule tolerates a busy core better than one split GEMM.
 constexpr int64_t kSymBandRows = 128;   // rows of A per band of a symmetric product (max 16 bands)
 constexpr int64_t kColBandWidth = 192;  // columns of X per band of B X (max 32 bands)
+
+/// dst += alpha * lhs * rhs on the calling thread only: Eigen's blocked GEMM kernel with the
+/// single-thread blocking, called directly. Eigen's own product expression would go through its
+/// OpenMP parallelizer, which splits the product (and re-derives the K blocking from the thread
+/// count) whenever it runs in a team of one thread while Eigen::nbThreads() > 1 (set_cpu_threads
+/// sets it; a nested call or OMP_DYNAMIC gives such a team), so its bits could depend on the thread
+/// count. Always the GEMM kernel (no GEMV / coefficient-based fallback for thin or tiny shapes).
+/// lhs, rhs, dst: Eigen blocks with direct access and unit inner stride.
+template <class Dst, class Lhs, class Rhs>
+void gemm_serial(Dst&& dst, const Lhs& lhs, const Rhs& rhs, float alpha) {
+  namespace ei = Eigen::internal;
+  using Index = Eigen::Index;
+  using D = std::remove_reference_t<Dst>;
+  const Index rows = dst.rows(), cols = dst.cols(), depth = lhs.cols();
+  if (rows == 0 || cols == 0 || depth == 0) return;
+  constexpr int kLhsOrder = (Lhs::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
+  constexpr int kRhsOrder = (Rhs::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
+  constexpr int kDstOrder = (D::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
+  static_assert(Lhs::InnerStrideAtCompileTime == 1 && Rhs::InnerStrideAtCompileTime == 1 &&
+                    D::InnerStrideAtCompileTime == 1,
+                "gemm_serial: operands need unit inner stride");
+  ei::gemm_blocking_space<kDstOrder, float, float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Dynamic> blocking(
+      rows, cols, depth, 1, true);
+  ei::general_matrix_matrix_product<Index, float, kLhsOrder, false, float, kRhsOrder, false, kDstOrder, 1>::run(
+      rows, cols, depth, lhs.data(), lhs.outerStride(), rhs.data(), rhs.outerStride(), dst.data(), 1,
+      dst.outerStride(), alpha, blocking, nullptr);
+}
 
 /// out [m, m] = L [m, k] * R [k, m] for a product known to be symmetric (X X^T, A A): computes the
 /// lower triangle only (in equal-area row bands: a rectangle GEMM plus a triangular GEMM each, about
@@ -70,7 +99,11 @@ void symmetric_product(const Lhs& L, const Rhs& R, SymMap out) {
   for (int64_t b = 0; b < bands; ++b) {
     const int64_t r0 = cut[b], h = cut[b + 1] - cut[b];
     if (h <= 0) continue;
-    if (r0 > 0) out.block(r0, 0, h, r0).noalias() = L.middleRows(r0, h) * R.leftCols(r0);
+    if (r0 > 0) {
+      out.block(r0, 0, h, r0).setZero();
+      gemm_serial(out.block(r0, 0, h, r0), L.middleRows(r0, h), R.leftCols(r0), 1.0f);
+    }
+    // Eigen's triangular product (general_matrix_matrix_triangular_product) is always sequential.
     out.block(r0, r0, h, h).template triangularView<Eigen::Lower>() = L.middleRows(r0, h) * R.middleCols(r0, h);
   }
   float* o = out.data();  // column-major: (i, j) lives at j*m + i
@@ -86,8 +119,8 @@ void quintic_update(const MatMap& X, const SymMap& B, MatMap Y) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t b = 0; b < bands; ++b) {
     const int64_t c0 = n * b / bands, w = n * (b + 1) / bands - c0;
-    Y.middleCols(c0, w).noalias() = kNewtonSchulzA * X.middleCols(c0, w);
-    Y.middleCols(c0, w).noalias() += B * X.middleCols(c0, w);
+    Y.middleCols(c0, w) = kNewtonSchulzA * X.middleCols(c0, w);
+    gemm_serial(Y.middleCols(c0, w), B, X.middleCols(c0, w), 1.0f);
   }
 }
 

@@ -461,6 +461,46 @@ void ShardedEngine::init_parameters(uint64_t seed) {
   load_full_parameters(full);
 }
 
+const char* state_kind_name(StateKind k) {
+  switch (k) {
+    case StateKind::param: return "param";
+    case StateKind::m: return "m";
+    case StateKind::v: return "v";
+  }
+  return "?";
+}
+
+void ShardedEngine::for_each_saved_piece(const SavedPieceFn& fn) {
+  for (auto [unit, o] : contributed_pieces()) {
+    const MatrixShard& s = plan_.shards[o->shard];
+    fn(s, StateKind::param, o->param_offset, o->numel, unit->shard.data_f32() + o->shard_offset);
+    fn(s, StateKind::m, o->param_offset, o->numel, o->m.data_f32());
+    if (o->v.defined()) fn(s, StateKind::v, o->param_offset, o->numel, o->v.data_f32());
+  }
+}
+
+void ShardedEngine::load_state(const StateReadFn& read, int64_t optimizer_steps) {
+  for (auto& unit : units_) {
+    const UnitLayout& L = plan_.units[unit->index];
+    for (const Binding& b : unit->params) {
+      const MatrixShard& s = plan_.shards[b.shard];
+      for (const ShardPiece& p : s.pieces) {
+        if (resident_) read(s, StateKind::param, p.param_offset, p.numel,
+                            unit->full.data_f32() + L.segment_offset(p.rank) + p.segment_offset);
+        else if (p.rank == rank_) read(s, StateKind::param, p.param_offset, p.numel, unit->shard.data_f32() + p.segment_offset);
+      }
+    }
+    if (resident_) unpack_params(*unit);
+    for (OwnedPiece& o : unit->owned) {
+      if (o.numel == 0) continue;
+      const MatrixShard& s = plan_.shards[o.shard];
+      read(s, StateKind::m, o.param_offset, o.numel, o.m.data_f32());
+      if (o.v.defined()) read(s, StateKind::v, o.param_offset, o.numel, o.v.data_f32());
+    }
+  }
+  opt_steps_ = optimizer_steps;
+}
+
 std::vector<ShardedEngine::StatePiece> ShardedEngine::state_pieces_of(int r) const {
   std::vector<StatePiece> out;
   const bool ddp = plan_.placement == Placement::ddp;

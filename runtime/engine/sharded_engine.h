@@ -3,6 +3,7 @@
 // identical at every world size.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -49,6 +50,11 @@ struct StepStats {
   double t_forward = 0, t_backward = 0, t_reduce = 0, t_optimizer = 0, t_total = 0;
   int64_t tokens = 0;  ///< tokens in the global batch
 };
+
+/// One kind of per-element training state: the parameter itself, the first optimizer moment
+/// (Muon momentum or AdamW m) and AdamW's second moment v. Names: "param", "m", "v".
+enum class StateKind : int { param = 0, m = 1, v = 2 };
+const char* state_kind_name(StateKind k);
 
 /// Trains a GPT whose parameters are laid out by a ShardPlan across the communicator's ranks.
 ///
@@ -114,6 +120,22 @@ class ShardedEngine {
   /// rank hashes the elements it owns, keyed by (tensor, kind, logical index, f32 bits), and the
   /// per-tensor 2x64-bit sums are combined by integer addition across ranks (a collective).
   std::string state_fingerprint();
+
+  /// Calls fn(shard, kind, logical offset, numel, data) for every piece of state this rank saves
+  /// in a checkpoint: the pieces it owns (under ddp: rank 0 all of them, others none), each with
+  /// its parameter values, its m and (AdamW) its v. Every element of every tensor is covered by
+  /// exactly one rank. Local (no collective).
+  using SavedPieceFn = std::function<void(const MatrixShard&, StateKind, int64_t offset, int64_t numel, const float*)>;
+  void for_each_saved_piece(const SavedPieceFn& fn);
+  /// Fills this rank's state from a reader: read(shard, kind, logical offset, numel, dst) must
+  /// write numel f32 values of that logical range. Asks for every parameter range the rank stores
+  /// (resident placements: whole tensors) and every optimizer-state range it owns; sets the
+  /// optimizer step counter to `optimizer_steps`. Local (no collective); exceptions from `read`
+  /// propagate.
+  using StateReadFn = std::function<void(const MatrixShard&, StateKind, int64_t offset, int64_t numel, float*)>;
+  void load_state(const StateReadFn& read, int64_t optimizer_steps);
+  /// Optimizer steps taken (AdamW bias correction uses it).
+  int64_t optimizer_steps() const { return opt_steps_; }
 
   /// Runs `fn` with every unit gathered (the model's parameters hold full values), then frees them.
   void with_full_model(const std::function<void()>& fn);

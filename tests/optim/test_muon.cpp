@@ -2,9 +2,16 @@
 // gradient, exact weight decay, scale values, momentum / Nesterov closed forms, split QKV, call counts.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <omp.h>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "optim/muon.h"
@@ -151,17 +158,125 @@ TEST_CASE("newton_schulz_cpu leaves the input alone, is deterministic, zero stay
   CHECK_THROWS_AS(newton_schulz_cpu(nullptr, o1.data(), r, c, 5), std::invalid_argument);
 }
 
-TEST_CASE("newton_schulz_cpu result is bitwise independent of the OpenMP thread count", "[muon]") {
-  const int64_t r = 300, c = 500;
-  const auto g = randn(r * c, 31);
-  std::vector<float> o1(g.size()), o2(g.size());
+namespace {
+
+/// Runs f with `threads` OpenMP threads (and, when eigen_threads > 0, Eigen::setNbThreads(eigen_threads),
+/// as set_cpu_threads does), restoring both afterwards.
+template <class F>
+void with_threads(int threads, int eigen_threads, F&& f) {
   const int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
-  newton_schulz_cpu(g.data(), o1.data(), r, c, 5);
-  omp_set_num_threads(2);
-  newton_schulz_cpu(g.data(), o2.data(), r, c, 5);
+  omp_set_num_threads(threads);
+  if (eigen_threads > 0) Eigen::setNbThreads(eigen_threads);
+  f();
+  Eigen::setNbThreads(0);  // back to following omp_get_max_threads()
   omp_set_num_threads(saved);
-  CHECK(o1 == o2);  // fixed bands, each a single-threaded GEMM
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("newton_schulz_cpu result is bitwise independent of the OpenMP thread count", "[muon]") {
+  // 300x500: 2 symmetric bands, 2 column bands. 2304x768 (GPT-2's c_attn, transposed path): m = 768
+  // gives 6 bands of X X^T and A A and 12 column bands of B X. 768x768: 6 and 4 bands.
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{300, 500}, {2304, 768}, {768, 768}}) {
+    const auto g = randn(r * c, 31 + static_cast<uint32_t>(r));
+    std::vector<float> o1(g.size()), o2(g.size()), o3(g.size()), o_eigen2(g.size());
+    with_threads(1, 0, [&] { newton_schulz_cpu(g.data(), o1.data(), r, c, 5); });
+    with_threads(2, 0, [&] { newton_schulz_cpu(g.data(), o2.data(), r, c, 5); });
+    with_threads(3, 0, [&] { newton_schulz_cpu(g.data(), o3.data(), r, c, 5); });  // oversubscribed
+    // One OpenMP thread while Eigen is told 2 (a team of one with Eigen::nbThreads() > 1): Eigen's
+    // product expression would split its GEMMs here; the bands' serial GEMMs must not.
+    with_threads(1, 2, [&] { newton_schulz_cpu(g.data(), o_eigen2.data(), r, c, 5); });
+    INFO("shape " << r << "x" << c);
+    CHECK(same_bits(o1, o2));
+    CHECK(same_bits(o1, o3));
+    CHECK(same_bits(o1, o_eigen2));
+    bool finite = true;
+    for (float v : o1) finite = finite && std::isfinite(v);
+    CHECK(finite);
+  }
+}
+
+TEST_CASE("muon_step_cpu (split QKV) is bitwise independent of the OpenMP thread count", "[muon]") {
+  const int64_t r = 3 * 256, c = 320;  // three 256x320 blocks; 245760 elements (threaded elementwise loops)
+  const auto w0 = randn(r * c, 41), g = randn(r * c, 42), m0 = randn(r * c, 43, 0.1f);
+  MuonOptions opt;
+  opt.split_qkv = true;
+  opt.weight_decay = 0.1;
+  auto run = [&](int threads) {
+    std::vector<float> w = w0, m = m0;
+    with_threads(threads, 0, [&] {
+      for (int step = 0; step < 2; ++step) muon_step_cpu(w.data(), g.data(), m.data(), r, c, 0.02, opt, 3);
+    });
+    return std::pair{w, m};
+  };
+  const auto [w1, m1] = run(1);
+  const auto [w2, m2] = run(2);
+  CHECK(same_bits(w1, w2));
+  CHECK(same_bits(m1, m2));
+  CHECK(!same_bits(w1, w0));
+}
+
+// Timing of Newton-Schulz (5 steps) on one GPT-2 124M layer's Muon matrices ([fan_out, fan_in]:
+// c_attn 2304x768 whole or as 3 blocks of 768x768, attn c_proj 768x768, mlp c_fc 3072x768, mlp
+// c_proj 768x3072), at 1 and 2 OpenMP threads (MFSDP_NS_BENCH_THREADS="1,2,4" overrides). Hidden:
+// run with `test_optim "[.bench]"`; scripts/bench_newton_schulz.py parses the `ns_bench` lines.
+TEST_CASE("bench: newton_schulz_cpu on GPT-2 124M's Muon matrices", "[.bench][muon]") {
+  std::vector<int> thread_counts = {1, 2};
+  if (const char* env = std::getenv("MFSDP_NS_BENCH_THREADS")) {
+    thread_counts.clear();
+    for (const char* p = env; *p;) {
+      char* end = nullptr;
+      const long t = std::strtol(p, &end, 10);
+      if (end == p) break;
+      if (t > 0) thread_counts.push_back(static_cast<int>(t));
+      p = *end ? end + 1 : end;
+    }
+  }
+  int reps = 3;
+  if (const char* env = std::getenv("MFSDP_NS_BENCH_REPS")) reps = std::max(1, std::atoi(env));
+  const int layers = 12;
+  for (int split = 0; split <= 1; ++split) {
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    if (split) shapes = {{768, 768}, {768, 768}, {768, 768}};
+    else shapes = {{2304, 768}};
+    shapes.insert(shapes.end(), {{768, 768}, {3072, 768}, {768, 3072}});
+    std::vector<std::vector<float>> gs;
+    for (size_t i = 0; i < shapes.size(); ++i)
+      gs.push_back(randn(shapes[i].first * shapes[i].second, 500 + static_cast<uint32_t>(i)));
+    std::vector<float> out(3072 * 768);
+    // Full GEMM FLOPs of one layer (X X^T, A A, B X as general products; the kernel computes the
+    // symmetric ones as triangles, so it does ~ 2/3 of these).
+    double flops = 0.0;
+    for (auto [r, c] : shapes) {
+      const double m = static_cast<double>(std::min(r, c)), n = static_cast<double>(std::max(r, c));
+      flops += 5.0 * (4.0 * m * m * n + 2.0 * m * m * m);
+    }
+    for (int t : thread_counts) {
+      double best = 1e30, best_cpu = 0.0;
+      with_threads(t, 0, [&] {
+        for (size_t i = 0; i < shapes.size(); ++i)  // warm-up: scratch, caches
+          newton_schulz_cpu(gs[i].data(), out.data(), shapes[i].first, shapes[i].second, 5);
+        for (int rep = 0; rep < reps; ++rep) {
+          const std::clock_t c0 = std::clock();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (size_t i = 0; i < shapes.size(); ++i)
+            newton_schulz_cpu(gs[i].data(), out.data(), shapes[i].first, shapes[i].second, 5);
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (s < best) {
+            best = s;
+            best_cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+          }
+        }
+      });
+      std::printf("ns_bench threads=%d split_qkv=%d layer_s=%.4f gpt2_124m_s=%.3f cpu_s=%.4f gflops=%.1f\n", t,
+                  split, best, best * layers, best_cpu, flops / best / 1e9);
+    }
+  }
+  std::fflush(stdout);
 }
 
 TEST_CASE("muon_scale exact values", "[muon]") {

@@ -1,0 +1,463 @@
+#include "checkpoint/owner_checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/safetensors.h"
+
+namespace mfsdp {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "matrixfsdp-checkpoint";
+constexpr const char* kManifest = "manifest.json";
+constexpr int kMaxJsonDepth = 64;
+constexpr size_t kMaxManifestBytes = size_t(1) << 30;
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t checksum(const void* data, int64_t bytes) { return XXH3_64bits(data, static_cast<size_t>(bytes)); }
+
+// fsync of a file or directory; returns false on failure.
+bool sync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// Writes `text` to `path` atomically (path.tmp, flush, fsync, rename). Throws CheckpointError.
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw CheckpointError(tmp.string() + ": cannot open for writing");
+    f << text;
+    f.flush();
+    if (!f) throw CheckpointError(tmp.string() + ": write failed (disk full?)");
+  }
+  if (!sync_path(tmp)) throw CheckpointError(tmp.string() + ": fsync failed");
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw CheckpointError(path.string() + ": rename failed: " + ec.message());
+}
+
+// Every rank learns whether any rank failed; all throw together (the failing rank its message).
+void agree(Communicator& comm, const std::string& error, const std::string& what) {
+  const double bad = comm.all_reduce_scalar(error.empty() ? 0.0 : 1.0, ReduceOp::max, CommPhase::other);
+  if (bad == 0.0) return;
+  throw CheckpointError(error.empty() ? what + ": another rank failed (see its message)" : error);
+}
+
+// Longest nesting of [ and { outside strings (bounded before parsing).
+int json_depth(const std::string& text) {
+  int depth = 0, most = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      most = std::max(most, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return most;
+}
+
+std::string clip(std::string s, size_t n = 80) {
+  if (s.size() > n) s = s.substr(0, n) + "...";
+  return s;
+}
+
+// Typed access to manifest fields with messages naming the file and the field.
+struct Fields {
+  std::string file;
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw CheckpointError(file + ": " + field + ": " + what);
+  }
+  const json& at(const json& j, const std::string& key, const std::string& field) const {
+    if (!j.is_object() || !j.contains(key)) fail(field, "missing");
+    return j.at(key);
+  }
+  int64_t i64(const json& j, const std::string& key, const std::string& field, int64_t lo = 0) const {
+    const json& v = at(j, key, field);
+    if (!v.is_number_integer() || v.get<int64_t>() < lo)
+      fail(field, "expected an integer >= " + std::to_string(lo) + ", got " + clip(v.dump()));
+    return v.get<int64_t>();
+  }
+  std::string str(const json& j, const std::string& key, const std::string& field) const {
+    const json& v = at(j, key, field);
+    if (!v.is_string()) fail(field, "expected a string, got " + clip(v.dump()));
+    return v.get<std::string>();
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------- save
+
+std::string save_checkpoint(ShardedEngine& engine, const std::string& root, const CheckpointMeta& meta, int keep_last) {
+  Communicator& comm = engine.comm();
+  const int rank = comm.rank(), world = comm.world_size();
+  const fs::path root_dir(root), final_dir = root_dir / step_dir_name(meta.step);
+  const fs::path tmp_dir = final_dir.string() + ".tmp";
+  std::string error;
+
+  // 1. rank 0 prepares an empty temporary directory (a leftover of a crashed save is removed)
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(root_dir, ec);
+    if (ec) error = root + ": cannot create the checkpoint directory: " + ec.message();
+    else if (fs::exists(final_dir)) error = final_dir.string() + ": a checkpoint of this step already exists";
+    else {
+      fs::remove_all(tmp_dir, ec);
+      if (!fs::create_directory(tmp_dir, ec) || ec)
+        error = tmp_dir.string() + ": cannot create: " + (ec ? ec.message() : "exists");
+    }
+  }
+  agree(comm, error, "checkpoint " + final_dir.string());
+
+  // 2. every rank writes the pieces it owns
+  const std::string file = [&] {
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "rank_%05d.safetensors", rank);
+    return std::string(buf);
+  }();
+  json records = json::array();
+  try {
+    std::vector<TensorView> views;
+    engine.for_each_saved_piece([&](const MatrixShard& s, StateKind kind, int64_t offset, int64_t numel, const float* data) {
+      const std::string key = std::string(state_kind_name(kind)) + "/" + s.name + "/" + std::to_string(offset);
+      views.push_back(TensorView{key, "F32", {numel}, data});
+      records.push_back({{"name", s.name}, {"kind", state_kind_name(kind)}, {"file", file}, {"key", key},
+                         {"offset", offset}, {"numel", numel},
+                         {"xxh64", hex64(checksum(data, numel * static_cast<int64_t>(sizeof(float))))}});
+    });
+    write_safetensors((tmp_dir / file).string(), views, {{"rank", std::to_string(rank)}, {"step", std::to_string(meta.step)}});
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Test-only fault injection: MFSDP_TEST_CHECKPOINT_FAULT=die_after_rank_file:<step> kills the
+  // last rank after it wrote its file of that step's checkpoint, before the manifest.
+  if (const char* fault = std::getenv("MFSDP_TEST_CHECKPOINT_FAULT");
+      fault && std::string(fault) == "die_after_rank_file:" + std::to_string(meta.step) && rank == world - 1) {
+    std::fprintf(stderr, "[test fault] rank %d dies after writing %s\n", rank, file.c_str());
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+  agree(comm, error, "checkpoint " + final_dir.string());
+
+  // 3. the piece records reach rank 0 (sizes first, then the padded texts)
+  const std::string mine = records.dump();
+  const int64_t my_len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(static_cast<size_t>(world));
+  comm.all_gather_host(&my_len, lens.data(), sizeof(int64_t), CommPhase::other);
+  const int64_t longest = *std::max_element(lens.begin(), lens.end());
+  std::vector<char> padded(static_cast<size_t>(longest), ' '), all(static_cast<size_t>(longest * world));
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  comm.all_gather_host(padded.data(), all.data(), longest, CommPhase::other);
+
+  // 4. rank 0 writes the manifest last, then renames the directory into place
+  if (rank == 0) {
+    try {
+      const ShardPlan& plan = engine.plan();
+      std::map<std::string, json> pieces;  // name -> {"param": [...], "m": [...], "v": [...]}
+      for (int r = 0; r < world; ++r) {
+        const json rec = json::parse(std::string(all.data() + r * longest, static_cast<size_t>(lens[r])));
+        for (const json& p : rec)
+          pieces[p["name"].get<std::string>()][p["kind"].get<std::string>()].push_back(
+              {{"file", p["file"]}, {"key", p["key"]}, {"offset", p["offset"]}, {"numel", p["numel"]}, {"xxh64", p["xxh64"]}});
+      }
+      json tensors = json::array();
+      for (const MatrixShard& s : plan.shards) {
+        json t = {{"name", s.name}, {"shape", s.shape}, {"dtype", "F32"},
+                  {"optimizer", s.optimizer == OptimizerKind::muon ? "muon" : "adamw"}, {"pieces", pieces[s.name]}};
+        for (auto& [kind, list] : t["pieces"].items())
+          std::sort(list.begin(), list.end(), [](const json& a, const json& b) { return a["offset"] < b["offset"]; });
+        tensors.push_back(std::move(t));
+      }
+      json loader;
+      to_json(loader, meta.loader);
+      const json manifest = {{"format", kFormat},
+                             {"format_version", CheckpointManifest::kFormatVersion},
+                             {"step", meta.step},
+                             {"tokens", meta.tokens},
+                             {"optimizer_steps", engine.optimizer_steps()},
+                             {"world_size", world},
+                             {"placement", placement_name(plan.placement)},
+                             {"loader", loader},
+                             {"state_fingerprint", meta.state_fingerprint},
+                             {"config", meta.config},
+                             {"plan", plan.to_json()},
+                             {"tensors", tensors}};
+      write_text_atomic(tmp_dir / kManifest, manifest.dump(1) + "\n");
+      if (!sync_path(tmp_dir)) throw CheckpointError(tmp_dir.string() + ": fsync failed");
+      std::error_code ec;
+      fs::rename(tmp_dir, final_dir, ec);
+      if (ec) throw CheckpointError(final_dir.string() + ": rename failed: " + ec.message());
+      sync_path(root_dir);
+      write_text_atomic(root_dir / "latest", final_dir.filename().string() + "\n");
+      sync_path(root_dir);
+      // only now, with the new checkpoint complete, the oldest ones beyond keep_last go
+      std::vector<std::string> complete = list_checkpoints(root);
+      for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < complete.size(); ++i)
+        if (fs::path(complete[i]) != final_dir) fs::remove_all(complete[i], ec);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(comm, error, "checkpoint " + final_dir.string());
+  return final_dir.string();
+}
+
+// ---------------------------------------------------------------------------------------- read
+
+std::vector<std::string> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() != 13 || name.rfind("step_", 0) != 0 || !entry.is_directory()) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    if (!fs::is_regular_file(entry.path() / kManifest, ec)) continue;
+    found.push_back({std::stoll(name.substr(5)), entry.path().string()});
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::string resolve_resume(const std::string& resume, const std::string& root, std::string* note) {
+  if (resume.empty()) return "";
+  std::error_code ec;
+  if (resume != "auto") {
+    if (!fs::is_regular_file(fs::path(resume) / kManifest, ec))
+      throw CheckpointError(resume + ": not a complete checkpoint (no " + kManifest + ")");
+    return resume;
+  }
+  std::string msg;
+  if (fs::is_directory(root, ec))
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step_", 0) == 0 && (!fs::is_regular_file(entry.path() / kManifest, ec) || name.size() != 13))
+        msg += "ignoring the incomplete checkpoint " + entry.path().string() + "; ";
+    }
+  const std::vector<std::string> complete = list_checkpoints(root);
+  std::string chosen;
+  std::ifstream latest(fs::path(root) / "latest");
+  std::string target;
+  if (latest && std::getline(latest, target) && !target.empty()) {
+    const fs::path p = fs::path(root) / target;
+    if (std::find(complete.begin(), complete.end(), p.string()) != complete.end()) chosen = p.string();
+    else msg += "the latest pointer names " + target + ", which is not a complete checkpoint; ";
+  }
+  if (chosen.empty() && !complete.empty()) chosen = complete.back();
+  if (chosen.empty()) msg += "no complete checkpoint in " + root + ": starting fresh";
+  else msg += "resuming from " + chosen;
+  if (note) *note = msg;
+  return chosen;
+}
+
+CheckpointManifest CheckpointManifest::read(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kManifest).string();
+  const Fields f{path};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(path + ": cannot open (not a complete checkpoint?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  if (text.size() > kMaxManifestBytes) throw CheckpointError(path + ": larger than 1 GiB, refused");
+  if (json_depth(text) > kMaxJsonDepth) throw CheckpointError(path + ": nested deeper than 64 levels, refused");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": not valid JSON (" + clip(e.what(), 200) + ")");
+  }
+  CheckpointManifest m;
+  m.dir = dir;
+  if (f.str(j, "format", "format") != kFormat) f.fail("format", "expected \"" + std::string(kFormat) + "\"");
+  const int64_t version = f.i64(j, "format_version", "format_version");
+  if (version != kFormatVersion)
+    f.fail("format_version", std::to_string(version) + " is not supported (this build reads version " +
+                                 std::to_string(kFormatVersion) + ")");
+  m.step = f.i64(j, "step", "step");
+  m.tokens = f.i64(j, "tokens", "tokens");
+  m.optimizer_steps = f.i64(j, "optimizer_steps", "optimizer_steps");
+  m.world_size = static_cast<int>(f.i64(j, "world_size", "world_size", 1));
+  m.placement = f.str(j, "placement", "placement");
+  m.state_fingerprint = f.str(j, "state_fingerprint", "state_fingerprint");
+  try {
+    from_json(f.at(j, "loader", "loader"), m.loader);
+  } catch (const std::exception& e) {
+    f.fail("loader", e.what());
+  }
+  m.config = f.at(j, "config", "config");
+  m.plan = f.at(j, "plan", "plan");
+  const json& tensors = f.at(j, "tensors", "tensors");
+  if (!tensors.is_array()) f.fail("tensors", "expected an array");
+  std::set<std::string> names;
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const json& t = tensors[ti];
+    const std::string where = "tensors[" + std::to_string(ti) + "]";
+    Tensor out;
+    out.name = f.str(t, "name", where + ".name");
+    if (!names.insert(out.name).second) f.fail(where + ".name", "duplicate tensor '" + clip(out.name) + "'");
+    const json& shape = f.at(t, "shape", where + ".shape");
+    if (!shape.is_array() || shape.size() > 8) f.fail(where + ".shape", "expected an array of at most 8 sizes");
+    int64_t numel = 1;
+    for (const json& d : shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
+        f.fail(where + ".shape", "bad size " + clip(d.dump()));
+      out.shape.push_back(d.get<int64_t>());
+      if (numel > (int64_t(1) << 40) / std::max<int64_t>(1, d.get<int64_t>())) f.fail(where + ".shape", "too large");
+      numel *= d.get<int64_t>();
+    }
+    if (f.str(t, "dtype", where + ".dtype") != "F32") f.fail(where + ".dtype", "expected \"F32\"");
+    out.optimizer = f.str(t, "optimizer", where + ".optimizer");
+    if (out.optimizer != "muon" && out.optimizer != "adamw") f.fail(where + ".optimizer", "expected muon or adamw");
+    const json& pieces = f.at(t, "pieces", where + ".pieces");
+    for (int k = 0; k < 3; ++k) {
+      const std::string kind = state_kind_name(static_cast<StateKind>(k));
+      const std::string pw = where + ".pieces." + kind;
+      const bool needed = k < 2 || out.optimizer == "adamw";
+      if (!needed) {
+        if (pieces.is_object() && pieces.contains(kind)) f.fail(pw, "a Muon tensor has no second moment");
+        continue;
+      }
+      const json& list = f.at(pieces, kind, pw);
+      if (!list.is_array()) f.fail(pw, "expected an array");
+      int64_t expect = 0;
+      for (size_t pi = 0; pi < list.size(); ++pi) {
+        const std::string qw = pw + "[" + std::to_string(pi) + "]";
+        CheckpointPiece p;
+        p.file = f.str(list[pi], "file", qw + ".file");
+        if (p.file.empty() || p.file.find('/') != std::string::npos || p.file == "." || p.file == "..")
+          f.fail(qw + ".file", "\"" + clip(p.file) + "\" is not a file name inside the checkpoint");
+        p.key = f.str(list[pi], "key", qw + ".key");
+        p.offset = f.i64(list[pi], "offset", qw + ".offset");
+        p.numel = f.i64(list[pi], "numel", qw + ".numel", 1);
+        const std::string h = f.str(list[pi], "xxh64", qw + ".xxh64");
+        if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+          f.fail(qw + ".xxh64", "expected 16 lowercase hex digits");
+        p.xxh64 = std::stoull(h, nullptr, 16);
+        if (p.offset != expect)
+          f.fail(qw + ".offset", std::to_string(p.offset) + ": the pieces of '" + clip(out.name) + "' must tile it (expected " +
+                                     std::to_string(expect) + ")");
+        expect += p.numel;
+        out.pieces[k].push_back(std::move(p));
+      }
+      if (expect != numel)
+        f.fail(pw, "the pieces cover " + std::to_string(expect) + " of " + std::to_string(numel) + " elements of '" +
+                       clip(out.name) + "'");
+    }
+    m.tensors.push_back(std::move(out));
+  }
+  return m;
+}
+
+const CheckpointManifest::Tensor* CheckpointManifest::find(const std::string& name) const {
+  for (const Tensor& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& m) {
+  const std::string where = (fs::path(m.dir) / kManifest).string();
+  const ShardPlan& plan = engine.plan();
+  auto shape_str = [](const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  };
+  std::set<std::string> model_names;
+  for (const MatrixShard& s : plan.shards) {
+    model_names.insert(s.name);
+    const CheckpointManifest::Tensor* t = m.find(s.name);
+    if (!t) throw CheckpointError(where + ": has no tensor '" + s.name + "' (saved from another model?)");
+    if (t->shape != s.shape)
+      throw CheckpointError(where + ": tensor '" + s.name + "' has shape " + shape_str(t->shape) + ", the model " +
+                            shape_str(s.shape));
+    const std::string opt = s.optimizer == OptimizerKind::muon ? "muon" : "adamw";
+    if (t->optimizer != opt)
+      throw CheckpointError(where + ": tensor '" + s.name + "' was trained with " + t->optimizer + ", the run routes it to " + opt);
+  }
+  for (const auto& t : m.tensors)
+    if (!model_names.count(t.name))
+      throw CheckpointError(where + ": tensor '" + clip(t.name) + "' is not in the model (saved from another model?)");
+
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
+  std::set<const CheckpointPiece*> verified;
+  auto piece_bytes = [&](const CheckpointPiece& p, const std::string& tensor) -> const float* {
+    auto it = files.find(p.file);
+    const std::string path = (fs::path(m.dir) / p.file).string();
+    if (it == files.end()) {
+      try {
+        it = files.emplace(p.file, std::make_unique<SafetensorsFile>(path)).first;
+      } catch (const std::exception& e) {
+        throw CheckpointError(std::string(e.what()) + " (checkpoint " + m.dir + ")");
+      }
+    }
+    const SafetensorsFile& file = *it->second;
+    if (!file.contains(p.key)) throw CheckpointError(path + ": missing tensor '" + clip(p.key) + "' of '" + tensor + "'");
+    const TensorInfo& info = file.info(p.key);
+    if (info.dtype != "F32" || info.numel() != p.numel)
+      throw CheckpointError(path + ": tensor '" + clip(p.key) + "' is " + info.dtype + " with " + std::to_string(info.numel()) +
+                            " elements, the manifest says F32 with " + std::to_string(p.numel));
+    const auto raw = file.raw(p.key);
+    if (!verified.count(&p)) {
+      if (checksum(raw.data(), static_cast<int64_t>(raw.size())) != p.xxh64)
+        throw CheckpointError(path + ": tensor '" + clip(p.key) + "' fails its checksum (corrupted file)");
+      verified.insert(&p);
+    }
+    return reinterpret_cast<const float*>(raw.data());
+  };
+  engine.load_state(
+      [&](const MatrixShard& s, StateKind kind, int64_t offset, int64_t numel, float* dst) {
+        const auto& pieces = m.find(s.name)->pieces[static_cast<int>(kind)];
+        // the first piece that ends after `offset`, then every piece overlapping the range
+        auto it = std::upper_bound(pieces.begin(), pieces.end(), offset,
+                                   [](int64_t o, const CheckpointPiece& p) { return o < p.offset + p.numel; });
+        for (; it != pieces.end() && it->offset < offset + numel; ++it) {
+          const float* src = piece_bytes(*it, s.name);
+          const int64_t lo = std::max(offset, it->offset), hi = std::min(offset + numel, it->offset + it->numel);
+          std::copy(src + (lo - it->offset), src + (hi - it->offset), dst + (lo - offset));
+        }
+      },
+      m.optimizer_steps);
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,90 @@
+// Owner-shard checkpoints: each rank writes the pieces it owns (parameter, momentum, AdamW
+// moments) to its own safetensors file; rank 0 writes manifest.json last and renames the
+// directory into place. Because owners hold whole matrices, loading at another world size or
+// placement is reassignment: every rank reads exactly the logical ranges it will own from
+// whichever files hold them. The layout and the save protocol are described in
+// checkpoint/README.md.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/data/data_loader.h"
+#include "runtime/engine/sharded_engine.h"
+
+namespace mfsdp {
+
+/// A missing, incomplete, corrupted or incompatible checkpoint, or a failed save. The message
+/// names the file (and the tensor or manifest field).
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Run state saved next to the tensors.
+struct CheckpointMeta {
+  int64_t step = 0;    ///< optimizer steps completed (the next step index)
+  int64_t tokens = 0;  ///< training tokens consumed
+  LoaderState loader;  ///< data position in global terms
+  nlohmann::json config;           ///< the effective config at save time
+  std::string state_fingerprint;   ///< ShardedEngine::state_fingerprint() at save time
+};
+
+/// One saved piece: a logical range [offset, offset + numel) of one state tensor in one file.
+struct CheckpointPiece {
+  std::string file;  ///< file name inside the checkpoint directory
+  std::string key;   ///< tensor key inside that file
+  int64_t offset = 0, numel = 0;
+  uint64_t xxh64 = 0;  ///< XXH3-64 of the piece's little-endian f32 bytes
+};
+
+/// A parsed, validated manifest.json.
+struct CheckpointManifest {
+  static constexpr int kFormatVersion = 1;
+  std::string dir;  ///< the checkpoint directory it was read from
+  int64_t step = 0, tokens = 0, optimizer_steps = 0;
+  int world_size = 0;
+  std::string placement;
+  LoaderState loader;
+  nlohmann::json config, plan;
+  std::string state_fingerprint;
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::string optimizer;  ///< "muon" or "adamw"
+    /// pieces[kind]: sorted by offset, tiling [0, numel) exactly (kind v only for adamw).
+    std::vector<CheckpointPiece> pieces[3];
+  };
+  std::vector<Tensor> tensors;
+
+  /// Reads and validates `dir`/manifest.json: format and version, types of every field, pieces
+  /// that tile each tensor exactly. Throws CheckpointError naming the file and field.
+  static CheckpointManifest read(const std::string& dir);
+  const Tensor* find(const std::string& name) const;
+};
+
+/// Saves a checkpoint of `engine` under `root` as step_<8-digit step>/ (collective: every rank
+/// calls it at the same step). Ranks write into step_N.tmp/, rank 0 then writes manifest.json,
+/// renames the directory into place, points `root`/latest at it and deletes the oldest complete
+/// checkpoints beyond `keep_last` (0 keeps all). Returns the directory. Throws CheckpointError on
+/// every rank when any rank failed to write (the previous checkpoints are untouched).
+std::string save_checkpoint(ShardedEngine& engine, const std::string& root, const CheckpointMeta& meta, int keep_last);
+
+/// Resolves training.resume: "" -> "" (start fresh); "auto" -> the newest complete checkpoint
+/// under `root` ("" when there is none; `note` then says so, and mentions incomplete ones);
+/// anything else -> that directory, which must hold a manifest (else CheckpointError).
+/// Local and deterministic: every rank resolves the same directory from the same files.
+std::string resolve_resume(const std::string& resume, const std::string& root, std::string* note);
+
+/// Checks that the manifest describes the engine's model (the same tensors, shapes and optimizer
+/// kinds); then reads every range this rank needs under the engine's plan, verifying the
+/// checksum of each piece it touches, and loads it (ShardedEngine::load_state). Local (no
+/// collective). Throws CheckpointError naming the file and tensor.
+void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& manifest);
+
+/// Complete checkpoints under `root` (directories step_* with a manifest.json), oldest first.
+std::vector<std::string> list_checkpoints(const std::string& root);
+
+}  // namespace mfsdp

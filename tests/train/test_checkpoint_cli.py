@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""End-to-end tests of owner-shard checkpoints under mpirun (stdlib only).
+
+usage: test_checkpoint_cli.py BIN_DIR CASE   with CASE one of
+  resume     every placement: 4 steps, save, resume, 4 more == 8 uninterrupted steps (export cmp,
+             state fingerprint, losses); and a rank killed (SIGKILL) between two checkpoints
+  reshard    saved at world 4 (matrixfsdp), resumed at worlds 1, 2, 3 and under fsdp2, zero1, ddp
+             with the same global batch and micro-batch shape: bitwise equal to the world-4 run
+  crash      a rank dies after writing its file but before the manifest: resume auto takes the
+             previous checkpoint and says it ignored the incomplete one
+  corrupt    damaged or foreign checkpoints: exit 2 on every rank with the file named, before
+             training; no checkpoint file is changed
+  preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
+             gives the same bytes as an uninterrupted run
+Exit 0 on success, 1 on failure.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TINY = os.path.join(ROOT, "configs", "tiny_test.json")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1", "data.shuffle=true"]
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAILED:", msg)
+
+
+def command(bin_dir, np, sets):
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", TINY,
+           "--threads", "1"]
+    for s in BASE + list(sets):
+        cmd += ["--set", s]
+    return cmd
+
+
+def train(bin_dir, np, *sets, env=None, expect=0):
+    p = subprocess.run(command(bin_dir, np, sets), env=env or ENV, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    if expect is not None and p.returncode != expect:
+        print(out[-3000:])
+    return p.returncode, out
+
+
+def summary(run_dir):
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in recs if r["type"] == "train"}
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def tree_digest(path):
+    h = hashlib.sha256()
+    for d, _, files in sorted(os.walk(path)):
+        for name in sorted(files):
+            p = os.path.join(d, name)
+            h.update(p.encode())
+            h.update(read(p))
+    return h.hexdigest()
+
+
+def full_run(bin_dir, tmp, name, np, steps, *sets):
+    run = os.path.join(tmp, name)
+    rc, out = train(bin_dir, np, f"logging.run_dir={run}", f"training.steps={steps}",
+                    f"output.export={run}.safetensors", *sets)
+    check(rc == 0, f"{name}: uninterrupted run failed ({rc})")
+    return run
+
+
+def same_as(ref_run, run, what, compare_losses=True):
+    check(read(ref_run + ".safetensors") == read(run + ".safetensors"), f"{what}: export differs (cmp)")
+    a, b = summary(ref_run), summary(run)
+    check(a["state_fingerprint"] == b["state_fingerprint"],
+          f"{what}: state_fingerprint {b['state_fingerprint']} != {a['state_fingerprint']}")
+    if not compare_losses:  # logged losses are window means; a resumed run's first window is shorter
+        return
+    ref_losses, got = losses(ref_run), losses(run)
+    for step, v in got.items():
+        check(ref_losses.get(step) == v, f"{what}: step {step} loss/grad norm {v} != {ref_losses.get(step)}")
+
+
+def case_resume(bin_dir, tmp):
+    # A constant schedule (after warmup), so a 4-step run extended to 8 is the 8-step run; the
+    # killed variant below keeps the cosine schedule (same training.steps throughout).
+    const = "schedule.decay=constant"
+    for placement in ("matrixfsdp", "fsdp2", "zero1", "ddp"):
+        ref = full_run(bin_dir, tmp, f"full_{placement}", 2, 8, f"sharding.placement={placement}", const)
+        run = os.path.join(tmp, f"split_{placement}")
+        rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=4", f"sharding.placement={placement}", const)
+        check(rc == 0, f"{placement}: first half failed")
+        check(os.path.isfile(os.path.join(run, "checkpoints", "step_00000004", "manifest.json")),
+              f"{placement}: no checkpoint at the end of the first half")
+        rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", f"sharding.placement={placement}",
+                        "training.resume=auto", f"output.export={run}.safetensors", const)
+        check(rc == 0 and "resumed at step 4" in out, f"{placement}: resume failed ({rc})")
+        if rc == 0:
+            same_as(ref, run, f"{placement} resume")
+    # a rank killed between two checkpoints (SIGKILL at the start of step 6, checkpoints every 3)
+    ref = full_run(bin_dir, tmp, "full_cosine", 2, 8)
+    run = os.path.join(tmp, "killed")
+    env = dict(ENV, MFSDP_TEST_KILL_AT_STEP="5")
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3", env=env,
+                  expect=None)
+    check(rc != 0, "the killed run did not fail")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "training.resume=auto",
+                    f"output.export={run}.safetensors")
+    check(rc == 0 and "resumed at step 3" in out, f"resume after kill -9 failed ({rc})")
+    if rc == 0:
+        same_as(ref, run, "resume after kill -9")
+
+
+def case_reshard(bin_dir, tmp):
+    # B = 1, 12 sequences per step: world 4 x grad_accum 3 saves; every continuation keeps 12.
+    # A constant schedule, so the 4-step save run is the first half of the 8-step runs.
+    one = ["training.micro_batch_size=1", "schedule.decay=constant"]
+    ref = full_run(bin_dir, tmp, "w4", 4, 8, "training.grad_accum=3", *one)
+    save = os.path.join(tmp, "save4")
+    rc, _ = train(bin_dir, 4, f"logging.run_dir={save}", "training.steps=4", "training.grad_accum=3", *one)
+    check(rc == 0, "world-4 save run failed")
+    ckpt = os.path.join(save, "checkpoints", "step_00000004")
+    for np, accum, placement in [(1, 12, "matrixfsdp"), (2, 6, "fsdp2"), (3, 4, "matrixfsdp"), (4, 3, "fsdp2")]:
+        run = os.path.join(tmp, f"to{np}_{placement}")
+        rc, out = train(bin_dir, np, f"logging.run_dir={run}", "training.steps=8", f"training.grad_accum={accum}",
+                        f"sharding.placement={placement}", f"training.resume={ckpt}", f"output.export={run}.safetensors",
+                        *one)
+        check(rc == 0, f"resume at world {np} ({placement}) failed ({rc})")
+        if rc == 0:
+            same_as(ref, run, f"world 4 -> world {np} {placement}")
+    # zero1 and ddp are exact for one micro-batch per rank: B = 3, world 4, grad_accum 1
+    three = ["training.micro_batch_size=3", "schedule.decay=constant"]
+    ref = full_run(bin_dir, tmp, "w4b3", 4, 8, *three)
+    save = os.path.join(tmp, "save4b3")
+    rc, _ = train(bin_dir, 4, f"logging.run_dir={save}", "training.steps=4", *three)
+    check(rc == 0, "world-4 B=3 save run failed")
+    for np, accum, placement in [(4, 1, "zero1"), (4, 1, "ddp"), (2, 2, "matrixfsdp")]:
+        run = os.path.join(tmp, f"b3to{np}_{placement}")
+        rc, _ = train(bin_dir, np, f"logging.run_dir={run}", "training.steps=8", f"training.grad_accum={accum}",
+                      f"sharding.placement={placement}", f"output.export={run}.safetensors",
+                      f"training.resume={os.path.join(save, 'checkpoints', 'step_00000004')}", *three)
+        check(rc == 0, f"B=3 resume at world {np} ({placement}) failed ({rc})")
+        if rc == 0:
+            same_as(ref, run, f"B=3 world 4 -> world {np} {placement}")
+
+
+def case_crash(bin_dir, tmp):
+    ref = full_run(bin_dir, tmp, "full", 2, 8)
+    run = os.path.join(tmp, "crash")
+    env = dict(ENV, MFSDP_TEST_CHECKPOINT_FAULT="die_after_rank_file:6")
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3", env=env,
+                  expect=None)
+    check(rc != 0, "the crashing save did not fail the run")
+    ck = os.path.join(run, "checkpoints")
+    check(os.path.isfile(os.path.join(ck, "step_00000003", "manifest.json")), "the step-3 checkpoint is gone")
+    check(os.path.isdir(os.path.join(ck, "step_00000006.tmp")) and not os.path.exists(os.path.join(ck, "step_00000006")),
+          "the interrupted step-6 save should be left as step_00000006.tmp only")
+    before = tree_digest(os.path.join(ck, "step_00000003"))
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "training.resume=auto",
+                    f"output.export={run}.safetensors")
+    check(rc == 0 and "resumed at step 3" in out, f"resume auto after a crashed save failed ({rc})")
+    check("ignoring the incomplete checkpoint" in out and "step_00000006.tmp" in out,
+          "no warning about the incomplete checkpoint")
+    if rc == 0:
+        same_as(ref, run, "resume after a crashed save")
+        check(tree_digest(os.path.join(ck, "step_00000003")) == before or not os.path.exists(os.path.join(ck, "step_00000003")),
+              "the step-3 checkpoint was altered")
+
+
+def header(path):
+    b = read(path)
+    n = struct.unpack("<Q", b[:8])[0]
+    return n, json.loads(b[8:8 + n])
+
+
+def case_corrupt(bin_dir, tmp):
+    good_run = os.path.join(tmp, "good")
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={good_run}", "training.steps=2")
+    check(rc == 0, "could not make a checkpoint")
+    good = os.path.join(good_run, "checkpoints", "step_00000002")
+    manifest = json.load(open(os.path.join(good, "manifest.json")))
+
+    def edit_manifest(fn):
+        def apply(d):
+            m = json.loads(json.dumps(manifest))
+            fn(m)
+            with open(os.path.join(d, "manifest.json"), "w") as f:
+                json.dump(m, f)
+        return apply
+
+    def write(name, data):
+        def apply(d):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+        return apply
+
+    def flip_data_byte(d):
+        p = os.path.join(d, "rank_00001.safetensors")
+        b = bytearray(read(p))
+        n, _ = header(p)
+        b[8 + n + 40] ^= 0x10
+        open(p, "wb").write(bytes(b))
+
+    def first_tensor(m):
+        return m["tensors"][0]
+
+    cases = [
+        ("missing rank file", lambda d: os.remove(os.path.join(d, "rank_00001.safetensors")), "rank_00001.safetensors"),
+        ("truncated rank file", lambda d: open(os.path.join(d, "rank_00000.safetensors"), "r+b").truncate(1000),
+         "rank_00000.safetensors"),
+        ("flipped byte", flip_data_byte, "checksum"),
+        ("missing manifest", lambda d: os.remove(os.path.join(d, "manifest.json")), "manifest.json"),
+        ("garbled manifest", write("manifest.json", b'{"format": "matrixfsdp-checkpoint", "step": 2,'), "not valid JSON"),
+        ("deeply nested manifest", write("manifest.json", b"[" * 100000 + b"]" * 100000), "nested deeper"),
+        ("another model", edit_manifest(lambda m: first_tensor(m).__setitem__("shape", first_tensor(m)["shape"][::-1])),
+         "has shape"),
+        ("wrong format version", edit_manifest(lambda m: m.__setitem__("format_version", 99)), "format_version"),
+        ("wrong dtype", edit_manifest(lambda m: first_tensor(m).__setitem__("dtype", "F16")), "dtype"),
+        ("pieces do not tile", edit_manifest(lambda m: first_tensor(m)["pieces"]["param"][0].__setitem__("offset", 1)),
+         "tile"),
+        ("renamed piece key", edit_manifest(lambda m: first_tensor(m)["pieces"]["param"][0].__setitem__("key", "nope")),
+         "missing tensor"),
+        ("optimizer kind changed", edit_manifest(
+            lambda m: [t.__setitem__("optimizer", "adamw") for t in m["tensors"] if t["optimizer"] == "muon"][:1]),
+         "pieces.v"),
+        ("piece outside the directory", edit_manifest(
+            lambda m: first_tensor(m)["pieces"]["param"][0].__setitem__("file", "../x.safetensors")), "file name"),
+        ("negative step", edit_manifest(lambda m: m.__setitem__("step", -5)), "step"),
+    ]
+    for name, damage, expect in cases:
+        d = os.path.join(tmp, "bad_" + re.sub(r"\W+", "_", name))
+        shutil.copytree(good, d)
+        damage(d)
+        before = tree_digest(d)
+        run = os.path.join(tmp, "run_" + re.sub(r"\W+", "_", name))
+        rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=4", f"training.resume={d}", expect=None)
+        check(rc == 2, f"{name}: exit {rc}, expected 2")
+        check(expect in out, f"{name}: message lacks '{expect}': {out[-600:]}")
+        check(d in out, f"{name}: message does not name the checkpoint directory")
+        check("step      1/" not in out, f"{name}: training started")
+        check(tree_digest(d) == before, f"{name}: the checkpoint was modified")
+        rank_lines = [l for l in out.splitlines() if l.startswith("mfsdp-train: error")]
+        check(len(rank_lines) >= 2 or name == "missing manifest",
+              f"{name}: expected the error on every rank, got {rank_lines}")
+    # a latest pointer to a missing directory: auto falls back to the newest complete one, saying so
+    run = os.path.join(tmp, "latest_missing")
+    shutil.copytree(good_run, run)
+    with open(os.path.join(run, "checkpoints", "latest"), "w") as f:
+        f.write("step_00009999\n")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=3", "training.resume=auto")
+    check(rc == 0 and "step_00009999" in out and "resumed at step 2" in out,
+          f"latest -> missing directory: expected a warning and a resume from step 2 ({rc})")
+    # a checkpoint directory that is a file
+    blocker = os.path.join(tmp, "blocker")
+    open(blocker, "w").write("not a directory")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={os.path.join(tmp, 'r_blocked')}", f"checkpoint.dir={blocker}",
+                    "training.steps=2", expect=None)
+    check(rc == 2 and "checkpoint.dir" in out, f"checkpoint.dir that is a file: exit {rc}, expected 2")
+
+
+def case_preempt(bin_dir, tmp):
+    steps = 1500
+    ref = full_run(bin_dir, tmp, "full", 2, steps, "logging.interval=100")
+    run = os.path.join(tmp, "preempted")
+    p = subprocess.Popen(command(bin_dir, 2, [f"logging.run_dir={run}", f"training.steps={steps}",
+                                              "logging.interval=100"]),
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = ""
+    deadline = time.time() + 120
+    for line in p.stdout:  # wait until training is under way
+        out += line
+        if re.search(r"step +\d+/", line) or time.time() > deadline:
+            break
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out += p.communicate(timeout=300)[0]
+    m = re.search(r"stopping after step (\d+)", out)
+    check(m is not None and "checkpoint saved" in out, f"no preemption checkpoint: {out[-1500:]}")
+    if not m:
+        return
+    stopped = int(m.group(1))
+    check(stopped < steps, "the run finished before the signal; make it longer")
+    check(os.path.isfile(os.path.join(run, "checkpoints", f"step_{stopped:08d}", "manifest.json")),
+          "the preemption checkpoint is incomplete")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", f"training.steps={steps}", "logging.interval=100",
+                    "training.resume=auto", f"output.export={run}.safetensors")
+    check(rc == 0 and f"resumed at step {stopped}" in out, f"resume after preemption failed ({rc})")
+    if rc == 0:
+        same_as(ref, run, "resume after SIGTERM", compare_losses=False)
+
+
+def main():
+    bin_dir, case = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix=f"mfsdp_ckpt_{case}_")
+    try:
+        globals()[f"case_{case}"](bin_dir, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
