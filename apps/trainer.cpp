@@ -242,6 +242,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   std::optional<CheckpointManifest> resumed;
   {
     std::string error, note;
+    const double t_load = now_seconds();
     try {
       const std::string dir = resolve_resume(cfg.training.resume, ckpt_root, &note);
       if (!dir.empty()) {
@@ -256,8 +257,9 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       throw InputError(error.empty() ? "another rank could not load the checkpoint (see its message)" : error);
     if (lead && !note.empty()) spdlog::info("{}", note);
     if (resumed && lead) {
-      spdlog::info("resumed at step {} ({} tokens) from {} (saved by {} rank(s) under {})", resumed->step,
-                   resumed->tokens, resumed->dir, resumed->world_size, resumed->placement);
+      spdlog::info("resumed at step {} ({} tokens) from {} (saved by {} rank(s) under {}; loaded in {:.2f} s)",
+                   resumed->step, resumed->tokens, resumed->dir, resumed->world_size, resumed->placement,
+                   now_seconds() - t_load);
       const json now = cfg.to_json();
       for (const auto& d : json::diff(resumed->config, now))
         if (d.value("op", "") == "replace")

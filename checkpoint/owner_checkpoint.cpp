@@ -395,6 +395,75 @@ const CheckpointManifest::Tensor* CheckpointManifest::find(const std::string& na
   return nullptr;
 }
 
+namespace {
+
+// Opens the files of one checkpoint on demand and hands out each piece's f32 data after checking
+// its key, dtype, length and (once) its checksum. Throws CheckpointError naming the file.
+class PieceReader {
+ public:
+  explicit PieceReader(const CheckpointManifest& m) : m_(m) {}
+  const float* data(const CheckpointPiece& p, const std::string& tensor) {
+    auto it = files_.find(p.file);
+    const std::string path = (fs::path(m_.dir) / p.file).string();
+    if (it == files_.end()) {
+      try {
+        it = files_.emplace(p.file, std::make_unique<SafetensorsFile>(path)).first;
+      } catch (const std::exception& e) {
+        throw CheckpointError(std::string(e.what()) + " (checkpoint " + m_.dir + ")");
+      }
+    }
+    const SafetensorsFile& file = *it->second;
+    if (!file.contains(p.key)) throw CheckpointError(path + ": missing tensor '" + clip(p.key) + "' of '" + tensor + "'");
+    const TensorInfo& info = file.info(p.key);
+    if (info.dtype != "F32" || info.numel() != p.numel)
+      throw CheckpointError(path + ": tensor '" + clip(p.key) + "' is " + info.dtype + " with " + std::to_string(info.numel()) +
+                            " elements, the manifest says F32 with " + std::to_string(p.numel));
+    const auto raw = file.raw(p.key);
+    if (!verified_.count(&p)) {
+      if (checksum(raw.data(), static_cast<int64_t>(raw.size())) != p.xxh64)
+        throw CheckpointError(path + ": tensor '" + clip(p.key) + "' fails its checksum (corrupted file)");
+      verified_.insert(&p);
+    }
+    return reinterpret_cast<const float*>(raw.data());
+  }
+
+ private:
+  const CheckpointManifest& m_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  std::set<const CheckpointPiece*> verified_;
+};
+
+}  // namespace
+
+std::vector<float> read_full_tensor(const CheckpointManifest& m, const std::string& name, StateKind kind) {
+  const CheckpointManifest::Tensor* t = m.find(name);
+  if (!t) throw CheckpointError((fs::path(m.dir) / kManifest).string() + ": no tensor '" + clip(name) + "'");
+  int64_t numel = 1;
+  for (int64_t d : t->shape) numel *= d;
+  std::vector<float> out(static_cast<size_t>(numel));
+  PieceReader reader(m);
+  for (const CheckpointPiece& p : t->pieces[static_cast<int>(kind)]) {
+    const float* src = reader.data(p, name);
+    std::copy(src, src + p.numel, out.begin() + p.offset);
+  }
+  return out;
+}
+
+std::vector<std::string> verify_checkpoint(const CheckpointManifest& m) {
+  std::vector<std::string> problems;
+  PieceReader reader(m);
+  for (const auto& t : m.tensors)
+    for (const auto& kind : t.pieces)
+      for (const CheckpointPiece& p : kind) {
+        try {
+          reader.data(p, t.name);
+        } catch (const std::exception& e) {
+          problems.push_back(e.what());
+        }
+      }
+  return problems;
+}
+
 void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& m) {
   const std::string where = (fs::path(m.dir) / kManifest).string();
   const ShardPlan& plan = engine.plan();
@@ -419,32 +488,7 @@ void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& m) {
     if (!model_names.count(t.name))
       throw CheckpointError(where + ": tensor '" + clip(t.name) + "' is not in the model (saved from another model?)");
 
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files;
-  std::set<const CheckpointPiece*> verified;
-  auto piece_bytes = [&](const CheckpointPiece& p, const std::string& tensor) -> const float* {
-    auto it = files.find(p.file);
-    const std::string path = (fs::path(m.dir) / p.file).string();
-    if (it == files.end()) {
-      try {
-        it = files.emplace(p.file, std::make_unique<SafetensorsFile>(path)).first;
-      } catch (const std::exception& e) {
-        throw CheckpointError(std::string(e.what()) + " (checkpoint " + m.dir + ")");
-      }
-    }
-    const SafetensorsFile& file = *it->second;
-    if (!file.contains(p.key)) throw CheckpointError(path + ": missing tensor '" + clip(p.key) + "' of '" + tensor + "'");
-    const TensorInfo& info = file.info(p.key);
-    if (info.dtype != "F32" || info.numel() != p.numel)
-      throw CheckpointError(path + ": tensor '" + clip(p.key) + "' is " + info.dtype + " with " + std::to_string(info.numel()) +
-                            " elements, the manifest says F32 with " + std::to_string(p.numel));
-    const auto raw = file.raw(p.key);
-    if (!verified.count(&p)) {
-      if (checksum(raw.data(), static_cast<int64_t>(raw.size())) != p.xxh64)
-        throw CheckpointError(path + ": tensor '" + clip(p.key) + "' fails its checksum (corrupted file)");
-      verified.insert(&p);
-    }
-    return reinterpret_cast<const float*>(raw.data());
-  };
+  PieceReader reader(m);
   engine.load_state(
       [&](const MatrixShard& s, StateKind kind, int64_t offset, int64_t numel, float* dst) {
         const auto& pieces = m.find(s.name)->pieces[static_cast<int>(kind)];
@@ -452,7 +496,7 @@ void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& m) {
         auto it = std::upper_bound(pieces.begin(), pieces.end(), offset,
                                    [](int64_t o, const CheckpointPiece& p) { return o < p.offset + p.numel; });
         for (; it != pieces.end() && it->offset < offset + numel; ++it) {
-          const float* src = piece_bytes(*it, s.name);
+          const float* src = reader.data(*it, s.name);
           const int64_t lo = std::max(offset, it->offset), hi = std::min(offset + numel, it->offset + it->numel);
           std::copy(src + (lo - it->offset), src + (hi - it->offset), dst + (lo - offset));
         }

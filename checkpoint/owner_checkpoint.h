@@ -84,6 +84,14 @@ std::string resolve_resume(const std::string& resume, const std::string& root, s
 /// collective). Throws CheckpointError naming the file and tensor.
 void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& manifest);
 
+/// The full logical tensor `name` (kind param, m or v) assembled from its pieces, checksums
+/// verified. Throws CheckpointError naming the file and tensor.
+std::vector<float> read_full_tensor(const CheckpointManifest& manifest, const std::string& name, StateKind kind);
+
+/// Checks every piece of every tensor (file present, key, dtype, length, checksum); returns one
+/// message per problem (empty when the checkpoint is intact).
+std::vector<std::string> verify_checkpoint(const CheckpointManifest& manifest);
+
 /// Complete checkpoints under `root` (directories step_* with a manifest.json), oldest first.
 std::vector<std::string> list_checkpoints(const std::string& root);
 

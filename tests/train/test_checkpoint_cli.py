@@ -10,6 +10,7 @@ usage: test_checkpoint_cli.py BIN_DIR CASE   with CASE one of
              previous checkpoint and says it ignored the incomplete one
   corrupt    damaged or foreign checkpoints: exit 2 on every rank with the file named, before
              training; no checkpoint file is changed
+  tool       mfsdp-ckpt list / verify / export / diff
   preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
              gives the same bytes as an uninterrupted run
 Exit 0 on success, 1 on failure.
@@ -132,6 +133,46 @@ def case_resume(bin_dir, tmp):
         same_as(ref, run, "resume after kill -9")
 
 
+def ckpt_tool(bin_dir, *args):
+    p = subprocess.run([os.path.join(bin_dir, "mfsdp-ckpt"), *args], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout + p.stderr
+
+
+def tensors_of(path):
+    n, h = header(path)
+    data = read(path)[8 + n:]
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
+
+
+def case_tool(bin_dir, tmp):
+    """mfsdp-ckpt list / verify / export / diff."""
+    ref = full_run(bin_dir, tmp, "ref", 2, 6, "checkpoint.interval=3")
+    ck = os.path.join(ref, "checkpoints")
+    os.makedirs(os.path.join(ck, "step_00000009.tmp"))
+    rc, out = ckpt_tool(bin_dir, "list", ck)
+    check(rc == 0 and re.search(r"step_00000003 +3 +2 matrixfsdp", out) and re.search(r"step_00000006 +6", out)
+          and "step_00000009.tmp" in out and "incomplete" in out, f"list: {out}")
+    last = os.path.join(ck, "step_00000006")
+    rc, out = ckpt_tool(bin_dir, "verify", last)
+    check(rc == 0 and "all checksums match" in out, f"verify of a good checkpoint: {rc} {out}")
+    bad = os.path.join(tmp, "bad")
+    shutil.copytree(last, bad)
+    p = os.path.join(bad, "rank_00000.safetensors")
+    b = bytearray(read(p))
+    b[-5] ^= 1
+    open(p, "wb").write(bytes(b))
+    rc, out = ckpt_tool(bin_dir, "verify", bad)
+    check(rc == 1 and "checksum" in out and "rank_00000.safetensors" in out, f"verify of a damaged checkpoint: {rc} {out}")
+    out_file = os.path.join(tmp, "from_ckpt.safetensors")
+    rc, out = ckpt_tool(bin_dir, "export", last, out_file)
+    check(rc == 0 and tensors_of(out_file) == tensors_of(ref + ".safetensors"),
+          f"export of the final checkpoint differs from the training export: {out}")
+    rc, out = ckpt_tool(bin_dir, "diff", last, last)
+    check(rc == 0 and "identical (bitwise)" in out, f"diff of a checkpoint with itself: {out}")
+    rc, out = ckpt_tool(bin_dir, "diff", os.path.join(ck, "step_00000003"), last)
+    check(rc == 1 and "differ" in out, f"diff of two steps: {rc} {out[-300:]}")
+
+
 def case_reshard(bin_dir, tmp):
     # B = 1, 12 sequences per step: world 4 x grad_accum 3 saves; every continuation keeps 12.
     # A constant schedule, so the 4-step save run is the first half of the 8-step runs.
@@ -149,6 +190,9 @@ def case_reshard(bin_dir, tmp):
         check(rc == 0, f"resume at world {np} ({placement}) failed ({rc})")
         if rc == 0:
             same_as(ref, run, f"world 4 -> world {np} {placement}")
+            rc, out = ckpt_tool(bin_dir, "diff", os.path.join(ref, "checkpoints", "step_00000008"),
+                                os.path.join(run, "checkpoints", "step_00000008"))
+            check(rc == 0 and "identical (bitwise)" in out, f"world 4 -> world {np}: final checkpoints differ: {out[-500:]}")
     # zero1 and ddp are exact for one micro-batch per rank: B = 3, world 4, grad_accum 1
     three = ["training.micro_batch_size=3", "schedule.decay=constant"]
     ref = full_run(bin_dir, tmp, "w4b3", 4, 8, *three)

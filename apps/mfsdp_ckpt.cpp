@@ -1,0 +1,151 @@
+// mfsdp-ckpt: inspect owner-shard checkpoints on one process (no MPI launch needed).
+//   mfsdp-ckpt list   <checkpoint root>          steps, world size, placement, size, complete or not
+//   mfsdp-ckpt verify <checkpoint dir>           every piece's file, key, length and checksum
+//   mfsdp-ckpt export <checkpoint dir> <out.safetensors>   consolidated Hugging Face GPT-2 file
+//   mfsdp-ckpt diff   <checkpoint dir A> <checkpoint dir B> which tensors differ, and by how much
+// Exit codes: 0 fine (diff: identical), 1 problems found (verify) or differences (diff), 2 bad input.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "apps/train_config.h"
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/owner_checkpoint.h"
+
+namespace {
+
+using namespace mfsdp;
+namespace fs = std::filesystem;
+
+int64_t dir_bytes(const fs::path& dir) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir, ec))
+    if (f.is_regular_file(ec)) total += static_cast<int64_t>(f.file_size(ec));
+  return total;
+}
+
+int list(const std::string& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    std::fprintf(stderr, "mfsdp-ckpt: %s: not a directory\n", root.c_str());
+    return 2;
+  }
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.is_directory(ec) && e.path().filename().string().rfind("step_", 0) == 0) dirs.push_back(e.path());
+  std::sort(dirs.begin(), dirs.end());
+  std::printf("%-22s %8s %6s %-11s %10s  %s\n", "checkpoint", "step", "world", "placement", "MiB", "state");
+  for (const fs::path& d : dirs) {
+    try {
+      const CheckpointManifest m = CheckpointManifest::read(d.string());
+      std::printf("%-22s %8lld %6d %-11s %10.1f  complete\n", d.filename().c_str(), static_cast<long long>(m.step),
+                  m.world_size, m.placement.c_str(), dir_bytes(d) / 1048576.0);
+    } catch (const std::exception& e) {
+      std::printf("%-22s %8s %6s %-11s %10.1f  incomplete (%s)\n", d.filename().c_str(), "-", "-", "-",
+                  dir_bytes(d) / 1048576.0, e.what());
+    }
+  }
+  return 0;
+}
+
+int verify(const std::string& dir) {
+  const CheckpointManifest m = CheckpointManifest::read(dir);
+  const auto problems = verify_checkpoint(m);
+  for (const auto& p : problems) std::printf("%s\n", p.c_str());
+  size_t pieces = 0;
+  for (const auto& t : m.tensors)
+    for (const auto& k : t.pieces) pieces += k.size();
+  std::printf("%s: %zu tensors, %zu pieces, %s\n", dir.c_str(), m.tensors.size(), pieces,
+              problems.empty() ? "all checksums match" : (std::to_string(problems.size()) + " problems").c_str());
+  return problems.empty() ? 0 : 1;
+}
+
+int export_hf(const std::string& dir, const std::string& out) {
+  const CheckpointManifest m = CheckpointManifest::read(dir);
+  const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
+  const GPTConfig g = cfg.model.gpt();
+  NamedTensors params;
+  for (const auto& t : m.tensors) params[t.name] = read_full_tensor(m, t.name, StateKind::param);
+  export_hf_gpt2(out, g, params, DType::f32, {{"step", std::to_string(m.step)}});
+  std::printf("exported step %lld of %s to %s (Hugging Face GPT-2 layout, f32)\n", static_cast<long long>(m.step),
+              dir.c_str(), out.c_str());
+  return 0;
+}
+
+int diff(const std::string& a_dir, const std::string& b_dir) {
+  const CheckpointManifest a = CheckpointManifest::read(a_dir), b = CheckpointManifest::read(b_dir);
+  int differing = 0;
+  if (a.step != b.step) std::printf("step: %lld vs %lld\n", static_cast<long long>(a.step), static_cast<long long>(b.step));
+  for (const auto& ta : a.tensors) {
+    const auto* tb = b.find(ta.name);
+    if (!tb || tb->shape != ta.shape) {
+      std::printf("%-40s only in %s, or another shape\n", ta.name.c_str(), a_dir.c_str());
+      ++differing;
+      continue;
+    }
+    for (int k = 0; k < 3; ++k) {
+      if (ta.pieces[k].empty() || tb->pieces[k].empty()) continue;
+      const auto kind = static_cast<StateKind>(k);
+      const auto x = read_full_tensor(a, ta.name, kind), y = read_full_tensor(b, ta.name, kind);
+      double max_abs = 0, num = 0, den = 0;
+      int64_t count = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) ++count;
+        const double d = static_cast<double>(x[i]) - y[i];
+        max_abs = std::max(max_abs, std::fabs(d));
+        num += d * d;
+        den += static_cast<double>(x[i]) * x[i];
+      }
+      if (count == 0) continue;
+      ++differing;
+      std::printf("%-40s %-5s %10lld of %10zu elements differ, max |a-b| %.3e, ||a-b||/||a|| %.3e\n", ta.name.c_str(),
+                  state_kind_name(kind), static_cast<long long>(count), x.size(), max_abs,
+                  den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    }
+  }
+  for (const auto& tb : b.tensors)
+    if (!a.find(tb.name)) {
+      std::printf("%-40s only in %s\n", tb.name.c_str(), b_dir.c_str());
+      ++differing;
+    }
+  std::printf("%s\n", differing ? (std::to_string(differing) + " tensors differ").c_str() : "identical (bitwise)");
+  return differing ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mfsdp-ckpt: list, verify, export and compare MatrixFSDP checkpoints"};
+  app.require_subcommand(1);
+  std::string root, dir, out, other;
+  auto* l = app.add_subcommand("list", "checkpoints under a checkpoint root");
+  l->add_option("root", root, "checkpoint root (checkpoint.dir)")->required();
+  auto* v = app.add_subcommand("verify", "check every piece's checksum");
+  v->add_option("dir", dir, "checkpoint directory (step_N)")->required();
+  auto* e = app.add_subcommand("export", "write the consolidated Hugging Face safetensors file");
+  e->add_option("dir", dir, "checkpoint directory (step_N)")->required();
+  e->add_option("out", out, "output .safetensors file")->required();
+  auto* d = app.add_subcommand("diff", "compare two checkpoints tensor by tensor");
+  d->add_option("a", dir, "first checkpoint directory")->required();
+  d->add_option("b", other, "second checkpoint directory")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& err) {
+    const int rc = app.exit(err);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    if (l->parsed()) return list(root);
+    if (v->parsed()) return verify(dir);
+    if (e->parsed()) return export_hf(dir, out);
+    return diff(dir, other);
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "mfsdp-ckpt: %s\n", ex.what());
+    return 2;
+  }
+}
