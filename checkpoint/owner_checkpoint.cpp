@@ -68,10 +68,15 @@ void write_text_atomic(const fs::path& path, const std::string& text) {
   if (ec) throw CheckpointError(path.string() + ": rename failed: " + ec.message());
 }
 
-// Every rank learns whether any rank failed; all throw together (the failing rank its message).
-void agree(Communicator& comm, const std::string& error, const std::string& what) {
+// Every rank learns whether any rank failed; all throw together (the failing rank its message),
+// after rank 0 removed the partial directory `cleanup` (if any).
+void agree(Communicator& comm, const std::string& error, const std::string& what, const fs::path& cleanup = {}) {
   const double bad = comm.all_reduce_scalar(error.empty() ? 0.0 : 1.0, ReduceOp::max, CommPhase::other);
   if (bad == 0.0) return;
+  if (comm.rank() == 0 && !cleanup.empty()) {
+    std::error_code ec;
+    fs::remove_all(cleanup, ec);
+  }
   throw CheckpointError(error.empty() ? what + ": another rank failed (see its message)" : error);
 }
 
@@ -176,7 +181,7 @@ std::string save_checkpoint(ShardedEngine& engine, const std::string& root, cons
     std::fflush(stderr);
     std::raise(SIGKILL);
   }
-  agree(comm, error, "checkpoint " + final_dir.string());
+  agree(comm, error, "checkpoint " + final_dir.string(), tmp_dir);
 
   // 3. the piece records reach rank 0 (sizes first, then the padded texts)
   const std::string mine = records.dump();
@@ -222,6 +227,7 @@ std::string save_checkpoint(ShardedEngine& engine, const std::string& root, cons
                              {"plan", plan.to_json()},
                              {"tensors", tensors}};
       write_text_atomic(tmp_dir / kManifest, manifest.dump(1) + "\n");
+      if (!fs::is_regular_file(tmp_dir / kManifest)) throw CheckpointError((tmp_dir / kManifest).string() + ": not written");
       if (!sync_path(tmp_dir)) throw CheckpointError(tmp_dir.string() + ": fsync failed");
       std::error_code ec;
       fs::rename(tmp_dir, final_dir, ec);
@@ -235,6 +241,8 @@ std::string save_checkpoint(ShardedEngine& engine, const std::string& root, cons
         if (fs::path(complete[i]) != final_dir) fs::remove_all(complete[i], ec);
     } catch (const std::exception& e) {
       error = e.what();
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);  // still there only when the rename did not happen
     }
   }
   agree(comm, error, "checkpoint " + final_dir.string());

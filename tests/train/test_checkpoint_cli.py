@@ -11,9 +11,10 @@ usage: test_checkpoint_cli.py BIN_DIR CASE   with CASE one of
   corrupt    damaged or foreign checkpoints: exit 2 on every rank with the file named, before
              training; no checkpoint file is changed
   tool       mfsdp-ckpt list / verify / export / diff
+  full_disk  checkpoints on a full filesystem (a 700 KiB tmpfs; skipped when it cannot be mounted)
   preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
              gives the same bytes as an uninterrupted run
-Exit 0 on success, 1 on failure.
+Exit 0 on success, 1 on failure, 77 when skipped.
 """
 import hashlib
 import json
@@ -323,6 +324,31 @@ def case_corrupt(bin_dir, tmp):
     check(rc == 2 and "checkpoint.dir" in out, f"checkpoint.dir that is a file: exit {rc}, expected 2")
 
 
+def case_full_disk(bin_dir, tmp):
+    """A checkpoint directory on a full filesystem: the run fails naming the file; the complete
+    checkpoints stay as they were and no partial directory is left."""
+    mnt = os.path.join(tmp, "small")
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", mnt], capture_output=True).returncode != 0:
+        print("skipped: cannot mount a small tmpfs here")
+        return 77
+    try:
+        run = os.path.join(tmp, "run")
+        # each checkpoint of the tiny model is ~300 KiB: the first fits, the second does not
+        rc, out = train(bin_dir, 2, f"logging.run_dir={run}", f"checkpoint.dir={mnt}", "checkpoint.interval=2",
+                        "checkpoint.keep_last=0", "training.steps=6", expect=None)
+        check(rc != 0, "a run whose checkpoint cannot be written must fail")
+        check(re.search(r"step_0000000\d\.tmp|rank_0000\d\.safetensors|manifest", out) is not None,
+              f"the failure does not name the file: {out[-800:]}")
+        good = os.path.join(mnt, "step_00000002")
+        check(os.path.isfile(os.path.join(good, "manifest.json")), "the first checkpoint is gone")
+        rc2, out2 = ckpt_tool(bin_dir, "verify", good)
+        check(rc2 == 0, f"the first checkpoint was damaged: {out2}")
+        check(not [d for d in os.listdir(mnt) if d.endswith(".tmp")], f"partial directories left: {os.listdir(mnt)}")
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+
+
 def case_preempt(bin_dir, tmp):
     steps = 1500
     ref = full_run(bin_dir, tmp, "full", 2, steps, "logging.interval=100")
@@ -358,7 +384,8 @@ def main():
     bin_dir, case = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix=f"mfsdp_ckpt_{case}_")
     try:
-        globals()[f"case_{case}"](bin_dir, tmp)
+        if globals()[f"case_{case}"](bin_dir, tmp) == 77:
+            return 77
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
