@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <spdlog/spdlog.h>
 
+#include "apps/agreement.h"
 #include "apps/trainer.h"
 #include "comm/communicator.h"
 #include "runtime/kernels.h"
@@ -69,14 +70,24 @@ int main(int argc, char** argv) {
     if (rank == 0) std::printf("%s\n", cfg.to_json().dump(2).c_str());
     return 0;
   }
+  // Every rank must run the same config, build and input files: compared before any training
+  // collective, so a stale node is named instead of hanging or training a wrong model.
+  const double t_agree = MPI_Wtime();
+  const std::string disagreement = check_agreement(run_facts(cfg), MPI_COMM_WORLD);
+  if (!disagreement.empty()) {
+    std::fprintf(stderr, "mfsdp-train: error (rank %d): %s\n", rank, disagreement.c_str());
+    return 2;
+  }
+  const double agree_seconds = MPI_Wtime() - t_agree;
 
   set_cpu_threads(threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_size));
   try {
     CommOptions copts;
     copts.debug_checks = cfg.sharding.debug_checks || comm_debug_from_env();
     copts.reduce_chunk_bytes = cfg.sharding.reduce_chunk_bytes;
+    copts.timeout_seconds = cfg.sharding.collective_timeout_s;
     auto comm = make_mpi_communicator(MPI_COMM_WORLD, copts);
-    run_training(cfg, *comm, TrainerOptions{eval_only, program_start});
+    run_training(cfg, *comm, TrainerOptions{eval_only, program_start, agree_seconds});
   } catch (const InputError& e) {  // every rank agreed on it: a clean exit, like a config error
     std::fprintf(stderr, "mfsdp-train: error (rank %d): %s\n", rank, e.what());
     return 2;

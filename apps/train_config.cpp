@@ -1,5 +1,7 @@
 #include "apps/train_config.h"
 
+#include "runtime/core/json_limits.h"
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -177,6 +179,8 @@ void record_origin(const json& doc, const std::string& prefix, const std::string
 }
 
 json parse_override_value(const std::string& text) {
+  if (json_nesting_depth(text) > kMaxJsonDepth)
+    throw ConfigError("--set " + clip_for_message(text) + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   try {
     return json::parse(text);
   } catch (const json::exception&) {
@@ -324,7 +328,8 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"decay_fraction", schedule.decay_fraction}};
   j["sharding"] = {{"placement", sharding.placement},
                    {"debug_checks", sharding.debug_checks},
-                   {"reduce_chunk_bytes", sharding.reduce_chunk_bytes}};
+                   {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},
+                   {"collective_timeout_s", sharding.collective_timeout_s}};
   j["training"] = {{"steps", training.steps},
                    {"micro_batch_size", training.micro_batch_size},
                    {"grad_accum", training.grad_accum},
@@ -426,6 +431,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.sharding.placement = r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"});
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
+  c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);
   // training
   c.training.steps = r.i64("training.steps", 1);
   c.training.micro_batch_size = r.i32("training.micro_batch_size", 1);
@@ -471,6 +477,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     }
     return true;
   };
+  if (json_nesting_depth(ss.str()) > kMaxJsonDepth)
+    throw ConfigError(path + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   try {
     doc = json::parse(ss.str(), reject_duplicates, true, /*ignore_comments=*/true);
   } catch (const json::exception& e) {

@@ -78,6 +78,9 @@ struct ShardingSection {
   std::string placement = "matrixfsdp";  ///< "matrixfsdp" | "fsdp2" | "zero1" | "ddp"
   bool debug_checks = false;
   int64_t reduce_chunk_bytes = 4 << 20;  ///< staging chunk of the gradient reduce-scatter
+  /// a collective still waiting after this many seconds aborts the job naming rank, operation,
+  /// phase, step and sizes; 0 = wait forever
+  double collective_timeout_s = 600;
 };
 
 struct TrainingSection {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <unistd.h>
 
 #include "checkpoint/hf_gpt2.h"
@@ -23,6 +24,7 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/core/json_limits.h"
 #include "runtime/engine/sharded_engine.h"
 #include "runtime/ops.h"
 
@@ -110,6 +112,45 @@ double median(std::vector<double> v) {
 
 json nullable(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
 
+// Writes `path` via path.tmp (checked at write, flush and close), then renames it into place: a
+// failure leaves the previous file as it was. Throws std::runtime_error naming the file.
+void write_file_atomic(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    f.close();
+    if (!f) {
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw std::runtime_error(path.string() + ": write failed (disk full?)");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw std::runtime_error(path.string() + ": rename failed: " + ec.message());
+}
+
+// "" when `path` is absent or a config.json an earlier run wrote (exactly the canonical dump of
+// its own JSON), else why it must not be overwritten.
+std::string foreign_run_config(const std::filesystem::path& path, const std::string& input_config) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return "";
+  if (!input_config.empty() && std::filesystem::equivalent(path, input_config, ec))
+    return path.string() + " is the input config; the run would overwrite it (use another logging.run_dir)";
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  bool ours = false;
+  if (json_nesting_depth(text) <= kMaxJsonDepth) {
+    const json j = json::parse(text, nullptr, false);
+    ours = !j.is_discarded() && j.is_object() && j.contains("model") && j.dump(2) + "\n" == text;
+  }
+  return ours ? "" : path.string() + " was not written by mfsdp-train; refusing to overwrite it (move it or use another logging.run_dir)";
+}
+
 // SIGTERM / SIGINT (what Slurm and Kubernetes send before killing): the first asks for a checkpoint
 // at the next step boundary, a second one exits at once. The previous handlers come back after.
 std::atomic<int> g_signal{0};
@@ -169,7 +210,13 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
                std::to_string(cfg.model.vocab_size);
     }
     if (!cfg.model.init_from.resolved.empty()) {
-      with_key("model.init_from", [&] { import_hf_gpt2(cfg.model.init_from.resolved, g); });
+      NamedTensors init;
+      with_key("model.init_from", [&] { init = import_hf_gpt2(cfg.model.init_from.resolved, g); });
+      for (const auto& [name, values] : init)  // a NaN/Inf weight would only show up as a diverged step
+        for (size_t i = 0; i < values.size(); ++i)
+          if (!std::isfinite(values[i]))
+            return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": tensor '" + name +
+                   "' holds a non-finite value (" + std::to_string(values[i]) + " at element " + std::to_string(i) + ")";
       const GPTConfig f = read_hf_gpt2_config(cfg.model.init_from.resolved);
       if (f.n_head != g.n_head)  // shapes cannot tell heads apart
         return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
@@ -187,10 +234,18 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
       if (!ckpt_root.empty() && (cfg.checkpoint.interval > 0 || cfg.checkpoint.at_end)) {
         std::string e = check_writable_dir(ckpt_root, "checkpoint.dir");
         if (!e.empty()) return cfg.source + ": " + e;
+        // A fresh run would collide with (and must not replace) another run's checkpoints.
+        const auto existing = list_checkpoints(ckpt_root);
+        if (cfg.training.resume.empty() && !existing.empty())
+          return cfg.source + ": checkpoint.dir: " + ckpt_root + " already holds checkpoints of a run (newest " +
+                 std::filesystem::path(existing.back()).filename().string() +
+                 "); continue it with --set training.resume=auto, or use another checkpoint.dir / logging.run_dir";
       }
       if (!cfg.logging.run_dir.resolved.empty()) {
         std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir");
         if (!e.empty()) return cfg.source + ": " + e;
+        e = foreign_run_config(std::filesystem::path(cfg.logging.run_dir.resolved) / "config.json", cfg.source);
+        if (!e.empty()) return cfg.source + ": logging.run_dir: " + e;
       }
       if (!cfg.output.export_path.resolved.empty()) {
         const std::filesystem::path out(cfg.output.export_path.resolved);
@@ -278,6 +333,9 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
                  "optimizer FLOPs max/mean {:.2f}, bytes max/mean {:.2f}, empty segments {}",
                  placement_name(plan.placement), W, st.muon_params, st.muon_numel / 1e6, st.adamw_params,
                  st.adamw_numel / 1e6, st.flops_ratio(), st.bytes_ratio(), st.empty_segments);
+    spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {}", W,
+                 opts.agreement_seconds,
+                 cfg.sharding.collective_timeout_s > 0 ? fmt::format("{:g} s", cfg.sharding.collective_timeout_s) : "off");
   }
 
   std::unique_ptr<EvalSplit> val_full, val_periodic;
@@ -305,7 +363,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     std::filesystem::remove(run_dir / "summary.json");  // a summary only ever describes a finished run
     metrics.open(run_dir / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);  // a resumed run continues it
     if (!metrics) throw std::runtime_error((run_dir / "metrics.jsonl").string() + ": cannot open for writing");
-    std::ofstream(run_dir / "config.json") << cfg.to_json().dump(2) << "\n";
+    write_file_atomic(run_dir / "config.json", cfg.to_json().dump(2) + "\n");
   }
 
   DataLoader loader(cfg.data.train.resolved, B, T, rank, W, A, cfg.data.shuffle, static_cast<uint64_t>(cfg.data.seed),
@@ -327,7 +385,9 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   int64_t window_steps = 0, window_tokens = 0;
 
   auto log_json = [&](const json& j) {
-    if (metrics.is_open()) metrics << j.dump() << "\n" << std::flush;
+    if (!metrics.is_open()) return;
+    metrics << j.dump() << "\n" << std::flush;
+    if (!metrics) throw std::runtime_error((run_dir / "metrics.jsonl").string() + ": write failed (disk full?)");
   };
   // Validation; its time is kept out of tokens/s, MFU and train_seconds. best_val_loss only counts
   // whole-split evaluations (a partial one is a noisier estimate).
@@ -405,6 +465,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   const int64_t kill_at = kill_env ? std::atoll(kill_env) : -1;
   for (int64_t step = start_step; step < cfg.training.steps; ++step) {
     if (step == kill_at && lead) std::raise(SIGKILL);
+    set_comm_context("step " + std::to_string(step + 1));
     std::vector<MicroBatch> micro;
     for (int k = 0; k < A; ++k) {
       loader.next(in.data(), tgt.data());
@@ -557,9 +618,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       {"config", cfg.to_json()},
   };
   if (!run_dir.empty()) {
-    const auto tmp = run_dir / "summary.json.tmp";
-    std::ofstream(tmp) << summary.dump(2) << "\n";
-    std::filesystem::rename(tmp, run_dir / "summary.json");
+    write_file_atomic(run_dir / "summary.json", summary.dump(2) + "\n");
   }
   spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | final val loss {:.4f} | "
                "best val {:.4f} | opt-step bytes {} | peak memory/rank {} | state fingerprint {}",

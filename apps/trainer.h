@@ -36,6 +36,7 @@ constexpr int kExitPreempted = 75;
 struct TrainerOptions {
   bool eval_only = false;  ///< only print the validation loss of the (init_from) model
   double program_start = 0;  ///< steady-clock seconds at process start (wall time includes start-up)
+  double agreement_seconds = 0;  ///< time the start-up agreement took (reported in the log)
 };
 
 /// Runs training (or evaluation) on every rank of `comm`. Rank 0 prints progress and writes the

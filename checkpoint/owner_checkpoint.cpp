@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "checkpoint/safetensors.h"
+#include "runtime/core/json_limits.h"
 
 namespace mfsdp {
 namespace fs = std::filesystem;
@@ -26,7 +27,6 @@ namespace {
 
 constexpr const char* kFormat = "matrixfsdp-checkpoint";
 constexpr const char* kManifest = "manifest.json";
-constexpr int kMaxJsonDepth = 64;
 constexpr size_t kMaxManifestBytes = size_t(1) << 30;
 
 std::string step_dir_name(int64_t step) {
@@ -80,30 +80,7 @@ void agree(Communicator& comm, const std::string& error, const std::string& what
   throw CheckpointError(error.empty() ? what + ": another rank failed (see its message)" : error);
 }
 
-// Longest nesting of [ and { outside strings (bounded before parsing).
-int json_depth(const std::string& text) {
-  int depth = 0, most = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      most = std::max(most, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return most;
-}
-
-std::string clip(std::string s, size_t n = 80) {
-  if (s.size() > n) s = s.substr(0, n) + "...";
-  return s;
-}
+std::string clip(const std::string& s, size_t n = 80) { return clip_for_message(s, n); }
 
 // Typed access to manifest fields with messages naming the file and the field.
 struct Fields {
@@ -308,7 +285,7 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   ss << in.rdbuf();
   const std::string text = ss.str();
   if (text.size() > kMaxManifestBytes) throw CheckpointError(path + ": larger than 1 GiB, refused");
-  if (json_depth(text) > kMaxJsonDepth) throw CheckpointError(path + ": nested deeper than 64 levels, refused");
+  if (json_nesting_depth(text) > kMaxJsonDepth) throw CheckpointError(path + ": nested deeper than 64 levels, refused");
   json j;
   try {
     j = json::parse(text);

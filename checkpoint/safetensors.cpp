@@ -1,5 +1,7 @@
 #include "checkpoint/safetensors.h"
 
+#include "runtime/core/json_limits.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -155,6 +157,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     data_start_ = 8 + static_cast<int64_t>(n);
     const int64_t data_bytes = map_bytes_ - data_start_;
     nlohmann::json header;
+    if (json_nesting_depth(std::string_view(reinterpret_cast<const char*>(map_) + 8, n)) > kMaxJsonDepth)
+      throw SafetensorsError(who + "header is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     try {
       header = nlohmann::json::parse(map_ + 8, map_ + 8 + n);
     } catch (const nlohmann::json::exception& e) {

@@ -56,7 +56,8 @@ void mpi_check(int rc, MPI_Comm comm, int rank, const CallInfo& call, const char
 /// counts hash) and compare with rank 0. On the first mismatching rank every rank prints
 /// "[comm debug] rank R: collective #seq mismatch: rank 0 called ... but rank K called ..." and
 /// the job is aborted. Every rank must call it once per collective (`seq` counts them).
-void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call);
+void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call,
+                     double timeout_seconds = 0);
 
 /// Throws std::invalid_argument naming `op` when `reduce` is accumulate and either the call is
 /// not a reduce-scatter (`allow_accumulate` false) or the dtype is not f32.

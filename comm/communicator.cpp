@@ -1,5 +1,7 @@
 // Backend-independent parts of the comm layer: names, counters, MPI session, argument checks,
 // byte formulas, debug signatures, the fatal-error path and the host rank-ordered reduction.
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -185,9 +187,17 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
   return off;
 }
 
+namespace {
+std::string& comm_context() {
+  static std::string context;
+  return context;
+}
+}  // namespace
+
 void comm_fatal(MPI_Comm comm, int rank, const CallInfo& call, const std::string& what) {
-  std::fprintf(stderr, "[comm] rank %d: %s in %s; aborting the job\n", rank, what.c_str(),
-               call.describe().c_str());
+  const std::string& ctx = comm_context();
+  std::fprintf(stderr, "[comm] rank %d: %s in %s%s%s; aborting the job\n", rank, what.c_str(),
+               call.describe().c_str(), ctx.empty() ? "" : " at ", ctx.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
   MPI_Abort(comm == MPI_COMM_NULL ? MPI_COMM_WORLD : comm, 3);
@@ -246,12 +256,22 @@ std::string describe_signature(const int64_t* s) {
 }
 }  // namespace
 
-void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call) {
+void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call,
+                     double timeout_seconds) {
   int64_t mine[kSigFields];
   fill_signature(mine, seq, call);
   std::vector<int64_t> all(static_cast<size_t>(kSigFields) * world);
-  mpi_check(MPI_Allgather(mine, kSigFields, MPI_INT64_T, all.data(), kSigFields, MPI_INT64_T, comm),
-            comm, rank, call, "MPI_Allgather (debug signature)");
+  MPI_Request req;
+  mpi_check(MPI_Iallgather(mine, kSigFields, MPI_INT64_T, all.data(), kSigFields, MPI_INT64_T, comm, &req),
+            comm, rank, call, "MPI_Iallgather (debug signature)");
+  const double t0 = MPI_Wtime();
+  for (int done = 0; !done;) {  // the same timeout as the collective it guards
+    mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), comm, rank, call, "MPI_Test (debug signature)");
+    if (!done && timeout_seconds > 0 && MPI_Wtime() - t0 > timeout_seconds)
+      comm_fatal(comm, rank, call,
+                 "timed out after " + std::to_string(timeout_seconds) + " s in the debug signature check (another rank is missing or stuck)");
+    if (!done) sched_yield();
+  }
   for (int r = 1; r < world; ++r) {
     const int64_t* a = all.data();
     const int64_t* b = all.data() + static_cast<size_t>(r) * kSigFields;
@@ -315,4 +335,6 @@ void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_
 }
 
 }  // namespace detail
+
+void set_comm_context(const std::string& context) { detail::comm_context() = context; }
 }  // namespace mfsdp

@@ -196,6 +196,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm = MPI_COMM_WO
 /// total % parts parts get one extra element. Used by all_reduce. Throws if parts < 1 or total < 0.
 std::vector<int64_t> split_even(int64_t total, int parts);
 
+/// Text added to fatal communication messages (timeouts, backend errors) of this process, e.g.
+/// "step 17": the application says where it is. Not thread-safe; set between collectives.
+void set_comm_context(const std::string& context);
+
 /// True when the environment variable MFSDP_COMM_DEBUG is set to a value other than "0"/"".
 bool comm_debug_from_env();
 

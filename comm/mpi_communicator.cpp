@@ -66,7 +66,7 @@ void MpiCommunicator::account(CommPhase ph, const Traffic& t, double seconds) {
 }
 
 void MpiCommunicator::debug_check(const CallInfo& call) {
-  if (opts_.debug_checks) detail::check_signature(comm_, rank_, world_, seq_, call);
+  if (opts_.debug_checks) detail::check_signature(comm_, rank_, world_, seq_, call, opts_.timeout_seconds);
   ++seq_;
 }
 

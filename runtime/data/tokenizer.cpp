@@ -1,5 +1,7 @@
 #include "runtime/data/tokenizer.h"
 
+#include "runtime/core/json_limits.h"
+
 #include <locale.h>
 #include <wctype.h>
 
@@ -24,6 +26,15 @@ std::string read_file(const std::string& path, const char* who) {
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// JSON of a tokenizer file, refused (as a parse error the callers report with the path) when it
+// nests deeper than any tokenizer table does.
+nlohmann::json parse_bounded_json(const std::string& text) {
+  if (json_nesting_depth(text) > kMaxJsonDepth)
+    throw nlohmann::json::other_error::create(501, "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels",
+                                              nullptr);
+  return nlohmann::json::parse(text);
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
@@ -183,7 +194,7 @@ class GPT2Tokenizer final : public Tokenizer {
 
     nlohmann::json enc;
     try {
-      enc = nlohmann::json::parse(read_file(encoder_path, "gpt2 tokenizer"));
+      enc = parse_bounded_json(read_file(encoder_path, "gpt2 tokenizer"));
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error("[gpt2 tokenizer] " + encoder_path + ": invalid JSON: " + e.what());
     }
@@ -379,7 +390,7 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& kind, const std::s
   if (kind == "char") {
     nlohmann::json meta;
     try {
-      meta = nlohmann::json::parse(read_file(path, "char tokenizer"));
+      meta = parse_bounded_json(read_file(path, "char tokenizer"));
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error("[char tokenizer] " + path + ": invalid JSON: " + e.what());
     }

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "runtime/autograd.h"
@@ -359,11 +361,34 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
 double ShardedEngine::clip_gradients(StepStats& st) {
   // The exact sum of squares makes the norm, and so the clip coefficient, the same bits at every
   // world size and placement, however the tail tensors are split.
+  // Test-only fault injection: MFSDP_TEST_NAN_GRAD=<tensor> puts a NaN into that tensor's gradient.
+  static const char* nan_grad = std::getenv("MFSDP_TEST_NAN_GRAD");
+  if (nan_grad)
+    for (auto& unit : units_)
+      for (const OwnedPiece& o : unit->owned)
+        if (o.numel > 0 && plan_.shards[o.shard].name == nan_grad)
+          unit->shard_grad.data_f32()[o.shard_offset] = std::numeric_limits<float>::quiet_NaN();
   ExactSum sumsq;
   for (auto& unit : units_) exact_sum_of_squares_cpu(unit->shard_grad.data_f32(), unit->my_count, sumsq);
   // ddp: every rank holds all gradients; otherwise each rank holds its owned shards
   if (plan_.placement != Placement::ddp) sumsq = all_reduce_exact(comm_, sumsq, CommPhase::other);
   st.grad_norm = std::sqrt(sumsq.value());
+  if (!std::isfinite(st.grad_norm)) {
+    // Every rank sees the same norm, so all take this path together: name the first tensor (in
+    // plan order) whose gradient holds a NaN/Inf on any rank, then stop before the optimizer step.
+    int first = static_cast<int>(plan_.shards.size());
+    for (auto& unit : units_)
+      for (const OwnedPiece& o : unit->owned) {
+        const float* g = unit->shard_grad.data_f32() + o.shard_offset;
+        for (int64_t i = 0; i < o.numel && o.shard < first; ++i)
+          if (!std::isfinite(g[i])) first = o.shard;
+      }
+    first = static_cast<int>(-comm_.all_reduce_scalar(-static_cast<double>(first), ReduceOp::max, CommPhase::other));
+    throw NonFiniteLossError("step " + std::to_string(st.step) + ": the global gradient norm is " +
+                             std::to_string(st.grad_norm) + " (first non-finite gradient: " +
+                             (first < static_cast<int>(plan_.shards.size()) ? plan_.shards[first].name : "?") +
+                             "); the optimizer step was skipped");
+  }
   st.clip_coef = clip_coefficient(st.grad_norm, opts_.grad_clip);
   if (st.clip_coef < 1.0)
     for (auto& unit : units_) kernels(Device::CPU).scale(unit->shard_grad.data_f32(), static_cast<float>(st.clip_coef), unit->my_count);

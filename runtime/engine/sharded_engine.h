@@ -30,8 +30,10 @@ struct EngineOptions {
   double grad_clip = 1.0;  ///< global-norm clipping threshold on raw gradients (<= 0 disables)
 };
 
-/// Thrown by train_step when the global loss is NaN or Inf; parameters are left untouched (the
-/// optimizer step is skipped). The message names the step and the value.
+/// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked
+/// before any optimizer step, with clipping on or off); parameters and optimizer state are left
+/// untouched. The message names the step, the value and, for the gradient, the first tensor (in
+/// plan order) whose gradient is not finite on some rank.
 class NonFiniteLossError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -97,7 +99,7 @@ class ShardedEngine {
 
   /// One optimizer step over this rank's micro-batches (same count on every rank). `step` is the
   /// 0-based step index used by the LR schedule and AdamW bias correction (step+1).
-  /// Throws NonFiniteLossError (on every rank) when the global loss is not finite.
+  /// Throws NonFiniteLossError (on every rank) when the global loss or grad norm is not finite.
   StepStats train_step(const std::vector<MicroBatch>& micro, int64_t step);
 
   /// Forward only: sum of token losses and token count over this rank's batches, summed over all

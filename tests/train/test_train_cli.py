@@ -233,7 +233,7 @@ def case_export(bin_dir, tmp):
                 got = float(line.split()[2])
         check(got is not None and abs(got - final_val) <= 5e-6,
               f"world {np}: --eval-only loss {got} != final val loss {final_val}")
-    # NaN weights: the loss is NaN at step 0, the run stops naming the step, nothing is exported
+    # NaN weights in init_from are refused before training, naming the tensor (exit 2, no export)
     poisoned = os.path.join(tmp, "poisoned.safetensors")
     shutil.copy(model, poisoned)
     with open(poisoned, "r+b") as f:
@@ -244,8 +244,22 @@ def case_export(bin_dir, tmp):
         f.write(struct.pack("<f", float("nan")))
     out_model = os.path.join(tmp, "never.safetensors")
     rc, out = train(bin_dir, 2, TINY, f"model.init_from={poisoned}", f"output.export={out_model}", expect=None)
-    check(rc != 0 and "step 0" in out and "nan" in out.lower(), f"NaN loss not reported (rc {rc}): {out[-600:]}")
-    check(not os.path.exists(out_model), "a diverged model was exported")
+    check(rc == 2 and "h.0.mlp.c_fc.weight" in out and "non-finite" in out,
+          f"NaN in init_from not reported (rc {rc}): {out[-600:]}")
+    check(not os.path.exists(out_model), "a model with NaN weights was exported")
+    # a NaN gradient under a finite loss stops before any optimizer step, clipping on or off
+    env = dict(ENV, MFSDP_TEST_NAN_GRAD="h.1.mlp.c_fc.weight")
+    for clip in ("0", "1.0"):
+        p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "-x", "MFSDP_TEST_NAN_GRAD",
+                            os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--set", f"training.grad_clip={clip}",
+                            "--set", f"output.export={out_model}",
+                            "--set", f"logging.run_dir={os.path.join(tmp, 'nan' + clip)}"],
+                           env=env, capture_output=True, text=True, timeout=600)
+        out = p.stdout + p.stderr
+        check(p.returncode != 0 and "gradient norm is nan" in out and "h.1.mlp.c_fc.weight" in out
+              and "clip_coefficient" not in out and "step      1/" not in out,
+              f"grad_clip {clip}: NaN gradient not reported before the first step (rc {p.returncode}): {out[-600:]}")
+        check(not os.path.exists(out_model), f"grad_clip {clip}: a model was exported after a NaN gradient")
     # a file that does not match the config is refused before training
     rc, out = train(bin_dir, 2, TINY, f"model.init_from={model}", "model.n_embd=64", expect=2)
     check(rc == 2 and model in out, f"mismatched init_from accepted (rc {rc}): {out[-400:]}")

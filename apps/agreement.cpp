@@ -1,0 +1,145 @@
+#include "apps/agreement.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "runtime/core/json_limits.h"
+#include "runtime/data/token_shards.h"
+
+namespace mfsdp {
+namespace {
+
+using nlohmann::json;
+
+void flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) flatten(it.value(), prefix + "." + it.key(), out);
+  } else {
+    out[prefix] = j.dump();
+  }
+}
+
+// Size plus a hash of sampled blocks: cheap for multi-GB shards, and content-based.
+std::string file_fact(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  std::ifstream f(path, std::ios::binary);
+  if (ec || !f) return "unreadable";
+  constexpr uint64_t kEdge = 64 << 10, kBlock = 4 << 10;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges = {{0, std::min<uint64_t>(size, kEdge)}};
+  if (size > kEdge) ranges.push_back({size - std::min<uint64_t>(size, kEdge), std::min<uint64_t>(size, kEdge)});
+  for (int i = 1; i <= 16 && size > 2 * kEdge; ++i) ranges.push_back({size / 17 * i, std::min<uint64_t>(kBlock, size)});
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  std::vector<char> buf;
+  for (const auto& [off, len] : ranges) {
+    buf.resize(len);
+    f.seekg(static_cast<std::streamoff>(off));
+    f.read(buf.data(), static_cast<std::streamsize>(len));
+    XXH3_64bits_update(st, buf.data(), static_cast<size_t>(f.gcount()));
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  char out[64];
+  std::snprintf(out, sizeof(out), "%llu bytes, sampled xxh3 %016llx", static_cast<unsigned long long>(size),
+                static_cast<unsigned long long>(h));
+  return out;
+}
+
+void add_files(const std::string& glob, std::map<std::string, std::string>& out) {
+  if (glob.empty()) return;
+  try {
+    for (const std::string& f : expand_glob(glob)) out["file:" + f] = file_fact(f);
+  } catch (const std::exception&) {
+    out["file:" + glob] = "no match";
+  }
+}
+
+}  // namespace
+
+std::map<std::string, std::string> run_facts(const TrainConfig& cfg) {
+  std::map<std::string, std::string> facts;
+  flatten(cfg.to_json(), "config", facts);
+#if defined(__VERSION__)
+  facts["build.compiler"] = __VERSION__;
+#endif
+#if defined(NDEBUG)
+  facts["build.assertions"] = "off";
+#else
+  facts["build.assertions"] = "on";
+#endif
+#if defined(MFSDP_WITH_CUDA)
+  facts["build.cuda"] = "on";
+#else
+  facts["build.cuda"] = "off";
+#endif
+  facts["build.pointer_bytes"] = std::to_string(sizeof(void*));
+  add_files(cfg.data.train.resolved, facts);
+  add_files(cfg.data.val.resolved, facts);
+  const std::string& tok = cfg.data.tokenizer_path.resolved;
+  if (!tok.empty()) {
+    if (std::filesystem::is_directory(tok)) {
+      for (const char* name : {"encoder.json", "vocab.bpe"}) add_files((std::filesystem::path(tok) / name).string(), facts);
+    } else {
+      add_files(tok, facts);
+    }
+  }
+  if (!cfg.model.init_from.resolved.empty()) add_files(cfg.model.init_from.resolved, facts);
+  if (!cfg.training.resume.empty() && cfg.training.resume != "auto")
+    add_files((std::filesystem::path(cfg.training.resume) / "manifest.json").string(), facts);
+  return facts;
+}
+
+std::string check_agreement(const std::map<std::string, std::string>& facts, MPI_Comm comm) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &world);
+  const std::string text = json(facts).dump();
+  const unsigned long long mine = XXH3_64bits(text.data(), text.size());
+  std::vector<unsigned long long> digests(static_cast<size_t>(world));
+  MPI_Allgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, digests.data(), 1, MPI_UNSIGNED_LONG_LONG, comm);
+  if (std::all_of(digests.begin(), digests.end(), [&](unsigned long long d) { return d == digests[0]; })) return "";
+
+  // Someone differs: exchange the facts themselves and name what differs, on every rank.
+  long long len = static_cast<long long>(text.size()), longest = 0;
+  MPI_Allreduce(&len, &longest, 1, MPI_LONG_LONG, MPI_MAX, comm);
+  std::vector<char> padded(static_cast<size_t>(longest), ' '), all(static_cast<size_t>(longest) * world);
+  std::copy(text.begin(), text.end(), padded.begin());
+  MPI_Allgather(padded.data(), static_cast<int>(longest), MPI_CHAR, all.data(), static_cast<int>(longest), MPI_CHAR, comm);
+  std::vector<std::map<std::string, std::string>> per_rank(static_cast<size_t>(world));
+  std::map<std::string, bool> keys;
+  for (int r = 0; r < world; ++r) {
+    per_rank[r] = json::parse(std::string(all.data() + static_cast<size_t>(r) * longest, static_cast<size_t>(longest)))
+                      .get<std::map<std::string, std::string>>();
+    for (const auto& kv : per_rank[r]) keys[kv.first] = true;
+  }
+  std::string msg = "the ranks do not agree on what to run (nothing was started):";
+  int shown = 0, differing = 0;
+  for (const auto& [key, unused] : keys) {
+    std::map<std::string, std::vector<int>> groups;  // value -> ranks holding it
+    for (int r = 0; r < world; ++r) {
+      auto it = per_rank[r].find(key);
+      groups[it == per_rank[r].end() ? "(absent)" : it->second].push_back(r);
+    }
+    if (groups.size() < 2) continue;
+    ++differing;
+    if (++shown > 12) continue;
+    msg += "\n  " + clip_for_message(key, 160) + ":";
+    for (const auto& [value, ranks] : groups) {
+      std::string list;
+      for (size_t i = 0; i < ranks.size() && i < 8; ++i) list += (i ? "," : "") + std::to_string(ranks[i]);
+      if (ranks.size() > 8) list += ",...";
+      msg += " rank" + std::string(ranks.size() > 1 ? "s " : " ") + list + " " + clip_for_message(value) + ";";
+    }
+  }
+  if (differing > 12) msg += "\n  ... and " + std::to_string(differing - 12) + " more";
+  return msg;
+}
+
+}  // namespace mfsdp

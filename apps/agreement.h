@@ -1,0 +1,31 @@
+// Start-up agreement: before the first training collective, every rank compares what it is about
+// to act on — its effective config, its build, and the content of every input file — with every
+// other rank. A node with a stale config, data file or binary is then refused with the differing
+// keys named, instead of hanging inside MPI or silently training a wrong model.
+#pragma once
+#include <mpi.h>
+
+#include <map>
+#include <string>
+
+#include "apps/train_config.h"
+
+namespace mfsdp {
+
+/// The facts this rank will act on, flattened to "key -> value" strings:
+///   config.<path>     every effective config value (resolved paths);
+///   build.<name>      compiler, compile options and backends of this binary;
+///   file:<path>       size and an XXH3-64 of the file's first and last 64 KiB and 16 evenly spaced
+///                     4 KiB blocks (content, not mtime, so copies on other nodes agree), for the
+///                     train and val shards, the tokenizer files, model.init_from and the manifest of
+///                     training.resume.
+/// Unreadable files are recorded as "unreadable" (the preflight check reports them).
+std::map<std::string, std::string> run_facts(const TrainConfig& cfg);
+
+/// Collective over `comm`: one all-gather of a 64-bit digest of the facts, and only on a mismatch
+/// a second exchange of the facts themselves. Returns "" when every rank agrees, else a message
+/// naming each differing key with the value each group of ranks holds (at most 12 keys, values
+/// clipped), the same text on every rank.
+std::string check_agreement(const std::map<std::string, std::string>& facts, MPI_Comm comm);
+
+}  // namespace mfsdp

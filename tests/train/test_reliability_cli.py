@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Failure handling of mfsdp-train under mpirun (stdlib only).
+
+usage: test_reliability_cli.py BIN_DIR CASE   with CASE one of
+  disagree    one rank launched with other arguments (steps, n_layer, placement, grad_accum,
+              eval_interval, muon lr, shuffle, vocab, seed, train data): exit 2 on every rank,
+              the differing key and each rank's value named, nothing trained
+  hang        one rank stopped (SIGSTOP) mid-run: the collective timeout ends the job with a
+              message naming the operation, the phase and the step
+  run_dir     config.json of the user in logging.run_dir, or the config itself there: refused;
+              metrics.jsonl on a full filesystem: the run fails naming the file
+  deep_json   configs and safetensors headers nested 100,000 deep, --set values 60,000: refused (exit 2),
+              no crash, in mfsdp-train and mfsdp-plan
+Exit 0 on success, 1 on failure, 77 when skipped.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TINY = os.path.join(ROOT, "configs", "tiny_test.json")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAILED:", msg)
+
+
+def run(cmd, timeout=300, env=None):
+    p = subprocess.run(cmd, env=env or ENV, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def mpirun(np, exe, *args):
+    return ["mpirun", "-np", str(np), "--oversubscribe", exe, *args]
+
+
+def case_disagree(bin_dir, tmp):
+    train = os.path.join(bin_dir, "mfsdp-train")
+    other_data = os.path.join(tmp, "other_train.bin")
+    shutil.copy(os.path.join(ROOT, "data", "tiny_shakespeare_char_train.bin"), other_data)
+    cases = [("training.steps=6", "config.training.steps"), ("model.n_layer=3", "config.model.n_layer"),
+             ("sharding.placement=fsdp2", "config.sharding.placement"), ("training.grad_accum=2", "config.training.grad_accum"),
+             ("training.eval_interval=3", "config.training.eval_interval"), ("optimizer.muon.lr=0.03", "config.optimizer.muon.lr"),
+             ("data.shuffle=true", "config.data.shuffle"), ("training.seed=7", "config.training.seed"),
+             ("model.vocab_size=66 --set data.tokenizer=", "config.model.vocab_size"), (f"data.train={other_data}", "config.data.train")]
+    for override, key in cases:
+        wrapper = os.path.join(tmp, "wrap.sh")
+        with open(wrapper, "w") as f:
+            f.write("#!/bin/sh\n"
+                    f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec {train} "$@" --set {override}; fi\n'
+                    f'exec {train} "$@"\n')
+        os.chmod(wrapper, 0o755)
+        t0 = time.time()
+        rc, out = run(mpirun(2, wrapper, "--config", TINY, "--threads", "1", "--set", "training.steps=5",
+                             "--set", f"logging.run_dir={os.path.join(tmp, 'r')}", "--set", "training.sample_tokens=0"),
+                      timeout=120)
+        check(rc == 2, f"{override} on rank 1: exit {rc}, expected 2")
+        check(key in out and "rank 0" in out and "rank 1" in out, f"{override}: key {key} or the ranks not named: {out[-800:]}")
+        check(len(re.findall(r"mfsdp-train: error \(rank \d\)", out)) == 2, f"{override}: not reported on every rank")
+        check("step      1/" not in out, f"{override}: training started")
+        check(time.time() - t0 < 60, f"{override}: took {time.time() - t0:.0f} s")
+
+
+def case_hang(bin_dir, tmp):
+    cmd = mpirun(2, os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--threads", "1",
+                 "--set", "training.steps=100000", "--set", "sharding.collective_timeout_s=5",
+                 "--set", "logging.interval=1000", "--set", f"logging.run_dir={os.path.join(tmp, 'r')}",
+                 "--set", "checkpoint.at_end=false", "--set", "training.eval_interval=0")
+    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    out = ""
+    for line in p.stdout:
+        out += line
+        if re.search(r"step +\d+/", line):
+            break
+    pids = subprocess.run(["pgrep", "-f", "-P", str(p.pid), "mfsdp-train"], capture_output=True, text=True).stdout.split()
+    check(len(pids) == 2, f"expected 2 rank processes, found {pids}")
+    if not pids:
+        p.kill()
+        return
+    t0 = time.time()
+    os.kill(int(pids[-1]), signal.SIGSTOP)
+    try:
+        out += p.communicate(timeout=120)[0]
+        elapsed = time.time() - t0
+        check(p.returncode != 0, "a job with a stopped rank did not fail")
+        check(elapsed < 60, f"the job took {elapsed:.0f} s to end (timeout 5 s)")
+        check("timed out after 5" in out and re.search(r"at step \d+", out) is not None and "phase" in out,
+              f"no timeout message naming operation, phase and step: {out[-1000:]}")
+    except subprocess.TimeoutExpired:
+        check(False, "the job hangs with a stopped rank")
+    finally:
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(int(pid), sig)
+                except ProcessLookupError:
+                    pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def case_run_dir(bin_dir, tmp):
+    train = os.path.join(bin_dir, "mfsdp-train")
+    # a user's config.json in the run directory is never overwritten
+    rdir = os.path.join(tmp, "user")
+    os.makedirs(rdir)
+    mine = os.path.join(rdir, "config.json")
+    with open(mine, "w") as f:
+        f.write("// my notes\n{\"model\": {}}\n")
+    rc, out = run(mpirun(2, train, "--config", TINY, "--set", f"logging.run_dir={rdir}"))
+    check(rc == 2 and "not written by mfsdp-train" in out, f"a user's config.json: exit {rc}: {out[-500:]}")
+    check(open(mine).read() == "// my notes\n{\"model\": {}}\n", "the user's config.json was changed")
+    # the config file itself inside its own run directory
+    sdir = os.path.join(tmp, "self")
+    os.makedirs(sdir)
+    cfg = json.load(open(TINY))
+    for section in ("data",):
+        for k in ("train", "val", "tokenizer_path"):
+            cfg[section][k] = os.path.join(ROOT, "configs", cfg[section][k])
+    cfg["logging"]["run_dir"] = "."
+    text = "// keep this comment\n" + json.dumps(cfg)
+    with open(os.path.join(sdir, "config.json"), "w") as f:
+        f.write(text)
+    rc, out = run(mpirun(2, train, "--config", os.path.join(sdir, "config.json")))
+    check(rc == 2 and "is the input config" in out, f"config inside its own run_dir: exit {rc}: {out[-500:]}")
+    check(open(os.path.join(sdir, "config.json")).read() == text, "the input config was changed")
+    # a run directory that fills up: the failure names metrics.jsonl, summary.json is not left empty
+    mnt = os.path.join(tmp, "small")
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt], capture_output=True).returncode != 0:
+        print("skipped the full-disk part: cannot mount a small tmpfs here")
+        return
+    try:
+        rc, out = run(mpirun(2, train, "--config", TINY, "--threads", "1", "--set", f"logging.run_dir={mnt}",
+                             "--set", "training.steps=2000", "--set", "checkpoint.at_end=false",
+                             "--set", "training.sample_tokens=0", "--set", "training.eval_interval=0"))
+        check(rc != 0, "a run whose metrics cannot be written must fail")
+        check("metrics.jsonl" in out and "write failed" in out, f"the full disk is not named: {out[-600:]}")
+        summary = os.path.join(mnt, "summary.json")
+        check(not os.path.exists(summary) or os.path.getsize(summary) > 0, "an empty summary.json was left")
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+
+
+def case_deep_json(bin_dir, tmp):
+    deep = "[" * 100000 + "]" * 100000
+    bad_cfg = os.path.join(tmp, "deep.json")
+    with open(bad_cfg, "w") as f:
+        f.write('{"model": {"n_layer": ' + deep + "}}")
+    for exe, extra in (("mfsdp-train", []), ("mfsdp-plan", ["--world-size", "2"])):
+        rc, out = run([os.path.join(bin_dir, exe), "--config", bad_cfg, *extra])
+        check(rc == 2 and "nested deeper" in out, f"{exe}: deep config: exit {rc}: {out[-300:]}")
+        if exe == "mfsdp-plan":
+            continue  # no --set
+        arg_deep = "[" * 60000 + "]" * 60000  # one argument is limited to 128 KiB
+        rc, out = run([os.path.join(bin_dir, exe), "--config", TINY, "--set", "model.n_layer=" + arg_deep, *extra])
+        check(rc == 2 and "nested deeper" in out, f"{exe}: deep --set value: exit {rc}: {out[-300:]}")
+    # a safetensors header with a deeply nested shape, as model.init_from
+    header = ('{"wte.weight": {"dtype": "F32", "shape": ' + deep + ', "data_offsets": [0, 4]}}').encode()
+    st = os.path.join(tmp, "deep.safetensors")
+    with open(st, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
+    rc, out = run(mpirun(2, os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--set", f"model.init_from={st}",
+                         "--set", f"logging.run_dir={os.path.join(tmp, 'r')}"))
+    check(rc == 2 and "nested deeper" in out and st in out, f"deep safetensors header: exit {rc}: {out[-400:]}")
+
+
+def main():
+    bin_dir, case = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix=f"mfsdp_rel_{case}_")
+    try:
+        if globals()[f"case_{case}"](bin_dir, tmp) == 77:
+            return 77
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
