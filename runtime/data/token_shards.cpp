@@ -1,5 +1,7 @@
 #include "runtime/data/token_shards.h"
 
+#include "runtime/core/json_limits.h"
+
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/mman.h>
@@ -35,6 +37,9 @@ TokenWidth shard_width_for_vocab(int64_t vocab_size) {
 
 std::vector<std::string> expand_glob(const std::string& pattern) {
   if (pattern.empty()) throw DataError("[expand_glob] empty shard pattern");
+  struct stat literal{};
+  if (::stat(pattern.c_str(), &literal) == 0 && S_ISREG(literal.st_mode))
+    return {pattern};  // an existing file is itself, even when its name holds *, ? or [
   glob_t g{};
   int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
   std::vector<std::string> out;
@@ -42,8 +47,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
     for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   globfree(&g);
   if (rc == GLOB_NOMATCH || (rc == 0 && out.empty()))
-    throw DataError("[expand_glob] no file matches '" + pattern + "'");
-  if (rc != 0) throw DataError("[expand_glob] cannot read the directory of '" + pattern + "'");
+    throw DataError("[expand_glob] no file matches '" + clip_for_message(pattern, 300) + "'");
+  if (rc != 0) throw DataError("[expand_glob] cannot read the directory of '" + clip_for_message(pattern, 300) + "'");
   std::sort(out.begin(), out.end());
   return out;
 }

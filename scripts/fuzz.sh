@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz (clang, -fsanitize=fuzzer,address,undefined) into
+# build-fuzz/ and runs each for a bounded time from its committed seed corpus (copied, so the
+# repository is not modified). Usage: scripts/fuzz.sh [seconds per target, default 15]
+# Exit 0 when no target crashed, 1 when one did (its reproducer is kept in build-fuzz/crashes),
+# 77 when clang with libFuzzer is not available.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_EACH=${1:-15}
+CXX=${FUZZ_CXX:-clang++}
+if ! command -v "$CXX" >/dev/null || ! echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long){return 0;}' |
+    "$CXX" -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null; then
+  echo "fuzz.sh: skipped: $CXX with libFuzzer (Debian clang, libclang-rt-dev) is not available"
+  exit 77
+fi
+OUT=build-fuzz
+mkdir -p "$OUT/crashes"
+FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. -Itests/fuzz)
+declare -A SOURCES=(
+  [config]="apps/train_config.cpp models/gpt_spec.cpp planner/param_spec.cpp runtime/data/token_shards.cpp"
+  [safetensors]="checkpoint/safetensors.cpp"
+  [token_shard]="runtime/data/token_shards.cpp"
+  [tokenizer]="runtime/data/tokenizer.cpp runtime/data/token_shards.cpp"
+)
+status=0
+for target in config safetensors token_shard tokenizer; do
+  exe="$OUT/fuzz_$target"
+  # shellcheck disable=SC2086
+  "$CXX" "${FLAGS[@]}" "tests/fuzz/fuzz_$target.cpp" ${SOURCES[$target]} -o "$exe"
+  corpus="$OUT/corpus_$target"
+  rm -rf "$corpus" && mkdir -p "$corpus" && cp tests/fuzz/corpus/$target/* "$corpus/"
+  echo "fuzz.sh: fuzz_$target for ${SECONDS_EACH}s"
+  if ! UBSAN_OPTIONS=halt_on_error=1 "$exe" -max_total_time="$SECONDS_EACH" -rss_limit_mb=2048 -max_len=65536 \
+      -artifact_prefix="$OUT/crashes/${target}_" -print_final_stats=1 "$corpus" >"$OUT/fuzz_$target.log" 2>&1; then
+    echo "fuzz.sh: fuzz_$target FOUND A CRASH:"; tail -40 "$OUT/fuzz_$target.log"; status=1
+  else
+    grep -E "stat::number_of_executed_units|Done [0-9]+ runs" "$OUT/fuzz_$target.log" | tail -1 || true
+  fi
+done
+exit $status
