@@ -132,6 +132,29 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& tex
   if (ec) throw std::runtime_error(path.string() + ": rename failed: " + ec.message());
 }
 
+// Leftovers of an interrupted write (ours: *.tmp next to files we write, step_N.tmp checkpoint
+// directories) are removed at start, saying so; complete files are never touched.
+void remove_stale_temporaries(const std::filesystem::path& run_dir, const std::string& ckpt_root) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  if (!run_dir.empty())
+    for (const char* f : {"config.json.tmp", "summary.json.tmp"})
+      if (std::filesystem::exists(run_dir / f, ec)) stale.push_back(run_dir / f);
+  if (!ckpt_root.empty() && std::filesystem::is_directory(ckpt_root, ec)) {
+    if (std::filesystem::exists(std::filesystem::path(ckpt_root) / "latest.tmp", ec))
+      stale.push_back(std::filesystem::path(ckpt_root) / "latest.tmp");
+    for (const auto& e : std::filesystem::directory_iterator(ckpt_root, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+        stale.push_back(e.path());
+    }
+  }
+  for (const auto& p : stale) {
+    std::filesystem::remove_all(p, ec);
+    spdlog::info("removed {} (left by an interrupted write)", p.string());
+  }
+}
+
 // "" when `path` is absent or a config.json an earlier run wrote (exactly the canonical dump of
 // its own JSON), else why it must not be overwritten.
 std::string foreign_run_config(const std::filesystem::path& path, const std::string& input_config) {
@@ -358,6 +381,7 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   // ---- run directory ----
   const std::filesystem::path run_dir = cfg.logging.run_dir.resolved.empty() ? "" : cfg.logging.run_dir.resolved;
   std::ofstream metrics;
+  if (lead) remove_stale_temporaries(run_dir, ckpt_root);
   if (lead && !run_dir.empty()) {
     std::filesystem::create_directories(run_dir);
     std::filesystem::remove(run_dir / "summary.json");  // a summary only ever describes a finished run

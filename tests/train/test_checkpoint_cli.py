@@ -227,6 +227,8 @@ def case_crash(bin_dir, tmp):
     check(rc == 0 and "resumed at step 3" in out, f"resume auto after a crashed save failed ({rc})")
     check("ignoring the incomplete checkpoint" in out and "step_00000006.tmp" in out,
           "no warning about the incomplete checkpoint")
+    check("removed" in out and not os.path.exists(os.path.join(ck, "step_00000006.tmp")),
+          "the interrupted save's directory was not cleaned up at the next start")
     if rc == 0:
         same_as(ref, run, "resume after a crashed save")
         check(tree_digest(os.path.join(ck, "step_00000003")) == before or not os.path.exists(os.path.join(ck, "step_00000003")),
