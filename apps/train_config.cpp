@@ -377,14 +377,14 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   TrainConfig c;
   c.source = source;
   // model
-  c.model.n_layer = r.i32("model.n_layer", 1);
-  c.model.n_head = r.i32("model.n_head", 1);
-  c.model.n_embd = r.i32("model.n_embd", 1);
+  c.model.n_layer = r.i32("model.n_layer", 1, 1 << 12);  // bounds keep every size product in int64
+  c.model.n_head = r.i32("model.n_head", 1, 1 << 12);
+  c.model.n_embd = r.i32("model.n_embd", 1, 1 << 17);
   if (c.model.n_embd % c.model.n_head != 0)
     r.fail("model.n_embd", "must be divisible by model.n_head (" + std::to_string(c.model.n_embd) + " % " +
                                std::to_string(c.model.n_head) + " = " +
                                std::to_string(c.model.n_embd % c.model.n_head) + ")");
-  c.model.seq_len = r.i32("model.seq_len", 1);
+  c.model.seq_len = r.i32("model.seq_len", 1, 1 << 20);
   {
     const int64_t v = as_int(r.at("model.vocab_size"));
     if (v < 2) r.fail("model.vocab_size", "must be >= 2, got " + std::to_string(v));
@@ -434,8 +434,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);
   // training
   c.training.steps = r.i64("training.steps", 1);
-  c.training.micro_batch_size = r.i32("training.micro_batch_size", 1);
-  c.training.grad_accum = r.i32("training.grad_accum", 1);
+  c.training.micro_batch_size = r.i32("training.micro_batch_size", 1, 1 << 20);
+  c.training.grad_accum = r.i32("training.grad_accum", 1, 1 << 20);
   c.training.eval_interval = r.i64("training.eval_interval", 0);
   c.training.eval_tokens = r.i64("training.eval_tokens", 0);
   c.training.grad_clip = r.num("training.grad_clip", 0.0, 1e12);

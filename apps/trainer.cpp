@@ -207,8 +207,12 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
       return cfg.source + ": --eval-only needs model.init_from (the model to evaluate)";
     const GPTConfig g = cfg.model.gpt();
     g.validate();
-    const int64_t global_tokens = static_cast<int64_t>(world_size) * cfg.training.grad_accum *
-                                  cfg.training.micro_batch_size * cfg.model.seq_len;
+    int64_t global_tokens = 0;
+    if (__builtin_mul_overflow(static_cast<int64_t>(world_size) * cfg.training.grad_accum,
+                               static_cast<int64_t>(cfg.training.micro_batch_size) * cfg.model.seq_len, &global_tokens) ||
+        global_tokens > (int64_t(1) << 40))
+      return cfg.source + ": world_size x training.grad_accum x training.micro_batch_size x model.seq_len is " +
+             "larger than 2^40 tokens per step";
     auto with_key = [](const std::string& key, const std::function<void()>& check) {
       try {
         check();

@@ -115,7 +115,12 @@ TEST_CASE("range checks name the key", "[config]") {
   CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"target_val_loss": "low"}})"),
                     Contains("training.target_val_loss: expected a number or null, got \"low\""));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "model": {"n_layer": 3000000000}})"),
-                    Contains("model.n_layer: must be <= 2147483647"));
+                    Contains("model.n_layer: must be <= 4096"));
+  // sizes are bounded so that parameter counts and global batches stay inside int64
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "model": {"n_embd": 262144, "n_head": 1}})"),
+                    Contains("model.n_embd: must be <= 131072"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"micro_batch_size": 2000000}})"),
+                    Contains("training.micro_batch_size: must be <= 1048576"));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "model": {"vocab_size": 1000}, "data": {"train": "x", "tokenizer": "gpt2", "tokenizer_path": "t"}})"),
                     Contains("smaller than the gpt2 tokenizer's 50257"));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "optimizer": {"muon": {"scale_rule": "match_rms"}}})"),
