@@ -1,9 +1,10 @@
 #include "runtime/engine/sharded_engine.h"
 
+#include "runtime/engine/engine_units.h"
+
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -31,16 +32,6 @@ ExactSum all_reduce_exact(Communicator& comm, const ExactSum& local, CommPhase p
   return total;
 }
 
-// A bijective 64-bit finalizer (MurmurHash3's fmix64): every input bit affects every output bit.
-uint64_t fingerprint_mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
 Tensor released(int64_t numel, MemCategory cat) {  // a buffer whose bytes exist only when needed
   Tensor t = Tensor::empty({numel}, DType::f32, Device::CPU, cat);
   t.storage()->release();
@@ -49,36 +40,6 @@ Tensor released(int64_t numel, MemCategory cat) {  // a buffer whose bytes exist
 
 }  // namespace
 
-/// A parameter of a unit: where its full value lives while the unit is gathered.
-struct ShardedEngine::Binding {
-  int shard = 0;        // index into plan_.shards
-  bool direct = false;  // true: a view into Unit::full at `offset`; false: into Unit::unpacked
-  int64_t offset = 0;
-  Tensor param;         // the tensor bound to the model
-};
-
-/// A piece of a parameter this rank updates, with its optimizer state.
-struct ShardedEngine::OwnedPiece {
-  int shard = 0;
-  int64_t shard_offset = 0;  // element offset in Unit::shard / Unit::shard_grad
-  int64_t param_offset = 0;
-  int64_t numel = 0;         // may be 0 for an fsdp2 matrix this rank holds no rows of
-  Tensor m, v;               // Muon momentum | AdamW first and second moments
-};
-
-/// One FSDP unit's buffers on this rank.
-struct ShardedEngine::Unit {
-  int index = 0;
-  std::vector<int64_t> counts;     // per-rank segment numel
-  int64_t total = 0, my_offset = 0, my_count = 0;
-  Tensor shard, shard_grad;        // owned segment (persistent)
-  Tensor full, full_grad;          // whole unit buffer (comm layout), released when not in use
-  Tensor unpacked, unpacked_grad;  // params whose pieces are not one contiguous run
-  std::vector<Binding> params;
-  std::vector<OwnedPiece> owned;
-  bool any_direct = false;  // some parameter is a view into `full` (else `full` is only a staging buffer)
-  bool gathered = false, grads_live = false;
-};
 
 ShardedEngine::ShardedEngine(GPT& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts)
     : model_(model), comm_(comm), plan_(plan), opts_(opts), rank_(comm.rank()), world_(comm.world_size()) {
@@ -484,161 +445,6 @@ void ShardedEngine::init_parameters(uint64_t seed) {
     full[s.name] = std::move(v);
   }
   load_full_parameters(full);
-}
-
-const char* state_kind_name(StateKind k) {
-  switch (k) {
-    case StateKind::param: return "param";
-    case StateKind::m: return "m";
-    case StateKind::v: return "v";
-  }
-  return "?";
-}
-
-void ShardedEngine::for_each_saved_piece(const SavedPieceFn& fn) {
-  for (auto [unit, o] : contributed_pieces()) {
-    const MatrixShard& s = plan_.shards[o->shard];
-    fn(s, StateKind::param, o->param_offset, o->numel, unit->shard.data_f32() + o->shard_offset);
-    fn(s, StateKind::m, o->param_offset, o->numel, o->m.data_f32());
-    if (o->v.defined()) fn(s, StateKind::v, o->param_offset, o->numel, o->v.data_f32());
-  }
-}
-
-void ShardedEngine::load_state(const StateReadFn& read, int64_t optimizer_steps) {
-  for (auto& unit : units_) {
-    const UnitLayout& L = plan_.units[unit->index];
-    for (const Binding& b : unit->params) {
-      const MatrixShard& s = plan_.shards[b.shard];
-      for (const ShardPiece& p : s.pieces) {
-        if (resident_) read(s, StateKind::param, p.param_offset, p.numel,
-                            unit->full.data_f32() + L.segment_offset(p.rank) + p.segment_offset);
-        else if (p.rank == rank_) read(s, StateKind::param, p.param_offset, p.numel, unit->shard.data_f32() + p.segment_offset);
-      }
-    }
-    if (resident_) unpack_params(*unit);
-    for (OwnedPiece& o : unit->owned) {
-      if (o.numel == 0) continue;
-      const MatrixShard& s = plan_.shards[o.shard];
-      read(s, StateKind::m, o.param_offset, o.numel, o.m.data_f32());
-      if (o.v.defined()) read(s, StateKind::v, o.param_offset, o.numel, o.v.data_f32());
-    }
-  }
-  opt_steps_ = optimizer_steps;
-}
-
-std::vector<ShardedEngine::StatePiece> ShardedEngine::state_pieces_of(int r) const {
-  std::vector<StatePiece> out;
-  const bool ddp = plan_.placement == Placement::ddp;
-  for (size_t u = 0; u < plan_.units.size(); ++u)
-    for (int si : plan_.shards_in_unit(static_cast<int>(u))) {
-      const MatrixShard& s = plan_.shards[si];
-      if (ddp) {
-        if (r == 0)
-          for (const ShardPiece& p : s.pieces) out.push_back({si, p.param_offset, p.numel});
-      } else if (const ShardPiece* p = s.piece_on(r); p && p->numel > 0) {
-        out.push_back({si, p->param_offset, p->numel});
-      }
-    }
-  return out;
-}
-
-std::vector<std::pair<ShardedEngine::Unit*, ShardedEngine::OwnedPiece*>> ShardedEngine::contributed_pieces() {
-  std::vector<std::pair<Unit*, OwnedPiece*>> out;
-  if (plan_.placement == Placement::ddp && rank_ != 0) return out;
-  for (auto& unit : units_)
-    for (OwnedPiece& o : unit->owned)
-      if (o.numel > 0) out.push_back({unit.get(), &o});
-  return out;
-}
-
-ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
-  auto state_numel = [&](const StatePiece& p) {
-    return plan_.shards[p.shard].optimizer == OptimizerKind::adamw ? 2 * p.numel : p.numel;
-  };
-  std::vector<int64_t> counts(static_cast<size_t>(world_), 0);
-  std::vector<std::vector<StatePiece>> layout(static_cast<size_t>(world_));
-  for (int r = 0; r < world_; ++r) {
-    layout[r] = state_pieces_of(r);
-    for (const StatePiece& p : layout[r]) counts[r] += state_numel(p);
-  }
-  std::vector<float> send;
-  send.reserve(static_cast<size_t>(counts[rank_]));
-  for (auto [unit, o] : contributed_pieces()) {
-    const std::vector<float> m = o->m.to_vector();
-    send.insert(send.end(), m.begin(), m.end());
-    if (o->v.defined()) {
-      const std::vector<float> v = o->v.to_vector();
-      send.insert(send.end(), v.begin(), v.end());
-    }
-  }
-  check_arg(static_cast<int64_t>(send.size()) == counts[rank_], "full_optimizer_state", "owned state does not match the plan");
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  std::vector<float> all(static_cast<size_t>(total));
-  comm_.all_gather_v(send.empty() ? nullptr : send.data(), all.data(), counts, DType::f32, CommPhase::other);
-  FullOptimizerState out;
-  for (const MatrixShard& s : plan_.shards) {
-    out.m[s.name].assign(static_cast<size_t>(s.numel()), 0.0f);
-    if (s.optimizer == OptimizerKind::adamw) out.v[s.name].assign(static_cast<size_t>(s.numel()), 0.0f);
-  }
-  const float* src = all.data();
-  for (int r = 0; r < world_; ++r)
-    for (const StatePiece& p : layout[r]) {
-      const MatrixShard& s = plan_.shards[p.shard];
-      std::copy(src, src + p.numel, out.m[s.name].begin() + p.param_offset);
-      src += p.numel;
-      if (s.optimizer == OptimizerKind::adamw) {
-        std::copy(src, src + p.numel, out.v[s.name].begin() + p.param_offset);
-        src += p.numel;
-      }
-    }
-  out.step = opt_steps_;
-  return out;
-}
-
-std::string ShardedEngine::state_fingerprint() {
-  // Per tensor (parameter, m, v of each shard) two 64-bit sums over its elements of a strong
-  // 64-bit mix of (tensor key, logical index, f32 bits): order-free, so ranks add their parts.
-  const size_t S = plan_.shards.size();
-  std::vector<uint64_t> sums(S * 3 * 2, 0);
-  auto accumulate = [&](size_t slot, const float* x, int64_t first_index, int64_t n) {
-    uint64_t a = 0, b = 0;
-    const uint64_t key = fingerprint_mix(0x6d66736470ull + slot);
-#pragma omp parallel for schedule(static) reduction(+ : a, b) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, x + i, 4);
-      const uint64_t v = (static_cast<uint64_t>(first_index + i) << 32 | bits) ^ key;
-      a += fingerprint_mix(v);
-      b += fingerprint_mix(v ^ 0x9e3779b97f4a7c15ull);
-    }
-    sums[2 * slot] += a;
-    sums[2 * slot + 1] += b;
-  };
-  for (auto [unit, o] : contributed_pieces()) {
-    const size_t base = static_cast<size_t>(o->shard) * 3;
-    accumulate(base, unit->shard.data_f32() + o->shard_offset, o->param_offset, o->numel);
-    accumulate(base + 1, o->m.data_f32(), o->param_offset, o->numel);
-    if (o->v.defined()) accumulate(base + 2, o->v.data_f32(), o->param_offset, o->numel);
-  }
-  std::vector<uint64_t> all(sums.size() * static_cast<size_t>(world_));
-  comm_.all_gather_host(sums.data(), all.data(), static_cast<int64_t>(sums.size() * sizeof(uint64_t)), CommPhase::other);
-  // Fold the canonical sequence (tensor slot, numel, both sums, then the step) into 128 bits.
-  uint64_t h1 = fingerprint_mix(static_cast<uint64_t>(opt_steps_) + 1), h2 = fingerprint_mix(h1 ^ 0x51ed27);
-  for (size_t slot = 0; slot < S * 3; ++slot) {
-    uint64_t a = 0, b = 0;
-    for (int r = 0; r < world_; ++r) {
-      a += all[static_cast<size_t>(r) * sums.size() + 2 * slot];
-      b += all[static_cast<size_t>(r) * sums.size() + 2 * slot + 1];
-    }
-    const uint64_t numel = static_cast<uint64_t>(plan_.shards[slot / 3].numel());
-    h1 = fingerprint_mix(h1 ^ fingerprint_mix(a + numel));
-    h2 = fingerprint_mix(h2 ^ fingerprint_mix(b + slot));
-  }
-  char hex[33];
-  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h1),
-                static_cast<unsigned long long>(h2));
-  return hex;
 }
 
 void ShardedEngine::with_full_model(const std::function<void()>& fn) {

@@ -1,0 +1,161 @@
+// Start-up checks of mfsdp-train that need no communication (preflight_check in trainer.h).
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "apps/trainer.h"
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/owner_checkpoint.h"
+#include "runtime/core/json_limits.h"
+#include "runtime/data/token_shards.h"
+#include "runtime/data/tokenizer.h"
+
+namespace mfsdp {
+namespace {
+
+using json = nlohmann::json;
+
+std::string check_writable_dir(const std::filesystem::path& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const auto probe = dir / ".mfsdp_write_test";
+  {
+    std::ofstream f(probe);
+    if (!f) return what + ": cannot write into directory '" + dir.string() + "'";
+  }
+  std::filesystem::remove(probe, ec);
+  return "";
+}
+
+// "" when `path` is absent or a config.json an earlier run wrote (exactly the canonical dump of
+// its own JSON), else why it must not be overwritten.
+std::string foreign_run_config(const std::filesystem::path& path, const std::string& input_config) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return "";
+  if (!input_config.empty() && std::filesystem::equivalent(path, input_config, ec))
+    return path.string() + " is the input config; the run would overwrite it (use another logging.run_dir)";
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  bool ours = false;
+  if (json_nesting_depth(text) <= kMaxJsonDepth) {
+    const json j = json::parse(text, nullptr, false);
+    ours = !j.is_discarded() && j.is_object() && j.contains("model") && j.dump(2) + "\n" == text;
+  }
+  return ours ? "" : path.string() + " was not written by mfsdp-train; refusing to overwrite it (move it or use another logging.run_dir)";
+}
+
+}  // namespace
+
+std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only) {
+  try {
+    if (eval_only && cfg.data.val.resolved.empty()) return cfg.source + ": --eval-only needs data.val (validation shards)";
+    if (eval_only && cfg.model.init_from.resolved.empty())
+      return cfg.source + ": --eval-only needs model.init_from (the model to evaluate)";
+    const GPTConfig g = cfg.model.gpt();
+    g.validate();
+    int64_t global_tokens = 0;
+    if (__builtin_mul_overflow(static_cast<int64_t>(world_size) * cfg.training.grad_accum,
+                               static_cast<int64_t>(cfg.training.micro_batch_size) * cfg.model.seq_len, &global_tokens) ||
+        global_tokens > (int64_t(1) << 40))
+      return cfg.source + ": world_size x training.grad_accum x training.micro_batch_size x model.seq_len is " +
+             "larger than 2^40 tokens per step";
+    auto with_key = [](const std::string& key, const std::function<void()>& check) {
+      try {
+        check();
+      } catch (const std::exception& e) {
+        throw std::runtime_error(key + ": " + e.what());
+      }
+    };
+    with_key("data.train", [&] {
+      validate_shards(cfg.data.train.resolved, cfg.model.vocab_size, global_tokens + 1,
+                      "one global batch (world_size * grad_accum * micro_batch_size * seq_len + 1)");
+    });
+    if (!cfg.data.val.resolved.empty())
+      with_key("data.val", [&] {
+        validate_shards(cfg.data.val.resolved, cfg.model.vocab_size, cfg.model.seq_len + 1, "one sequence (seq_len + 1)");
+      });
+    if (!cfg.data.tokenizer.empty()) {
+      std::unique_ptr<Tokenizer> tok;
+      with_key("data.tokenizer_path", [&] { tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved); });
+      if (tok->vocab_size() != cfg.model.vocab_size)  // samples are decoded with it
+        return cfg.source + ": data.tokenizer_path: " + cfg.data.tokenizer_path.resolved + " has " +
+               std::to_string(tok->vocab_size()) + " tokens but model.vocab_size is " +
+               std::to_string(cfg.model.vocab_size);
+    }
+    if (!cfg.model.init_from.resolved.empty()) {
+      NamedTensors init;
+      with_key("model.init_from", [&] { init = import_hf_gpt2(cfg.model.init_from.resolved, g); });
+      for (const auto& [name, values] : init)  // a NaN/Inf weight would only show up as a diverged step
+        for (size_t i = 0; i < values.size(); ++i)
+          if (!std::isfinite(values[i]))
+            return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": tensor '" + name +
+                   "' holds a non-finite value (" + std::to_string(values[i]) + " at element " + std::to_string(i) + ")";
+      const GPTConfig f = read_hf_gpt2_config(cfg.model.init_from.resolved);
+      if (f.n_head != g.n_head)  // shapes cannot tell heads apart
+        return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
+               std::to_string(f.n_head) + ", model.n_head is " + std::to_string(g.n_head);
+    }
+    const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
+    if (ckpt_root.empty() && (cfg.training.resume == "auto" || cfg.checkpoint.interval > 0))
+      return cfg.source + ": " + (cfg.training.resume == "auto" ? "training.resume \"auto\"" : "checkpoint.interval") +
+             " needs checkpoint.dir or logging.run_dir (where checkpoints live)";
+    if (!cfg.training.resume.empty() && cfg.training.resume != "auto" &&
+        !std::filesystem::is_regular_file(std::filesystem::path(cfg.training.resume) / "manifest.json"))
+      return cfg.source + ": training.resume: " + cfg.training.resume +
+             " is not a complete checkpoint directory (no manifest.json)";
+    if (!eval_only) {  // the outputs must be writable before hours of training, not after
+      if (!ckpt_root.empty() && (cfg.checkpoint.interval > 0 || cfg.checkpoint.at_end)) {
+        std::string e = check_writable_dir(ckpt_root, "checkpoint.dir");
+        if (!e.empty()) return cfg.source + ": " + e;
+        // A fresh run would collide with (and must not replace) another run's checkpoints.
+        const auto existing = list_checkpoints(ckpt_root);
+        if (cfg.training.resume.empty() && !existing.empty())
+          return cfg.source + ": checkpoint.dir: " + ckpt_root + " already holds checkpoints of a run (newest " +
+                 std::filesystem::path(existing.back()).filename().string() +
+                 "); continue it with --set training.resume=auto, or use another checkpoint.dir / logging.run_dir";
+      }
+      if (!cfg.logging.run_dir.resolved.empty()) {
+        std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir");
+        if (!e.empty()) return cfg.source + ": " + e;
+        e = foreign_run_config(std::filesystem::path(cfg.logging.run_dir.resolved) / "config.json", cfg.source);
+        if (!e.empty()) return cfg.source + ": logging.run_dir: " + e;
+      }
+      if (!cfg.output.export_path.resolved.empty()) {
+        const std::filesystem::path out(cfg.output.export_path.resolved);
+        if (std::filesystem::is_directory(out))
+          return cfg.source + ": output.export: " + out.string() + " is a directory (expected a .safetensors file)";
+        std::string e = check_writable_dir(out.has_parent_path() ? out.parent_path() : ".", "output.export");
+        if (!e.empty()) return cfg.source + ": " + e;
+        // Never overwrite what the run reads or writes otherwise.
+        std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
+                                                                  {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
+                                                                  {"model.init_from", cfg.model.init_from.resolved}};
+        for (const auto& f : expand_glob(cfg.data.train.resolved)) taken.push_back({"data.train", f});
+        if (!cfg.data.val.resolved.empty())
+          for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
+        if (!cfg.logging.run_dir.resolved.empty())
+          for (const char* f : {"config.json", "metrics.jsonl", "summary.json"})
+            taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
+        const auto same = [](const std::string& a, const std::string& b) {
+          std::error_code ec;
+          return !b.empty() && std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+        };
+        for (const auto& [what, path] : taken)
+          if (same(out.string(), path))
+            return cfg.source + ": output.export: " + out.string() + " is " + what + " (" + path +
+                   "); choose another file";
+      }
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace mfsdp
