@@ -26,6 +26,12 @@ std::map<std::string, std::string> run_facts(const TrainConfig& cfg);
 /// a second exchange of the facts themselves. Returns "" when every rank agrees, else a message
 /// naming each differing key with the value each group of ranks holds (at most 12 keys, values
 /// clipped), the same text on every rank.
-std::string check_agreement(const std::map<std::string, std::string>& facts, MPI_Comm comm);
+/// `timeout_seconds` > 0 bounds each exchange (wait_or_abort).
+std::string check_agreement(const std::map<std::string, std::string>& facts, MPI_Comm comm,
+                            double timeout_seconds = 0);
+
+/// Waits for `req`; after `timeout_seconds` (> 0) prints which rank gave up waiting for `what`
+/// and aborts the job (a rank is stuck or gone before training started).
+void wait_or_abort(MPI_Request& req, double timeout_seconds, MPI_Comm comm, const char* what);
 
 }  // namespace mfsdp

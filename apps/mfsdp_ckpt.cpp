@@ -66,6 +66,11 @@ int verify(const std::string& dir) {
 }
 
 int export_hf(const std::string& dir, const std::string& out) {
+  std::error_code ec;
+  const auto rel = fs::weakly_canonical(out, ec).lexically_relative(fs::weakly_canonical(dir, ec));
+  if (!rel.empty() && *rel.begin() != "..")
+    throw CheckpointError(out + " is inside the checkpoint " + dir + "; choose a file outside it");
+  if (fs::is_directory(out, ec)) throw CheckpointError(out + " is a directory (expected a .safetensors file)");
   const CheckpointManifest m = CheckpointManifest::read(dir);
   const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
   const GPTConfig g = cfg.model.gpt();

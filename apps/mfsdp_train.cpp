@@ -1,7 +1,8 @@
-// mfsdp-train: config-driven pretraining of a GPT with MatrixFSDP (issue 6).
+// mfsdp-train: config-driven pretraining of a GPT with MatrixFSDP.
 //   mpirun -np N mfsdp-train --config configs/X.json [--set key.path=value ...] [--print-config] [--eval-only]
 // Without mpirun it runs as world size 1. Exit codes: 0 success, 2 bad input (command line, config,
-// data, model file; reported on every rank before any collective), 3 training failure.
+// data, model file, checkpoint, ranks that disagree; reported on every rank before training),
+// 3 training failure, 75 preempted (SIGTERM/SIGINT; a checkpoint was saved).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <thread>
@@ -14,6 +15,17 @@
 #include "runtime/kernels.h"
 
 using namespace mfsdp;
+
+namespace {
+
+// MPI_Iallreduce of n ints over MPI_COMM_WORLD, bounded by the collective timeout.
+void startup_allreduce(const int* in, int* out, int n, MPI_Op op, double timeout) {
+  MPI_Request req;
+  MPI_Iallreduce(in, out, n, MPI_INT, op, MPI_COMM_WORLD, &req);
+  wait_or_abort(req, timeout, MPI_COMM_WORLD, "the start-up checks");
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const double program_start =
@@ -42,28 +54,46 @@ int main(int argc, char** argv) {
   app.add_flag("--eval-only", eval_only, "only evaluate model.init_from on the validation split");
   app.add_option("--threads", threads, "CPU threads per rank, 1..1024 (default: cores / ranks on this machine)")
       ->check(CLI::Range(1, 1024));
+  std::string error;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (rank == 0) app.exit(e);
-    return e.get_exit_code() == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) {  // --help: every rank gets the same argument, so all leave here
+      if (rank == 0) app.exit(e);
+      return 0;
+    }
+    error = std::string("command line: ") + e.what();
   }
 
-  // ---- everything that can fail on bad input, before any collective ----
-  std::string error;
+  // ---- everything that can fail on bad input, before any training collective ----
   TrainConfig cfg;
-  try {
-    cfg = load_train_config(config_path, overrides);
-  } catch (const std::exception& e) {
-    error = e.what();
+  if (error.empty()) {
+    try {
+      cfg = load_train_config(config_path, overrides);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
+  // One job per run directory: a second one (e.g. a requeued job overlapping a live one) would
+  // interleave writes and remove the other's checkpoint in progress. Held until exit.
+  if (error.empty() && rank == 0 && !print_config && !eval_only) error = lock_run_dir(cfg);
   if (error.empty() && !print_config) error = preflight_check(cfg, world, eval_only);
-  // Agree on the outcome so a problem seen by one rank (e.g. a file missing on its node) stops all.
-  int bad = error.empty() ? 0 : 1, any_bad = 0;
-  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any_bad) {
-    if (bad) std::fprintf(stderr, "mfsdp-train: error%s: %s\n", world > 1 ? (" (rank " + std::to_string(rank) + ")").c_str() : "", error.c_str());
+  // Agree on the outcome and on the mode, so a problem or a different flag seen by one rank (a
+  // file missing on its node, a stray --eval-only) stops all of them. Bounded by the collective
+  // timeout: a rank stuck in its checks cannot hang the others.
+  const double timeout = error.empty() ? cfg.sharding.collective_timeout_s : TrainConfig{}.sharding.collective_timeout_s;
+  const int mine[3] = {error.empty() ? 0 : 1, print_config ? 1 : 0, eval_only ? 1 : 0};
+  int most[3] = {0, 0, 0}, least[3] = {0, 0, 0};
+  startup_allreduce(mine, most, 3, MPI_MAX, timeout);
+  startup_allreduce(mine, least, 3, MPI_MIN, timeout);
+  if (most[0]) {
+    if (mine[0]) std::fprintf(stderr, "mfsdp-train: error%s: %s\n", world > 1 ? (" (rank " + std::to_string(rank) + ")").c_str() : "", error.c_str());
     else std::fprintf(stderr, "mfsdp-train: rank %d stops: another rank found bad input\n", rank);
+    return 2;
+  }
+  if (most[1] != least[1] || most[2] != least[2]) {
+    std::fprintf(stderr, "mfsdp-train: error (rank %d): the ranks were launched with different flags (%s); nothing was started\n",
+                 rank, most[1] != least[1] ? "--print-config on some ranks only" : "--eval-only on some ranks only");
     return 2;
   }
   if (print_config) {
@@ -73,7 +103,7 @@ int main(int argc, char** argv) {
   // Every rank must run the same config, build and input files: compared before any training
   // collective, so a stale node is named instead of hanging or training a wrong model.
   const double t_agree = MPI_Wtime();
-  const std::string disagreement = check_agreement(run_facts(cfg), MPI_COMM_WORLD);
+  const std::string disagreement = check_agreement(run_facts(cfg), MPI_COMM_WORLD, timeout);
   if (!disagreement.empty()) {
     std::fprintf(stderr, "mfsdp-train: error (rank %d): %s\n", rank, disagreement.c_str());
     return 2;

@@ -1,4 +1,8 @@
 // Start-up checks of mfsdp-train that need no communication (preflight_check in trainer.h).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +55,23 @@ std::string foreign_run_config(const std::filesystem::path& path, const std::str
 }
 
 }  // namespace
+
+std::string lock_run_dir(const TrainConfig& cfg) {
+  std::filesystem::path dir = cfg.logging.run_dir.resolved;
+  if (dir.empty()) dir = cfg.checkpoint.root("");
+  if (dir.empty()) return "";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = (dir / ".mfsdp.lock").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return "";  // an unwritable run directory is reported by preflight_check
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return cfg.source + ": logging.run_dir: " + dir.string() +
+           " is in use by another mfsdp-train job (it holds " + path + "); wait for it or use another run directory";
+  }
+  return "";  // the descriptor stays open, and the lock held, until the process exits
+}
 
 std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only) {
   try {
@@ -114,11 +135,18 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
         std::string e = check_writable_dir(ckpt_root, "checkpoint.dir");
         if (!e.empty()) return cfg.source + ": " + e;
         // A fresh run would collide with (and must not replace) another run's checkpoints.
+        // Saving into a directory that holds other checkpoints is only safe when continuing from the
+        // newest of them: a fresh run, or one resumed from elsewhere or from an older step, would
+        // collide with them at save time and prune them by keep_last.
         const auto existing = list_checkpoints(ckpt_root);
-        if (cfg.training.resume.empty() && !existing.empty())
-          return cfg.source + ": checkpoint.dir: " + ckpt_root + " already holds checkpoints of a run (newest " +
-                 std::filesystem::path(existing.back()).filename().string() +
-                 "); continue it with --set training.resume=auto, or use another checkpoint.dir / logging.run_dir";
+        std::error_code eq;
+        if (!existing.empty() && cfg.training.resume != "auto" &&
+            (cfg.training.resume.empty() || !std::filesystem::equivalent(cfg.training.resume, existing.back(), eq)))
+          return cfg.source + ": checkpoint.dir: " + ckpt_root + " already holds checkpoints (newest " +
+                 std::filesystem::path(existing.back()).filename().string() + ") that this run" +
+                 (cfg.training.resume.empty() ? "" : " (resumed from " + cfg.training.resume + ")") +
+                 " would overwrite or prune; continue the newest with --set training.resume=auto, or branch into "
+                 "another checkpoint.dir / logging.run_dir";
       }
       if (!cfg.logging.run_dir.resolved.empty()) {
         std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir");
@@ -146,6 +174,18 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
           std::error_code ec;
           return !b.empty() && std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
         };
+        const auto inside = [](const std::filesystem::path& p, const std::string& dir) {
+          if (dir.empty()) return false;
+          std::error_code ec;
+          const auto a = std::filesystem::weakly_canonical(p, ec), d = std::filesystem::weakly_canonical(dir, ec);
+          const auto rel = a.lexically_relative(d);
+          return !rel.empty() && *rel.begin() != "..";
+        };
+        for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
+                                        {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume}})
+          if (inside(out, dir))
+            return cfg.source + ": output.export: " + out.string() + " is inside " + what + " (" + dir +
+                   "); choose a file outside the checkpoints";
         for (const auto& [what, path] : taken)
           if (same(out.string(), path))
             return cfg.source + ": output.export: " + out.string() + " is " + what + " (" + path +

@@ -432,6 +432,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);
+  if (c.sharding.collective_timeout_s > 0 && c.sharding.collective_timeout_s < 1)
+    r.fail("sharding.collective_timeout_s", "must be 0 (wait forever) or >= 1 second");
   // training
   c.training.steps = r.i64("training.steps", 1);
   c.training.micro_batch_size = r.i32("training.micro_batch_size", 1, 1 << 20);

@@ -182,6 +182,9 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
   if (!cfg.model.init_from.resolved.empty()) engine.load_full_parameters(import_hf_gpt2(cfg.model.init_from.resolved, gcfg));
   else engine.init_parameters(static_cast<uint64_t>(cfg.training.seed));
 
+  DataLoader loader(cfg.data.train.resolved, B, T, rank, W, A, cfg.data.shuffle, static_cast<uint64_t>(cfg.data.seed),
+                    cfg.model.vocab_size);
+
   // ---- resume: each rank reads the pieces it owns under this run's plan; all ranks agree ----
   const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
   std::optional<CheckpointManifest> resumed;
@@ -193,6 +196,11 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
       if (!dir.empty()) {
         resumed = CheckpointManifest::read(dir);
         load_checkpoint(engine, *resumed);
+        try {
+          loader.set_state(resumed->loader);  // the data position must fit this run's shards and batch
+        } catch (const std::exception& e) {
+          throw CheckpointError(resumed->dir + "/manifest.json: loader: " + e.what());
+        }
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -200,7 +208,18 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     // the first collective of the run
     if (comm.all_reduce_scalar(error.empty() ? 0.0 : 1.0, ReduceOp::max, CommPhase::other) > 0)
       throw InputError(error.empty() ? "another rank could not load the checkpoint (see its message)" : error);
+    // The loaded state must be the saved state: a hand-edited or mismatched manifest (step counter,
+    // swapped moments) shows up here, on every rank alike.
+    if (resumed) {
+      const std::string fp = engine.state_fingerprint();
+      if (fp != resumed->state_fingerprint)
+        throw InputError(resumed->dir + "/manifest.json: the loaded state has fingerprint " + fp + ", the manifest says " +
+                         clip_for_message(resumed->state_fingerprint) + " (edited or mismatched checkpoint)");
+    }
     if (lead && !note.empty()) spdlog::info("{}", note);
+    if (resumed && lead && resumed->step >= cfg.training.steps)
+      spdlog::warn("the checkpoint is at step {} and training.steps is {}: nothing left to train (raise training.steps "
+                   "to continue)", resumed->step, cfg.training.steps);
     if (resumed && lead) {
       spdlog::info("resumed at step {} ({} tokens) from {} (saved by {} rank(s) under {}; loaded in {:.2f} s)",
                    resumed->step, resumed->tokens, resumed->dir, resumed->world_size, resumed->placement,
@@ -257,9 +276,6 @@ void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptio
     write_file_atomic(run_dir / "config.json", cfg.to_json().dump(2) + "\n");
   }
 
-  DataLoader loader(cfg.data.train.resolved, B, T, rank, W, A, cfg.data.shuffle, static_cast<uint64_t>(cfg.data.seed),
-                    cfg.model.vocab_size);
-  if (resumed) loader.set_state(resumed->loader);
   const double flops_per_token = gcfg.flops_per_token(T);
   const double peak = cfg.logging.peak_tflops * 1e12 * W;
   std::vector<int32_t> in(static_cast<size_t>(B) * T), tgt(static_cast<size_t>(B) * T);

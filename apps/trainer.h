@@ -16,6 +16,11 @@ namespace mfsdp {
 /// and the problem.
 std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only = false);
 
+/// Takes an exclusive lock (flock) on <logging.run_dir>/.mfsdp.lock (or the checkpoint
+/// directory), held until the process exits, so two jobs never share a run directory. Called on
+/// rank 0 only. Returns "" when locked (or when there is no directory), else why not.
+std::string lock_run_dir(const TrainConfig& cfg);
+
 /// Bad input found after start-up (e.g. a corrupted checkpoint), agreed by every rank: the app
 /// prints the message and exits 2, like a config error.
 class InputError : public std::runtime_error {

@@ -260,16 +260,14 @@ std::string resolve_resume(const std::string& resume, const std::string& root, s
       if (name.rfind("step_", 0) == 0 && (!fs::is_regular_file(entry.path() / kManifest, ec) || name.size() != 13))
         msg += "ignoring the incomplete checkpoint " + entry.path().string() + "; ";
     }
+  // The newest complete checkpoint wins: `latest` can lag behind when a job died between the
+  // rename of a new checkpoint and the update of the pointer.
   const std::vector<std::string> complete = list_checkpoints(root);
-  std::string chosen;
+  const std::string chosen = complete.empty() ? "" : complete.back();
   std::ifstream latest(fs::path(root) / "latest");
   std::string target;
-  if (latest && std::getline(latest, target) && !target.empty()) {
-    const fs::path p = fs::path(root) / target;
-    if (std::find(complete.begin(), complete.end(), p.string()) != complete.end()) chosen = p.string();
-    else msg += "the latest pointer names " + target + ", which is not a complete checkpoint; ";
-  }
-  if (chosen.empty() && !complete.empty()) chosen = complete.back();
+  if (latest && std::getline(latest, target) && !chosen.empty() && fs::path(chosen).filename().string() != target)
+    msg += "the latest pointer names " + clip(target) + ", not the newest complete checkpoint; ";
   if (chosen.empty()) msg += "no complete checkpoint in " + root + ": starting fresh";
   else msg += "resuming from " + chosen;
   if (note) *note = msg;
@@ -303,7 +301,18 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   m.tokens = f.i64(j, "tokens", "tokens");
   m.optimizer_steps = f.i64(j, "optimizer_steps", "optimizer_steps");
   m.world_size = static_cast<int>(f.i64(j, "world_size", "world_size", 1));
+  if (m.world_size > (1 << 24)) f.fail("world_size", "larger than 2^24");
   m.placement = f.str(j, "placement", "placement");
+  try {
+    (void)parse_placement(m.placement);
+  } catch (const std::exception&) {
+    f.fail("placement", "unknown placement \"" + clip(m.placement) + "\"");
+  }
+  const std::string dir_name = fs::path(dir).lexically_normal().filename().string().empty()
+                                   ? fs::path(dir).lexically_normal().parent_path().filename().string()
+                                   : fs::path(dir).lexically_normal().filename().string();
+  if (dir_name.size() == 13 && dir_name.rfind("step_", 0) == 0 && dir_name.substr(5) != step_dir_name(m.step).substr(5))
+    f.fail("step", std::to_string(m.step) + " does not match the directory " + dir_name);
   m.state_fingerprint = f.str(j, "state_fingerprint", "state_fingerprint");
   try {
     from_json(f.at(j, "loader", "loader"), m.loader);
@@ -391,6 +400,9 @@ class PieceReader {
     auto it = files_.find(p.file);
     const std::string path = (fs::path(m_.dir) / p.file).string();
     if (it == files_.end()) {
+      std::error_code ec;
+      if (!fs::is_regular_file(path, ec))  // a FIFO or device would block or never end
+        throw CheckpointError(path + ": not a regular file (checkpoint " + m_.dir + ")");
       try {
         it = files_.emplace(p.file, std::make_unique<SafetensorsFile>(path)).first;
       } catch (const std::exception& e) {

@@ -120,6 +120,16 @@ def case_resume(bin_dir, tmp):
         check(rc == 0 and "resumed at step 4" in out, f"{placement}: resume failed ({rc})")
         if rc == 0:
             same_as(ref, run, f"{placement} resume")
+    # going back to an older checkpoint in the same directory would overwrite the newer ones: refused
+    run = os.path.join(tmp, "split_matrixfsdp")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", const, "checkpoint.interval=2",
+                    f"training.resume={os.path.join(run, 'checkpoints', 'step_00000004')}", expect=None)
+    check(rc == 2 and "would overwrite or prune" in out, f"resume from an older checkpoint into the same dir: {rc} {out[-400:]}")
+    # an export inside the checkpoints is refused
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=9", const, "training.resume=auto",
+                    f"output.export={os.path.join(run, 'checkpoints', 'step_00000008', 'rank_00000.safetensors')}",
+                    expect=None)
+    check(rc == 2 and "inside checkpoint.dir" in out, f"export into a checkpoint: {rc} {out[-400:]}")
     # a rank killed between two checkpoints (SIGKILL at the start of step 6, checkpoints every 3)
     ref = full_run(bin_dir, tmp, "full_cosine", 2, 8)
     run = os.path.join(tmp, "killed")
@@ -168,6 +178,9 @@ def case_tool(bin_dir, tmp):
     rc, out = ckpt_tool(bin_dir, "export", last, out_file)
     check(rc == 0 and tensors_of(out_file) == tensors_of(ref + ".safetensors"),
           f"export of the final checkpoint differs from the training export: {out}")
+    rc, out = ckpt_tool(bin_dir, "export", last, os.path.join(last, "manifest.json"))
+    check(rc == 2 and "inside the checkpoint" in out and os.path.getsize(os.path.join(last, "manifest.json")) > 100,
+          f"export into the checkpoint itself: {rc} {out}")
     rc, out = ckpt_tool(bin_dir, "diff", last, last)
     check(rc == 0 and "identical (bitwise)" in out, f"diff of a checkpoint with itself: {out}")
     rc, out = ckpt_tool(bin_dir, "diff", os.path.join(ck, "step_00000003"), last)
@@ -243,7 +256,7 @@ def header(path):
 
 def case_corrupt(bin_dir, tmp):
     good_run = os.path.join(tmp, "good")
-    rc, _ = train(bin_dir, 2, f"logging.run_dir={good_run}", "training.steps=2")
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={good_run}", "training.steps=2", "checkpoint.interval=1")
     check(rc == 0, "could not make a checkpoint")
     good = os.path.join(good_run, "checkpoints", "step_00000002")
     manifest = json.load(open(os.path.join(good, "manifest.json")))
@@ -294,9 +307,14 @@ def case_corrupt(bin_dir, tmp):
         ("piece outside the directory", edit_manifest(
             lambda m: first_tensor(m)["pieces"]["param"][0].__setitem__("file", "../x.safetensors")), "file name"),
         ("negative step", edit_manifest(lambda m: m.__setitem__("step", -5)), "step"),
+        ("step of another directory", edit_manifest(lambda m: m.__setitem__("step", 7)), "does not match the directory"),
+        ("edited optimizer step count", edit_manifest(lambda m: m.__setitem__("optimizer_steps", 5)), "fingerprint"),
+        ("unknown placement", edit_manifest(lambda m: m.__setitem__("placement", "bogus")), "placement"),
     ]
     for name, damage, expect in cases:
         d = os.path.join(tmp, "bad_" + re.sub(r"\W+", "_", name))
+        if name == "step of another directory":  # keeps its step_N name, so the name can be checked
+            d = os.path.join(d, os.path.basename(good))
         shutil.copytree(good, d)
         damage(d)
         before = tree_digest(d)
@@ -310,14 +328,16 @@ def case_corrupt(bin_dir, tmp):
         rank_lines = [l for l in out.splitlines() if l.startswith("mfsdp-train: error")]
         check(len(rank_lines) >= 2 or name == "missing manifest",
               f"{name}: expected the error on every rank, got {rank_lines}")
-    # a latest pointer to a missing directory: auto falls back to the newest complete one, saying so
-    run = os.path.join(tmp, "latest_missing")
-    shutil.copytree(good_run, run)
-    with open(os.path.join(run, "checkpoints", "latest"), "w") as f:
-        f.write("step_00009999\n")
-    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=3", "training.resume=auto")
-    check(rc == 0 and "step_00009999" in out and "resumed at step 2" in out,
-          f"latest -> missing directory: expected a warning and a resume from step 2 ({rc})")
+    # a latest pointer that lags (a job died between the rename and the pointer update) or names a
+    # missing directory: auto takes the newest complete checkpoint, saying so
+    for target in ("step_00000001", "step_00009999"):
+        run = os.path.join(tmp, "latest_" + target)
+        shutil.copytree(good_run, run)
+        with open(os.path.join(run, "checkpoints", "latest"), "w") as f:
+            f.write(target + "\n")
+        rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=3", "training.resume=auto")
+        check(rc == 0 and target in out and "resumed at step 2" in out,
+              f"latest -> {target}: expected a warning and a resume from step 2 ({rc})")
     # a checkpoint directory that is a file
     blocker = os.path.join(tmp, "blocker")
     open(blocker, "w").write("not a directory")

@@ -2,11 +2,12 @@
 """Failure handling of mfsdp-train under mpirun (stdlib only).
 
 usage: test_reliability_cli.py BIN_DIR CASE   with CASE one of
-  disagree    one rank launched with other arguments (steps, n_layer, placement, grad_accum,
+  disagree    one rank launched with other arguments (flags, a bad option, steps, n_layer, placement, grad_accum,
               eval_interval, muon lr, shuffle, vocab, seed, train data): exit 2 on every rank,
               the differing key and each rank's value named, nothing trained
   hang        one rank stopped (SIGSTOP) mid-run: the collective timeout ends the job with a
               message naming the operation, the phase and the step
+  lock        a second job in a run directory in use is refused; the first finishes
   run_dir     config.json of the user in logging.run_dir, or the config itself there: refused;
               metrics.jsonl on a full filesystem: the run fails naming the file
   deep_json   configs and safetensors headers nested 100,000 deep, --set values 60,000: refused (exit 2),
@@ -55,11 +56,18 @@ def case_disagree(bin_dir, tmp):
              ("training.eval_interval=3", "config.training.eval_interval"), ("optimizer.muon.lr=0.03", "config.optimizer.muon.lr"),
              ("data.shuffle=true", "config.data.shuffle"), ("training.seed=7", "config.training.seed"),
              ("model.vocab_size=66 --set data.tokenizer=", "config.model.vocab_size"), (f"data.train={other_data}", "config.data.train")]
+    model = os.path.join(tmp, "model.safetensors")
+    rc, out = run(mpirun(2, train, "--config", TINY, "--set", "training.steps=1", "--set", f"output.export={model}",
+                         "--set", f"logging.run_dir={os.path.join(tmp, 'm')}", "--set", "training.sample_tokens=0"))
+    check(rc == 0, f"could not make a model: {out[-300:]}")
+    cases += [(f"--eval-only --set model.init_from={model}", "--eval-only"), ("--bogus-option", "command line"),
+              ("--print-config", "--print-config")]
     for override, key in cases:
         wrapper = os.path.join(tmp, "wrap.sh")
         with open(wrapper, "w") as f:
+            extra = override if override.startswith("--") else "--set " + override
             f.write("#!/bin/sh\n"
-                    f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec {train} "$@" --set {override}; fi\n'
+                    f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec {train} "$@" {extra}; fi\n'
                     f'exec {train} "$@"\n')
         os.chmod(wrapper, 0o755)
         t0 = time.time()
@@ -68,9 +76,28 @@ def case_disagree(bin_dir, tmp):
                       timeout=120)
         check(rc == 2, f"{override} on rank 1: exit {rc}, expected 2")
         check(key in out and "rank 0" in out and "rank 1" in out, f"{override}: key {key} or the ranks not named: {out[-800:]}")
-        check(len(re.findall(r"mfsdp-train: error \(rank \d\)", out)) == 2, f"{override}: not reported on every rank")
+        check(len(re.findall(r"mfsdp-train: (error \(rank \d\)|rank \d stops)", out)) == 2,
+              f"{override}: not reported on every rank: {out[-800:]}")
         check("step      1/" not in out, f"{override}: training started")
         check(time.time() - t0 < 60, f"{override}: took {time.time() - t0:.0f} s")
+
+
+def case_lock(bin_dir, tmp):
+    """A second job in a run directory that a live job uses is refused (exit 2), the first goes on."""
+    run_dir = os.path.join(tmp, "shared")
+    cmd = mpirun(2, os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--threads", "1",
+                 "--set", "training.steps=3000", "--set", "logging.interval=500", "--set", f"logging.run_dir={run_dir}",
+                 "--set", "training.sample_tokens=0", "--set", "training.eval_interval=0", "--set", "checkpoint.interval=1000")
+    first = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out1 = ""
+    for line in first.stdout:
+        out1 += line
+        if re.search(r"step +\d+/", line):
+            break
+    rc, out = run(cmd)
+    check(rc == 2 and "in use by another mfsdp-train job" in out, f"second job: exit {rc}: {out[-500:]}")
+    out1 += first.communicate(timeout=300)[0]
+    check(first.returncode == 0 and "done:" in out1, f"the first job did not finish cleanly: {out1[-500:]}")
 
 
 def case_hang(bin_dir, tmp):
