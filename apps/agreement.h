@@ -15,8 +15,9 @@ namespace mfsdp {
 /// The facts this rank will act on, flattened to "key -> value" strings:
 ///   config.<path>     every effective config value (resolved paths);
 ///   build.<name>      compiler, compile options and backends of this binary;
-///   file:<path>       size and an XXH3-64 of the file's first and last 64 KiB and 16 evenly spaced
-///                     4 KiB blocks (content, not mtime, so copies on other nodes agree), for the
+///   file:<path>       size and an XXH3-64 of the whole file up to 64 MiB, else of its first and
+///                     last 64 KiB and 16 evenly spaced 4 KiB blocks (content, not mtime, so copies
+///                     on other nodes agree), for the
 ///                     train and val shards, the tokenizer files, model.init_from and the manifest of
 ///                     training.resume.
 /// Unreadable files are recorded as "unreadable" (the preflight check reports them).
