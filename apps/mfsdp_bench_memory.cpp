@@ -1,4 +1,4 @@
-// mfsdp-bench-memory: per-rank peak memory by category for each placement (issue 5), and the
+// mfsdp-bench-memory: per-rank peak memory by category for each placement, and the
 // optimizer-step time of that step (max over ranks; a rough figure when ranks share cores).
 //   mpirun -np 4 --oversubscribe mfsdp-bench-memory [--config configs/gpt2_124m_shakespeare.json]
 // Builds the model from the config's `model` section, runs one training step per placement on

@@ -1,4 +1,4 @@
-// mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on CPU (issue 2).
+// mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on CPU.
 // Prints the median step time over the measured steps and the achieved GFLOP/s
 // (training FLOPs = GPTConfig::flops_per_token(T) x B x T, PaLM appendix B).
 #include <CLI/CLI.hpp>

@@ -1,6 +1,6 @@
 // The communication layer: one abstract Communicator with an MPI backend (CPU buffers), a
 // host-staged CUDA backend (CUDA buffers, staged through host memory, over MPI) and an
-// MPI-bootstrapped NCCL backend (CUDA buffers). See comm/README.md and DESIGN.md section 5.
+// MPI-bootstrapped NCCL backend (CUDA buffers). See comm/README.md.
 #pragma once
 #include <mpi.h>
 
@@ -185,7 +185,7 @@ std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm comm = MPI_
                                                             CommOptions opts = {},
                                                             CudaCommOptions cuda = {});
 
-/// NCCL backend bootstrapped by MPI (DESIGN.md section 5): local rank from an MPI shared-memory
+/// NCCL backend bootstrapped by MPI : local rank from an MPI shared-memory
 /// split, cudaSetDevice(local_rank), rank 0 ncclGetUniqueId, MPI_Bcast, ncclCommInitRank.
 /// Throws std::runtime_error when built without CUDA or when local_rank >= visible devices.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm = MPI_COMM_WORLD,

@@ -1,4 +1,4 @@
-// NCCL backend (CUDA buffers), bootstrapped by MPI (DESIGN.md section 5). Compiled only when
+// NCCL backend (CUDA buffers), bootstrapped by MPI. Compiled only when
 // MFSDP_WITH_CUDA. Collectives run on a dedicated comm stream ordered against the compute stream
 // by events; reductions use the same rank-ordered owner reduction as the MPI backend (grouped
 // ncclSend/ncclRecv of bounded chunks, then a rank-ordered f32-accumulating kernel), so results

@@ -53,7 +53,7 @@ class GPT {
   /// Whole model (every parameter bound): mean cross-entropy.
   Tensor forward_loss(const Tensor& tokens, const Tensor& targets) const;
 
-  /// GPT-2 initialisation of one parameter's full logical value (DESIGN/issue 2): weights
+  /// GPT-2 initialisation of one parameter's full logical value: weights
   /// N(0, init_std), residual projections (attn.c_proj, mlp.c_proj) N(0, init_std/sqrt(2*n_layer)),
   /// biases 0, LayerNorm gains 1, padded embedding rows 0. The values depend only on
   /// (seed, parameter name), so every rank produces the same tensor. out has spec.numel() floats.

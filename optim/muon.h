@@ -1,4 +1,4 @@
-// Muon: momentum + Newton-Schulz orthogonalization of whole 2D weight matrices (DESIGN.md section 7).
+// Muon: momentum + Newton-Schulz orthogonalization of whole 2D weight matrices.
 // CPU kernels on raw contiguous f32 buffers; the sharding engine calls them on the matrices it owns.
 #pragma once
 #include <cstdint>

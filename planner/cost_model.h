@@ -15,7 +15,7 @@ inline constexpr double kAdamWFlopsPerElement = 16.0;
 /// Newton-Schulz FLOPs of a rows x cols matrix for `ns_steps` iterations.
 /// With m = min(rows, cols), n = max(rows, cols) (tall matrices are transposed), one quintic
 /// iteration computes A = X X^T (2*m*m*n), A*A (2*m*m*m) and B X (2*m*m*n):
-///   muon_flops = ns_steps * (4*m*m*n + 2*m*m*m)          (DESIGN.md section 6, issue 4)
+///   muon_flops = ns_steps * (4*m*m*n + 2*m*m*m)
 /// Elementwise work (normalization, momentum, apply) is O(m*n) and left out.
 /// Throws std::invalid_argument when rows or cols < 1 or ns_steps < 0.
 double muon_flops(int64_t rows, int64_t cols, int ns_steps);

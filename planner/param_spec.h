@@ -6,7 +6,7 @@
 
 namespace mfsdp {
 
-/// Role of a parameter; decides its optimizer (DESIGN.md section 6): only `matrix` goes to Muon.
+/// Role of a parameter; decides its optimizer: only `matrix` goes to Muon.
 enum class ParamRole : uint8_t { matrix = 0, embedding = 1, head = 2, norm = 3, bias = 4 };
 
 const char* param_role_name(ParamRole r);

@@ -1,4 +1,4 @@
-// The owner planner: ParamInventory + world size + placement -> ShardPlan (DESIGN.md section 6).
+// The owner planner: ParamInventory + world size + placement -> ShardPlan.
 #pragma once
 #include <string>
 

@@ -1,5 +1,5 @@
 // ShardPlan: where every parameter lives (owner rank, pieces, per-unit segments) under a placement.
-// DESIGN.md sections 2, 5 and 6; issue 4. Pure C++ (no MPI): plans clusters we do not have.
+// Pure C++ (no MPI): plans clusters we do not have.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -10,7 +10,7 @@
 
 namespace mfsdp {
 
-/// How a unit's parameters are laid out across ranks (DESIGN.md section 2).
+/// How a unit's parameters are laid out across ranks.
 enum class Placement : uint8_t { matrixfsdp = 0, fsdp2 = 1, zero1 = 2, ddp = 3 };
 /// "matrixfsdp", "fsdp2", "zero1", "ddp".
 const char* placement_name(Placement p);
@@ -41,7 +41,7 @@ struct ShardPiece {
   bool operator==(const ShardPiece&) const = default;
 };
 
-/// Per-parameter metadata of a plan (the "MatrixShard" of DESIGN.md section 2).
+/// Per-parameter metadata of a plan.
 /// `owner` is the rank holding the whole tensor (its only piece), or -1 when the tensor is split
 /// (split tail tensors, fsdp2 with N > 1). Under `ddp` owner is always -1: every rank holds and
 /// updates a full replica; the single piece on rank 0 only describes the unit buffer.

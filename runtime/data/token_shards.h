@@ -1,11 +1,11 @@
-// Token shards in the llm.c format: validation, memory-mapped reading, writing (DESIGN.md section 9).
+// Token shards in the llm.c format: validation, memory-mapped reading, writing.
 //
 // File layout (little-endian):
 //   header: 256 x int32 = 1024 bytes: [0] magic, [1] version (1), [2] ntok (number of tokens),
 //           the remaining 253 entries are reserved (written as 0, not checked);
 //   body:   ntok tokens, uint16 (magic 20240520, llm.c's format) or uint32 (magic 20240801, our
 //           32-bit variant for vocabularies >= 65536); file size == 1024 + width * ntok exactly.
-// A 16-bit shard can only serve vocab_size <= 65535 (we follow DESIGN.md: vocabularies >= 65536
+// A 16-bit shard can only serve vocab_size <= 65535 (vocabularies >= 65536
 // need the 32-bit variant); a 32-bit shard serves vocab_size <= 2^31 - 1 (tokens are int32 in memory).
 #pragma once
 #include <cstdint>

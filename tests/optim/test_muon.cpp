@@ -1,4 +1,4 @@
-// Muon numerics (issue 5, "Muon numerics"): Newton-Schulz singular values, transpose path, zero
+// Muon numerics: Newton-Schulz singular values, transpose path, zero
 // gradient, exact weight decay, scale values, momentum / Nesterov closed forms, split QKV, call counts.
 #include <catch2/catch.hpp>
 

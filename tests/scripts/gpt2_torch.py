@@ -1,6 +1,6 @@
 """Minimal GPT-2 in PyTorch with MatrixFSDP's conventions, plus a small safetensors reader/writer.
 
-This is the PyTorch side of the model comparison tests (DESIGN.md section 11). It is written from
+This is the PyTorch side of the model comparison tests. It is written from
 the GPT-2 description, not copied from any implementation. Conventions (identical to
 models/gpt_spec.h):
 
