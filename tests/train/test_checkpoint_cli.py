@@ -22,24 +22,13 @@ import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TINY = os.path.join(ROOT, "configs", "tiny_test.json")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+from cli_common import ENV, TINY, check, read, run_case, safetensors_header
+
 BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1", "data.shuffle=true"]
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAILED:", msg)
 
 
 def command(bin_dir, np, sets):
@@ -69,9 +58,7 @@ def losses(run_dir):
     return {r["step"]: (r["loss"], r["grad_norm"]) for r in recs if r["type"] == "train"}
 
 
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
+
 
 
 def tree_digest(path):
@@ -104,6 +91,13 @@ def same_as(ref_run, run, what, compare_losses=True):
         check(ref_losses.get(step) == v, f"{what}: step {step} loss/grad norm {v} != {ref_losses.get(step)}")
 
 
+def faulty_run(bin_dir, run, what, **fault):
+    """8 steps, checkpoints every 3, with a test-only fault injected through the environment: it must fail."""
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3",
+                  env=dict(ENV, **fault), expect=None)
+    check(rc != 0, f"{what} did not fail")
+
+
 def case_resume(bin_dir, tmp):
     # A constant schedule (after warmup), so a 4-step run extended to 8 is the 8-step run; the
     # killed variant below keeps the cosine schedule (same training.steps throughout).
@@ -133,10 +127,7 @@ def case_resume(bin_dir, tmp):
     # a rank killed between two checkpoints (SIGKILL at the start of step 6, checkpoints every 3)
     ref = full_run(bin_dir, tmp, "full_cosine", 2, 8)
     run = os.path.join(tmp, "killed")
-    env = dict(ENV, MFSDP_TEST_KILL_AT_STEP="5")
-    rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3", env=env,
-                  expect=None)
-    check(rc != 0, "the killed run did not fail")
+    faulty_run(bin_dir, run, "the killed run", MFSDP_TEST_KILL_AT_STEP="5")
     rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "training.resume=auto",
                     f"output.export={run}.safetensors")
     check(rc == 0 and "resumed at step 3" in out, f"resume after kill -9 failed ({rc})")
@@ -150,7 +141,7 @@ def ckpt_tool(bin_dir, *args):
 
 
 def tensors_of(path):
-    n, h = header(path)
+    n, h = safetensors_header(path)
     data = read(path)[8 + n:]
     return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in h.items() if k != "__metadata__"}
 
@@ -226,10 +217,7 @@ def case_reshard(bin_dir, tmp):
 def case_crash(bin_dir, tmp):
     ref = full_run(bin_dir, tmp, "full", 2, 8)
     run = os.path.join(tmp, "crash")
-    env = dict(ENV, MFSDP_TEST_CHECKPOINT_FAULT="die_after_rank_file:6")
-    rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3", env=env,
-                  expect=None)
-    check(rc != 0, "the crashing save did not fail the run")
+    faulty_run(bin_dir, run, "the run with a crashing save", MFSDP_TEST_CHECKPOINT_FAULT="die_after_rank_file:6")
     ck = os.path.join(run, "checkpoints")
     check(os.path.isfile(os.path.join(ck, "step_00000003", "manifest.json")), "the step-3 checkpoint is gone")
     check(os.path.isdir(os.path.join(ck, "step_00000006.tmp")) and not os.path.exists(os.path.join(ck, "step_00000006")),
@@ -248,10 +236,7 @@ def case_crash(bin_dir, tmp):
               "the step-3 checkpoint was altered")
 
 
-def header(path):
-    b = read(path)
-    n = struct.unpack("<Q", b[:8])[0]
-    return n, json.loads(b[8:8 + n])
+
 
 
 def case_corrupt(bin_dir, tmp):
@@ -278,7 +263,7 @@ def case_corrupt(bin_dir, tmp):
     def flip_data_byte(d):
         p = os.path.join(d, "rank_00001.safetensors")
         b = bytearray(read(p))
-        n, _ = header(p)
+        n, _ = safetensors_header(p)
         b[8 + n + 40] ^= 0x10
         open(p, "wb").write(bytes(b))
 
@@ -402,17 +387,5 @@ def case_preempt(bin_dir, tmp):
         same_as(ref, run, "resume after SIGTERM", compare_losses=False)
 
 
-def main():
-    bin_dir, case = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"mfsdp_ckpt_{case}_")
-    try:
-        if globals()[f"case_{case}"](bin_dir, tmp) == 77:
-            return 77
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_case(globals(), "mfsdp_ckpt"))

@@ -22,20 +22,9 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TINY = os.path.join(ROOT, "configs", "tiny_test.json")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAILED:", msg)
+from cli_common import ENV, ROOT, TINY, check, run_case
 
 
 def run(cmd, timeout=300, env=None):
@@ -207,17 +196,5 @@ def case_deep_json(bin_dir, tmp):
     check(rc == 2 and "nested deeper" in out and st in out, f"deep safetensors header: exit {rc}: {out[-400:]}")
 
 
-def main():
-    bin_dir, case = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"mfsdp_rel_{case}_")
-    try:
-        if globals()[f"case_{case}"](bin_dir, tmp) == 77:
-            return 77
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_case(globals(), "mfsdp_rel"))

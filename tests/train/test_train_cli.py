@@ -20,19 +20,8 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TINY = os.path.join(ROOT, "configs", "tiny_test.json")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-failures = []
-
-
-def check(cond, msg):
-    if not cond:
-        failures.append(msg)
-        print("FAILED:", msg)
+from cli_common import ENV, ROOT, TINY, check, read_jsonl, run_case
 
 
 def train(bin_dir, np, config, *sets, expect=0, args=()):
@@ -47,9 +36,7 @@ def train(bin_dir, np, config, *sets, expect=0, args=()):
     return p.returncode, out
 
 
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+
 
 
 def case_bad_configs(bin_dir, tmp):
@@ -286,18 +273,5 @@ def case_torch(bin_dir, tmp):
     return 0
 
 
-def main():
-    bin_dir, case = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"mfsdp_{case}_")
-    try:
-        rc = globals()[f"case_{case}"](bin_dir, tmp)
-        if rc == 77:
-            return 77
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_case(globals(), "mfsdp"))

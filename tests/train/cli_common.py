@@ -1,0 +1,52 @@
+"""Shared by the mfsdp-train end-to-end drivers in this folder (stdlib only): paths, the MPI
+environment, failure bookkeeping, small file readers and the case runner."""
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TINY = os.path.join(ROOT, "configs", "tiny_test.json")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+failures = []
+
+
+def check(cond, msg):
+    """Records a failure (the case goes on, so one run reports every problem)."""
+    if not cond:
+        failures.append(msg)
+        print("FAILED:", msg)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def safetensors_header(path):
+    """(header length, header dict) of a safetensors file."""
+    b = read(path)
+    n = struct.unpack("<Q", b[:8])[0]
+    return n, json.loads(b[8:8 + n])
+
+
+def run_case(namespace, prefix):
+    """usage: DRIVER BIN_DIR CASE: runs namespace["case_" + CASE](bin_dir, tmp) in a fresh temporary
+    directory. Exit 0 on success, 1 on failure, 77 when the case skipped itself."""
+    bin_dir, case = sys.argv[1], sys.argv[2]
+    tmp = tempfile.mkdtemp(prefix=f"{prefix}_{case}_")
+    try:
+        if namespace[f"case_{case}"](bin_dir, tmp) == 77:
+            return 77
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{case}: {'FAILED' if failures else 'passed'} ({len(failures)} failures)")
+    return 1 if failures else 0
