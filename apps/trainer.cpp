@@ -17,6 +17,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "checkpoint/atomic_file.h"
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "models/gpt.h"
@@ -99,26 +100,6 @@ double median(std::vector<double> v) {
 }
 
 json nullable(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
-
-// Writes `path` via path.tmp (checked at write, flush and close), then renames it into place: a
-// failure leaves the previous file as it was. Throws std::runtime_error naming the file.
-void write_file_atomic(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    f.close();
-    if (!f) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw std::runtime_error(path.string() + ": write failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error(path.string() + ": rename failed: " + ec.message());
-}
 
 // Leftovers of an interrupted write (ours: *.tmp next to files we write, step_N.tmp checkpoint
 // directories) are removed at start, saying so; complete files are never touched.

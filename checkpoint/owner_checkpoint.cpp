@@ -1,7 +1,5 @@
 #include "checkpoint/owner_checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -16,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/core/json_limits.h"
 
@@ -43,31 +42,6 @@ std::string hex64(uint64_t v) {
 
 uint64_t checksum(const void* data, int64_t bytes) { return XXH3_64bits(data, static_cast<size_t>(bytes)); }
 
-// fsync of a file or directory; returns false on failure.
-bool sync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) return false;
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  return ok;
-}
-
-// Writes `text` to `path` atomically (path.tmp, flush, fsync, rename). Throws CheckpointError.
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw CheckpointError(tmp.string() + ": cannot open for writing");
-    f << text;
-    f.flush();
-    if (!f) throw CheckpointError(tmp.string() + ": write failed (disk full?)");
-  }
-  if (!sync_path(tmp)) throw CheckpointError(tmp.string() + ": fsync failed");
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw CheckpointError(path.string() + ": rename failed: " + ec.message());
-}
-
 // Every rank learns whether any rank failed; all throw together (the failing rank its message),
 // after rank 0 removed the partial directory `cleanup` (if any).
 void agree(Communicator& comm, const std::string& error, const std::string& what, const fs::path& cleanup = {}) {
@@ -79,8 +53,6 @@ void agree(Communicator& comm, const std::string& error, const std::string& what
   }
   throw CheckpointError(error.empty() ? what + ": another rank failed (see its message)" : error);
 }
-
-std::string clip(const std::string& s, size_t n = 80) { return clip_for_message(s, n); }
 
 // Typed access to manifest fields with messages naming the file and the field.
 struct Fields {
@@ -95,12 +67,12 @@ struct Fields {
   int64_t i64(const json& j, const std::string& key, const std::string& field, int64_t lo = 0) const {
     const json& v = at(j, key, field);
     if (!v.is_number_integer() || v.get<int64_t>() < lo)
-      fail(field, "expected an integer >= " + std::to_string(lo) + ", got " + clip(v.dump()));
+      fail(field, "expected an integer >= " + std::to_string(lo) + ", got " + clip_for_message(v.dump()));
     return v.get<int64_t>();
   }
   std::string str(const json& j, const std::string& key, const std::string& field) const {
     const json& v = at(j, key, field);
-    if (!v.is_string()) fail(field, "expected a string, got " + clip(v.dump()));
+    if (!v.is_string()) fail(field, "expected a string, got " + clip_for_message(v.dump()));
     return v.get<std::string>();
   }
 };
@@ -203,14 +175,13 @@ std::string save_checkpoint(ShardedEngine& engine, const std::string& root, cons
                              {"config", meta.config},
                              {"plan", plan.to_json()},
                              {"tensors", tensors}};
-      write_text_atomic(tmp_dir / kManifest, manifest.dump(1) + "\n");
-      if (!fs::is_regular_file(tmp_dir / kManifest)) throw CheckpointError((tmp_dir / kManifest).string() + ": not written");
+      write_file_atomic(tmp_dir / kManifest, manifest.dump(1) + "\n");
       if (!sync_path(tmp_dir)) throw CheckpointError(tmp_dir.string() + ": fsync failed");
       std::error_code ec;
       fs::rename(tmp_dir, final_dir, ec);
       if (ec) throw CheckpointError(final_dir.string() + ": rename failed: " + ec.message());
       sync_path(root_dir);
-      write_text_atomic(root_dir / "latest", final_dir.filename().string() + "\n");
+      write_file_atomic(root_dir / "latest", final_dir.filename().string() + "\n");
       sync_path(root_dir);
       // only now, with the new checkpoint complete, the oldest ones beyond keep_last go
       std::vector<std::string> complete = list_checkpoints(root);
@@ -267,7 +238,7 @@ std::string resolve_resume(const std::string& resume, const std::string& root, s
   std::ifstream latest(fs::path(root) / "latest");
   std::string target;
   if (latest && std::getline(latest, target) && !chosen.empty() && fs::path(chosen).filename().string() != target)
-    msg += "the latest pointer names " + clip(target) + ", not the newest complete checkpoint; ";
+    msg += "the latest pointer names " + clip_for_message(target) + ", not the newest complete checkpoint; ";
   if (chosen.empty()) msg += "no complete checkpoint in " + root + ": starting fresh";
   else msg += "resuming from " + chosen;
   if (note) *note = msg;
@@ -288,7 +259,7 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw CheckpointError(path + ": not valid JSON (" + clip(e.what(), 200) + ")");
+    throw CheckpointError(path + ": not valid JSON (" + clip_for_message(e.what(), 200) + ")");
   }
   CheckpointManifest m;
   m.dir = dir;
@@ -306,7 +277,7 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   try {
     (void)parse_placement(m.placement);
   } catch (const std::exception&) {
-    f.fail("placement", "unknown placement \"" + clip(m.placement) + "\"");
+    f.fail("placement", "unknown placement \"" + clip_for_message(m.placement) + "\"");
   }
   const std::string dir_name = fs::path(dir).lexically_normal().filename().string().empty()
                                    ? fs::path(dir).lexically_normal().parent_path().filename().string()
@@ -329,13 +300,13 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
     const std::string where = "tensors[" + std::to_string(ti) + "]";
     Tensor out;
     out.name = f.str(t, "name", where + ".name");
-    if (!names.insert(out.name).second) f.fail(where + ".name", "duplicate tensor '" + clip(out.name) + "'");
+    if (!names.insert(out.name).second) f.fail(where + ".name", "duplicate tensor '" + clip_for_message(out.name) + "'");
     const json& shape = f.at(t, "shape", where + ".shape");
     if (!shape.is_array() || shape.size() > 8) f.fail(where + ".shape", "expected an array of at most 8 sizes");
     int64_t numel = 1;
     for (const json& d : shape) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
-        f.fail(where + ".shape", "bad size " + clip(d.dump()));
+        f.fail(where + ".shape", "bad size " + clip_for_message(d.dump()));
       out.shape.push_back(d.get<int64_t>());
       if (numel > (int64_t(1) << 40) / std::max<int64_t>(1, d.get<int64_t>())) f.fail(where + ".shape", "too large");
       numel *= d.get<int64_t>();
@@ -360,7 +331,7 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
         CheckpointPiece p;
         p.file = f.str(list[pi], "file", qw + ".file");
         if (p.file.empty() || p.file.find('/') != std::string::npos || p.file == "." || p.file == "..")
-          f.fail(qw + ".file", "\"" + clip(p.file) + "\" is not a file name inside the checkpoint");
+          f.fail(qw + ".file", "\"" + clip_for_message(p.file) + "\" is not a file name inside the checkpoint");
         p.key = f.str(list[pi], "key", qw + ".key");
         p.offset = f.i64(list[pi], "offset", qw + ".offset");
         p.numel = f.i64(list[pi], "numel", qw + ".numel", 1);
@@ -369,14 +340,14 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
           f.fail(qw + ".xxh64", "expected 16 lowercase hex digits");
         p.xxh64 = std::stoull(h, nullptr, 16);
         if (p.offset != expect)
-          f.fail(qw + ".offset", std::to_string(p.offset) + ": the pieces of '" + clip(out.name) + "' must tile it (expected " +
+          f.fail(qw + ".offset", std::to_string(p.offset) + ": the pieces of '" + clip_for_message(out.name) + "' must tile it (expected " +
                                      std::to_string(expect) + ")");
         expect += p.numel;
         out.pieces[k].push_back(std::move(p));
       }
       if (expect != numel)
         f.fail(pw, "the pieces cover " + std::to_string(expect) + " of " + std::to_string(numel) + " elements of '" +
-                       clip(out.name) + "'");
+                       clip_for_message(out.name) + "'");
     }
     m.tensors.push_back(std::move(out));
   }
@@ -410,15 +381,15 @@ class PieceReader {
       }
     }
     const SafetensorsFile& file = *it->second;
-    if (!file.contains(p.key)) throw CheckpointError(path + ": missing tensor '" + clip(p.key) + "' of '" + tensor + "'");
+    if (!file.contains(p.key)) throw CheckpointError(path + ": missing tensor '" + clip_for_message(p.key) + "' of '" + tensor + "'");
     const TensorInfo& info = file.info(p.key);
     if (info.dtype != "F32" || info.numel() != p.numel)
-      throw CheckpointError(path + ": tensor '" + clip(p.key) + "' is " + info.dtype + " with " + std::to_string(info.numel()) +
+      throw CheckpointError(path + ": tensor '" + clip_for_message(p.key) + "' is " + info.dtype + " with " + std::to_string(info.numel()) +
                             " elements, the manifest says F32 with " + std::to_string(p.numel));
     const auto raw = file.raw(p.key);
     if (!verified_.count(&p)) {
       if (checksum(raw.data(), static_cast<int64_t>(raw.size())) != p.xxh64)
-        throw CheckpointError(path + ": tensor '" + clip(p.key) + "' fails its checksum (corrupted file)");
+        throw CheckpointError(path + ": tensor '" + clip_for_message(p.key) + "' fails its checksum (corrupted file)");
       verified_.insert(&p);
     }
     return reinterpret_cast<const float*>(raw.data());
@@ -434,7 +405,7 @@ class PieceReader {
 
 std::vector<float> read_full_tensor(const CheckpointManifest& m, const std::string& name, StateKind kind) {
   const CheckpointManifest::Tensor* t = m.find(name);
-  if (!t) throw CheckpointError((fs::path(m.dir) / kManifest).string() + ": no tensor '" + clip(name) + "'");
+  if (!t) throw CheckpointError((fs::path(m.dir) / kManifest).string() + ": no tensor '" + clip_for_message(name) + "'");
   int64_t numel = 1;
   for (int64_t d : t->shape) numel *= d;
   std::vector<float> out(static_cast<size_t>(numel));
@@ -483,7 +454,7 @@ void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& m) {
   }
   for (const auto& t : m.tensors)
     if (!model_names.count(t.name))
-      throw CheckpointError(where + ": tensor '" + clip(t.name) + "' is not in the model (saved from another model?)");
+      throw CheckpointError(where + ": tensor '" + clip_for_message(t.name) + "' is not in the model (saved from another model?)");
 
   PieceReader reader(m);
   engine.load_state(
