@@ -52,6 +52,10 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
 /// comm_fatal with the MPI error string when rc != MPI_SUCCESS.
 void mpi_check(int rc, MPI_Comm comm, int rank, const CallInfo& call, const char* mpi_fn);
 
+/// Waits for n requests; with timeout_seconds > 0 a wait longer than that is fatal (comm_fatal
+/// naming the call, "another rank is missing or stuck"). Backend errors are fatal too.
+void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm comm, int rank, const CallInfo& call);
+
 /// Debug mode: all ranks all-gather (seq, op, dtype, reduce op, root, phase, #counts, total,
 /// counts hash) and compare with rank 0. On the first mismatching rank every rank prints
 /// "[comm debug] rank R: collective #seq mismatch: rank 0 called ... but rank K called ..." and

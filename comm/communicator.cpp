@@ -256,6 +256,23 @@ std::string describe_signature(const int64_t* s) {
 }
 }  // namespace
 
+void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm comm, int rank, const CallInfo& call) {
+  if (n == 0) return;
+  if (timeout_seconds <= 0) {
+    mpi_check(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE), comm, rank, call, "MPI_Waitall");
+    return;
+  }
+  const double t0 = MPI_Wtime();
+  for (int done = 0;;) {
+    mpi_check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), comm, rank, call, "MPI_Testall");
+    if (done) return;
+    if (MPI_Wtime() - t0 > timeout_seconds)
+      comm_fatal(comm, rank, call,
+                 "timed out after " + std::to_string(timeout_seconds) + " s (another rank is missing or stuck)");
+    sched_yield();
+  }
+}
+
 void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call,
                      double timeout_seconds) {
   int64_t mine[kSigFields];
@@ -264,14 +281,7 @@ void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const Call
   MPI_Request req;
   mpi_check(MPI_Iallgather(mine, kSigFields, MPI_INT64_T, all.data(), kSigFields, MPI_INT64_T, comm, &req),
             comm, rank, call, "MPI_Iallgather (debug signature)");
-  const double t0 = MPI_Wtime();
-  for (int done = 0; !done;) {  // the same timeout as the collective it guards
-    mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), comm, rank, call, "MPI_Test (debug signature)");
-    if (!done && timeout_seconds > 0 && MPI_Wtime() - t0 > timeout_seconds)
-      comm_fatal(comm, rank, call,
-                 "timed out after " + std::to_string(timeout_seconds) + " s in the debug signature check (another rank is missing or stuck)");
-    if (!done) sched_yield();
-  }
+  wait_requests(1, &req, timeout_seconds, comm, rank, call);  // the same timeout as the collective it guards
   for (int r = 1; r < world; ++r) {
     const int64_t* a = all.data();
     const int64_t* b = all.data() + static_cast<size_t>(r) * kSigFields;

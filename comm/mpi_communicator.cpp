@@ -2,8 +2,6 @@
 // messages for 64-bit counts, and the rank-ordered owner reduction for reduce_scatter(_v).
 #include "comm/mpi_communicator.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <limits>
 #include <climits>
@@ -94,24 +92,7 @@ void MpiCommunicator::post_recv(void* buf, int64_t count, DType dt, int peer, co
 }
 
 void MpiCommunicator::wait_all(const CallInfo& call) {
-  if (reqs_.empty()) return;
-  const int n = static_cast<int>(reqs_.size());
-  if (opts_.timeout_seconds <= 0) {
-    mpi_check(MPI_Waitall(n, reqs_.data(), MPI_STATUSES_IGNORE), comm_, rank_, call, "MPI_Waitall");
-  } else {
-    const double t0 = MPI_Wtime();
-    for (;;) {
-      int done = 0;
-      mpi_check(MPI_Testall(n, reqs_.data(), &done, MPI_STATUSES_IGNORE), comm_, rank_, call,
-                "MPI_Testall");
-      if (done) break;
-      if (MPI_Wtime() - t0 > opts_.timeout_seconds)
-        detail::comm_fatal(comm_, rank_, call,
-                           "timed out after " + std::to_string(opts_.timeout_seconds) +
-                               " s (another rank is missing or stuck)");
-      sched_yield();
-    }
-  }
+  detail::wait_requests(static_cast<int>(reqs_.size()), reqs_.data(), opts_.timeout_seconds, comm_, rank_, call);
   reqs_.clear();
 }
 

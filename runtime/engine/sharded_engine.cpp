@@ -1,7 +1,5 @@
 #include "runtime/engine/sharded_engine.h"
 
-#include "runtime/engine/engine_units.h"
-
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -11,6 +9,7 @@
 #include <stdexcept>
 
 #include "runtime/autograd.h"
+#include "runtime/engine/engine_units.h"
 #include "runtime/kernels.h"
 #include "runtime/ops.h"
 
@@ -320,8 +319,6 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
 }
 
 double ShardedEngine::clip_gradients(StepStats& st) {
-  // The exact sum of squares makes the norm, and so the clip coefficient, the same bits at every
-  // world size and placement, however the tail tensors are split.
   // Test-only fault injection: MFSDP_TEST_NAN_GRAD=<tensor> puts a NaN into that tensor's gradient.
   static const char* nan_grad = std::getenv("MFSDP_TEST_NAN_GRAD");
   if (nan_grad)
@@ -329,6 +326,8 @@ double ShardedEngine::clip_gradients(StepStats& st) {
       for (const OwnedPiece& o : unit->owned)
         if (o.numel > 0 && plan_.shards[o.shard].name == nan_grad)
           unit->shard_grad.data_f32()[o.shard_offset] = std::numeric_limits<float>::quiet_NaN();
+  // The exact sum of squares makes the norm, and so the clip coefficient, the same bits at every
+  // world size and placement, however the tail tensors are split.
   ExactSum sumsq;
   for (auto& unit : units_) exact_sum_of_squares_cpu(unit->shard_grad.data_f32(), unit->my_count, sumsq);
   // ddp: every rank holds all gradients; otherwise each rank holds its owned shards
