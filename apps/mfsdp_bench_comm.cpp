@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_backends.h"
 #if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
 #include <cuda_runtime.h>
 #endif

@@ -10,7 +10,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
-#include "comm/communicator.h"
+#include "comm/mpi_backends.h"
 #include "models/gpt.h"
 #include "planner/planner.h"
 #include "runtime/engine/sharded_engine.h"

@@ -11,7 +11,7 @@
 
 #include "apps/agreement.h"
 #include "apps/trainer.h"
-#include "comm/communicator.h"
+#include "comm/mpi_backends.h"
 #include "runtime/kernels.h"
 
 using namespace mfsdp;

@@ -25,6 +25,7 @@
 #include "runtime/data/data_loader.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/core/clock.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/engine/sharded_engine.h"
 #include "runtime/ops.h"
@@ -33,10 +34,6 @@ namespace mfsdp {
 namespace {
 
 using json = nlohmann::json;
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 EngineOptions engine_options(const TrainConfig& cfg) {
   EngineOptions o;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/dtype.h"
+#include "runtime/core/dtype.h"
 #include "models/gpt_spec.h"
 
 namespace mfsdp {

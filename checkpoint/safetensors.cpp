@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "comm/dtype.h"
+#include "runtime/core/dtype.h"
 
 namespace mfsdp {
 

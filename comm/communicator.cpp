@@ -48,23 +48,6 @@ PhaseCounters CommCounters::total() const {
   return t;
 }
 
-MpiSession::MpiSession(int* argc, char*** argv) {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (inited) return;
-  int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
-    throw std::runtime_error("[MpiSession] MPI_Init_thread failed");
-  owns_ = true;
-}
-
-MpiSession::~MpiSession() {
-  if (!owns_) return;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
-
 std::vector<int64_t> split_even(int64_t total, int parts) {
   if (parts < 1 || total < 0)
     throw std::invalid_argument("[split_even] total " + std::to_string(total) + ", parts " +
@@ -79,18 +62,6 @@ bool comm_debug_from_env() {
   return v && *v && std::string(v) != "0";
 }
 
-#if !defined(MFSDP_WITH_CUDA) || !MFSDP_WITH_CUDA
-std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm, CommOptions, CudaCommOptions) {
-  throw std::runtime_error(
-      "[make_cuda_staged_communicator] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF); "
-      "use make_mpi_communicator for CPU buffers");
-}
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, CommOptions, CudaCommOptions) {
-  throw std::runtime_error(
-      "[make_nccl_communicator] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF); "
-      "use make_mpi_communicator for CPU buffers");
-}
-#endif
 
 namespace detail {
 

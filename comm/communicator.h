@@ -1,15 +1,13 @@
-// The communication layer: one abstract Communicator with an MPI backend (CPU buffers), a
-// host-staged CUDA backend (CUDA buffers, staged through host memory, over MPI) and an
-// MPI-bootstrapped NCCL backend (CUDA buffers). See comm/README.md.
+// The communication layer's abstract interface: one Communicator whose backends (MPI for CPU
+// buffers, host-staged CUDA and MPI-bootstrapped NCCL for CUDA buffers) are made by
+// comm/comm_factory.h. No MPI type appears here. See comm/README.md.
 #pragma once
-#include <mpi.h>
-
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "comm/dtype.h"
+#include "runtime/core/dtype.h"
 
 namespace mfsdp {
 
@@ -147,50 +145,6 @@ class Communicator {
  protected:
   CommCounters counters_;
 };
-
-/// Process-level MPI lifetime: MPI_Init_thread(MPI_THREAD_FUNNELED) unless MPI is already
-/// initialised, and MPI_Finalize in the destructor only if this object initialised it.
-/// A world of 1 works without mpirun (singleton init).
-class MpiSession {
- public:
-  MpiSession(int* argc, char*** argv);
-  MpiSession() : MpiSession(nullptr, nullptr) {}
-  ~MpiSession();
-  MpiSession(const MpiSession&) = delete;
-  MpiSession& operator=(const MpiSession&) = delete;
-  bool owns_mpi() const { return owns_; }
-
- private:
-  bool owns_ = false;
-};
-
-/// MPI backend over a duplicate of `comm` (host buffers). Sets MPI_ERRORS_RETURN on the duplicate.
-/// Throws std::runtime_error if MPI is not initialised or options are invalid.
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD,
-                                                    CommOptions opts = {});
-
-/// Options of the CUDA backends. `compute_stream` is a cudaStream_t (nullptr = legacy default
-/// stream): collectives start after the work already queued on it, and work queued on it
-/// afterwards starts after the collective.
-struct CudaCommOptions {
-  void* compute_stream = nullptr;
-  /// NCCL only: true = each call waits for its communication to finish (seconds are exact and
-  /// errors/timeouts are detected in the call); false = calls only enqueue on the comm stream.
-  bool blocking = true;
-};
-
-/// CUDA buffers staged through host memory and reduced by the MPI backend (several ranks may share
-/// one GPU). Throws std::runtime_error when built without CUDA.
-std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm comm = MPI_COMM_WORLD,
-                                                            CommOptions opts = {},
-                                                            CudaCommOptions cuda = {});
-
-/// NCCL backend bootstrapped by MPI : local rank from an MPI shared-memory
-/// split, cudaSetDevice(local_rank), rank 0 ncclGetUniqueId, MPI_Bcast, ncclCommInitRank.
-/// Throws std::runtime_error when built without CUDA or when local_rank >= visible devices.
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm = MPI_COMM_WORLD,
-                                                     CommOptions opts = {},
-                                                     CudaCommOptions cuda = {});
 
 /// Splits `total` elements into `parts` contiguous parts as evenly as possible: the first
 /// total % parts parts get one extra element. Used by all_reduce. Throws if parts < 1 or total < 0.

@@ -6,6 +6,7 @@
 
 #include "comm/comm_detail.h"
 #include "comm/communicator.h"
+#include "comm/mpi_backends.h"
 
 namespace mfsdp {
 

@@ -6,20 +6,11 @@
 #include <stdexcept>
 
 #include "runtime/autograd.h"
+#include "runtime/core/rng.h"
 #include "runtime/ops.h"
 
 namespace mfsdp {
 namespace {
-
-// splitmix64: a tiny, portable, well-mixed generator (the same stream on every platform).
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-double uniform01(uint64_t& state) { return (static_cast<double>(splitmix64(state) >> 11) + 0.5) * 0x1.0p-53; }
 
 uint64_t hash_name(const std::string& s) {  // FNV-1a
   uint64_t h = 1469598103934665603ULL;
@@ -139,6 +130,19 @@ Tensor GPT::logits(const Tensor& x) const {
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
   return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
+}
+
+std::vector<int> GPT::units_needed_by(int u) const {
+  if (u == head_unit() && cfg_.tie_embeddings && u != 0) return {u, 0};
+  return {u};
+}
+
+Tensor GPT::forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const {
+  check_arg(u >= 0 && u <= head_unit(), "GPT::forward_unit", "unit " + std::to_string(u) + " of " +
+                                                                 std::to_string(head_unit() + 1));
+  if (u == 0) return embed(batch.tokens);
+  if (u == head_unit()) return head_loss(x, batch.targets, loss_divisor);
+  return block(u - 1, x);
 }
 
 Tensor GPT::forward_logits(const Tensor& tokens) const {

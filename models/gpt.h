@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "models/gpt_spec.h"
+#include "runtime/engine/unit_model.h"
 #include "runtime/tensor.h"
 
 namespace mfsdp {
@@ -17,17 +18,23 @@ namespace mfsdp {
 /// Parameters are not owned by the model: each name is bound to a tensor (a view into an FSDP
 /// unit's gathered buffer, or into one local buffer via allocate_local()). Unit forward functions
 /// read the bound tensors, so the engine decides what is resident.
-class GPT {
+class GPT : public UnitModel {
  public:
   explicit GPT(const GPTConfig& cfg);
 
   const GPTConfig& config() const { return cfg_; }
-  const ParamInventory& inventory() const { return inv_; }
-  int num_units() const { return static_cast<int>(inv_.unit_names.size()); }
+  const ParamInventory& inventory() const override { return inv_; }
   int head_unit() const { return cfg_.n_layer + 1; }
 
   /// Binds parameter `name` to `t` (shape must match the inventory). Throws on unknown names.
-  void bind(const std::string& name, const Tensor& t);
+  void bind(const std::string& name, const Tensor& t) override;
+
+  // ---- UnitModel: unit 0 = embed, 1..n_layer = block(u-1), n_layer+1 = head_loss ----
+  /// {u}, plus the embedding unit for the head when the head is tied to wte.
+  std::vector<int> units_needed_by(int u) const override;
+  Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const override;
+  /// init_param(config(), spec, seed, out).
+  void init_param(const ParamSpec& spec, uint64_t seed, float* out) const override { init_param(cfg_, spec, seed, out); }
   /// The tensor bound to `name`; throws when unbound or unknown.
   const Tensor& param(const std::string& name) const;
 

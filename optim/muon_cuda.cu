@@ -18,24 +18,12 @@
 #include <vector>
 
 #include "optim/optim_cuda.h"
+#include "runtime/core/cuda_check.h"
 
 namespace mfsdp {
 
 namespace {
 
-void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("[optim/cuda] ") + what + " failed: " + cudaGetErrorString(e) +
-                             " (" + file + ":" + std::to_string(line) + ")");
-}
-void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("[optim/cuda] ") + what + " failed: cuBLAS status " +
-                             std::to_string(static_cast<int>(s)) + " (" + file + ":" + std::to_string(line) + ")");
-}
-#define MFSDP_CU(call) check_cuda((call), #call, __FILE__, __LINE__)
-#define MFSDP_CUBLAS(call) check_cublas((call), #call, __FILE__, __LINE__)
-#define MFSDP_CU_LAUNCH(what) check_cuda(cudaGetLastError(), what, __FILE__, __LINE__)
 
 constexpr int kThreads = 256;
 constexpr int kTile = 32;
@@ -259,10 +247,10 @@ __global__ void scale_kernel(float* __restrict__ x, int64_t n, float alpha) {
 class CublasScope {
  public:
   CublasScope(cublasHandle_t h, cudaStream_t s) : h_(h) {
-    MFSDP_CUBLAS(cublasGetStream(h_, &old_stream_));
-    MFSDP_CUBLAS(cublasGetPointerMode(h_, &old_mode_));
-    MFSDP_CUBLAS(cublasSetStream(h_, s));
-    MFSDP_CUBLAS(cublasSetPointerMode(h_, CUBLAS_POINTER_MODE_HOST));
+    CUBLAS_CHECK(cublasGetStream(h_, &old_stream_));
+    CUBLAS_CHECK(cublasGetPointerMode(h_, &old_mode_));
+    CUBLAS_CHECK(cublasSetStream(h_, s));
+    CUBLAS_CHECK(cublasSetPointerMode(h_, CUBLAS_POINTER_MODE_HOST));
   }
   ~CublasScope() {
     cublasSetStream(h_, old_stream_);
@@ -280,7 +268,7 @@ class CublasScope {
 void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
                float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                int64_t ldc) {
-  MFSDP_CUBLAS(cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha,
+  CUBLAS_CHECK(cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha,
                             A, CUDA_R_16BF, static_cast<int>(lda), B, CUDA_R_16BF, static_cast<int>(ldb), &beta,
                             C, CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -295,9 +283,9 @@ void newton_schulz_device(const float* in, float* out, int64_t rows, int64_t col
 
   const int pb = partial_blocks(numel);
   sumsq_partial_kernel<<<pb, kThreads, 0, stream>>>(in, numel, ws.partial);
-  MFSDP_CU_LAUNCH("sumsq_partial_kernel");
+  CUDA_CHECK_LAUNCH("sumsq_partial_kernel");
   sumsq_finalize_kernel<<<1, kThreads, 0, stream>>>(ws.partial, pb, nullptr, ws.inv_norm, kNewtonSchulzNormEps);
-  MFSDP_CU_LAUNCH("sumsq_finalize_kernel");
+  CUDA_CHECK_LAUNCH("sumsq_finalize_kernel");
 
   auto* x = static_cast<__nv_bfloat16*>(ws.x);
   auto* y = static_cast<__nv_bfloat16*>(ws.y);
@@ -307,15 +295,15 @@ void newton_schulz_device(const float* in, float* out, int64_t rows, int64_t col
   } else {
     normalize_kernel<<<grid_for(numel), kThreads, 0, stream>>>(in, x, numel, ws.inv_norm);
   }
-  MFSDP_CU_LAUNCH("normalize_kernel");
+  CUDA_CHECK_LAUNCH("normalize_kernel");
 
   {
     CublasScope scope(handle, stream);
     for (int it = 0; it < steps; ++it) {
       gemm_bf16(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, x, n, x, n, 0.0f, ws.a, m);
-      MFSDP_CU(cudaMemcpyAsync(ws.b, ws.a, static_cast<size_t>(m * m) * 2, cudaMemcpyDeviceToDevice, stream));
+      CUDA_CHECK(cudaMemcpyAsync(ws.b, ws.a, static_cast<size_t>(m * m) * 2, cudaMemcpyDeviceToDevice, stream));
       gemm_bf16(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, kNewtonSchulzC, ws.a, m, ws.a, m, kNewtonSchulzB, ws.b, m);
-      MFSDP_CU(cudaMemcpyAsync(y, x, static_cast<size_t>(m * n) * 2, cudaMemcpyDeviceToDevice, stream));
+      CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<size_t>(m * n) * 2, cudaMemcpyDeviceToDevice, stream));
       gemm_bf16(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, x, n, ws.b, m, kNewtonSchulzA, y, n);
       std::swap(x, y);
     }
@@ -327,7 +315,7 @@ void newton_schulz_device(const float* in, float* out, int64_t rows, int64_t col
   } else {
     bf16_to_f32_kernel<<<grid_for(numel), kThreads, 0, stream>>>(x, out, numel);
   }
-  MFSDP_CU_LAUNCH("bf16_to_f32_kernel");
+  CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
 }
 
 void check_gemm_dims(const char* op, int64_t rows, int64_t cols) {
@@ -362,15 +350,15 @@ void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols) {
   const int64_t mm = small * small;
   if (numel <= numel_ && mm <= mm_ && partial != nullptr) return;
   const int64_t new_numel = std::max(numel, numel_), new_mm = std::max(mm, mm_);
-  MFSDP_CU(cudaDeviceSynchronize());  // old buffers may still be in use by queued work
+  CUDA_CHECK(cudaDeviceSynchronize());  // old buffers may still be in use by queued work
   release();
-  MFSDP_CU(cudaMalloc(&update, static_cast<size_t>(new_numel) * sizeof(float)));
-  MFSDP_CU(cudaMalloc(&x, static_cast<size_t>(new_numel) * 2));
-  MFSDP_CU(cudaMalloc(&y, static_cast<size_t>(new_numel) * 2));
-  MFSDP_CU(cudaMalloc(&a, static_cast<size_t>(std::max<int64_t>(new_mm, 1)) * 2));
-  MFSDP_CU(cudaMalloc(&b, static_cast<size_t>(std::max<int64_t>(new_mm, 1)) * 2));
-  MFSDP_CU(cudaMalloc(&partial, kPartials * sizeof(double)));
-  MFSDP_CU(cudaMalloc(&inv_norm, sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&update, static_cast<size_t>(new_numel) * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&x, static_cast<size_t>(new_numel) * 2));
+  CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(new_numel) * 2));
+  CUDA_CHECK(cudaMalloc(&a, static_cast<size_t>(std::max<int64_t>(new_mm, 1)) * 2));
+  CUDA_CHECK(cudaMalloc(&b, static_cast<size_t>(std::max<int64_t>(new_mm, 1)) * 2));
+  CUDA_CHECK(cudaMalloc(&partial, kPartials * sizeof(double)));
+  CUDA_CHECK(cudaMalloc(&inv_norm, sizeof(float)));
   numel_ = mn_ = new_numel;
   mm_ = new_mm;
   bytes_ = new_numel * (4 + 2 + 2) + new_mm * 4 + kPartials * 8 + 4;
@@ -391,7 +379,7 @@ void newton_schulz_cuda(const float* G, float* out, int64_t rows, int64_t cols, 
   MuonCudaWorkspace& w = ws ? *ws : local;
   w.reserve(rows, cols);
   newton_schulz_device(G, out, rows, cols, steps, stream, handle, w);
-  if (!ws) MFSDP_CU(cudaStreamSynchronize(stream));
+  if (!ws) CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t cols, double lr,
@@ -409,7 +397,7 @@ void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t co
   const int64_t numel = rows * cols;
   momentum_kernel<<<grid_for(numel), kThreads, 0, stream>>>(G, M, w.update, numel, static_cast<float>(opt.momentum),
                                                             static_cast<float>(1.0 - opt.momentum), opt.nesterov);
-  MFSDP_CU_LAUNCH("momentum_kernel");
+  CUDA_CHECK_LAUNCH("momentum_kernel");
   const int64_t brows = rows / blocks;
   for (int64_t blk = 0; blk < blocks; ++blk) {
     float* ub = w.update + blk * brows * cols;
@@ -419,8 +407,24 @@ void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t co
   const double scale = muon_scale(brows, cols, opt.scale_rule);
   apply_update_kernel<<<grid_for(numel), kThreads, 0, stream>>>(
       W, w.update, numel, static_cast<float>(1.0 - lr * opt.weight_decay), static_cast<float>(lr * scale));
-  MFSDP_CU_LAUNCH("apply_update_kernel");
-  if (!ws) MFSDP_CU(cudaStreamSynchronize(stream));
+  CUDA_CHECK_LAUNCH("apply_update_kernel");
+  if (!ws) CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void muon_momentum_cuda(const float* G, float* M, float* U, int64_t n, const MuonOptions& opt, cudaStream_t stream) {
+  detail::validate_muon_options(opt, "muon_momentum_cuda");
+  if (n <= 0) return;
+  momentum_kernel<<<grid_for(n), kThreads, 0, stream>>>(G, M, U, n, static_cast<float>(opt.momentum),
+                                                        static_cast<float>(1.0 - opt.momentum), opt.nesterov);
+  CUDA_CHECK_LAUNCH("momentum_kernel");
+}
+
+void muon_apply_update_cuda(float* W, const float* O, int64_t n, double lr, double scale, double weight_decay,
+                            cudaStream_t stream) {
+  if (n <= 0) return;
+  apply_update_kernel<<<grid_for(n), kThreads, 0, stream>>>(W, O, n, static_cast<float>(1.0 - lr * weight_decay),
+                                                            static_cast<float>(lr * scale));
+  CUDA_CHECK_LAUNCH("apply_update_kernel");
 }
 
 void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, double lr, int64_t step,
@@ -436,7 +440,7 @@ void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, do
       static_cast<float>(opt.beta2), static_cast<float>(1.0 - opt.beta2),
       static_cast<float>(1.0 - lr * opt.weight_decay), static_cast<float>(lr / bc1),
       static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(opt.eps));
-  MFSDP_CU_LAUNCH("adamw_kernel");
+  CUDA_CHECK_LAUNCH("adamw_kernel");
 }
 
 namespace {
@@ -452,24 +456,24 @@ void exact_sum_of_squares_impl(const char* op, const float* x, int64_t n, ExactS
   const size_t words = static_cast<size_t>(chunks) * kExactWords;
   const size_t bytes = words * sizeof(unsigned long long);
   unsigned long long* dev = nullptr;
-  MFSDP_CU(cudaMallocAsync(reinterpret_cast<void**>(&dev), bytes, stream));
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&dev), bytes, stream));
   std::vector<unsigned long long> host(words);
   try {
-    MFSDP_CU(cudaMemsetAsync(dev, 0, bytes, stream));
+    CUDA_CHECK(cudaMemsetAsync(dev, 0, bytes, stream));
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t begin = c * chunk;
       const int64_t len = std::min(chunk, n - begin);
       const int blocks = static_cast<int>(std::clamp<int64_t>((len + kThreads - 1) / kThreads, 1, kExactMaxBlocks));
       exact_sumsq_kernel<<<blocks, kThreads, 0, stream>>>(x + begin, len, dev + c * kExactWords);
-      MFSDP_CU_LAUNCH("exact_sumsq_kernel");
+      CUDA_CHECK_LAUNCH("exact_sumsq_kernel");
     }
-    MFSDP_CU(cudaMemcpyAsync(host.data(), dev, bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), dev, bytes, cudaMemcpyDeviceToHost, stream));
   } catch (...) {
     cudaFreeAsync(dev, stream);
     throw;
   }
-  MFSDP_CU(cudaFreeAsync(dev, stream));
-  MFSDP_CU(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaFreeAsync(dev, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
   // Add the chunks' bins (each < 2^60) with carries after every chunk, so the running bins stay
   // in [0, 2^32) below the top one; then one exact merge into acc.
   std::array<int64_t, ExactSum::kWords> total{};
@@ -511,7 +515,7 @@ void scale_cuda(float* x, int64_t n, float alpha, cudaStream_t stream) {
   if (n == 0) return;
   if (!x) throw std::invalid_argument("[scale_cuda] null buffer");
   scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, alpha);
-  MFSDP_CU_LAUNCH("scale_kernel");
+  CUDA_CHECK_LAUNCH("scale_kernel");
 }
 
 }  // namespace mfsdp

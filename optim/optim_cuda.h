@@ -56,6 +56,12 @@ void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t co
                     const MuonOptions& opt, int qkv_blocks, cudaStream_t stream, cublasHandle_t handle,
                     MuonCudaWorkspace* ws = nullptr);
 
+/// The elementwise phases of a Muon step on device (same contracts as muon_momentum_cpu and
+/// muon_apply_update_cpu; G, M, U, W, O: n f32 device values each). Asynchronous on `stream`.
+void muon_momentum_cuda(const float* G, float* M, float* U, int64_t n, const MuonOptions& opt, cudaStream_t stream);
+void muon_apply_update_cuda(float* W, const float* O, int64_t n, double lr, double scale, double weight_decay,
+                            cudaStream_t stream);
+
 /// One AdamW step on device over n f32 elements, same contract as adamw_step_cpu.
 void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, double lr, int64_t step,
                      const AdamWOptions& opt, cudaStream_t stream);

@@ -7,7 +7,7 @@
 #pragma once
 #include <cstdint>
 
-#include "comm/dtype.h"
+#include "runtime/core/dtype.h"
 
 namespace mfsdp {
 

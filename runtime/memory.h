@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "comm/dtype.h"
+#include "runtime/core/dtype.h"
 
 namespace mfsdp {
 

@@ -30,10 +30,6 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
-void check_arg(bool cond, const char* op, const std::string& message) {
-  if (!cond) throw std::invalid_argument(std::string("[") + op + "] " + message);
-}
-
 // ---------------- Storage ----------------
 
 namespace {
@@ -222,6 +218,22 @@ void Tensor::copy_from(const Tensor& src) const {
   else if (a == Device::CUDA && b == Device::CPU) cuda::copy_h2d(data_ptr(), src.data_ptr(), bytes);
   else if (a == Device::CPU && b == Device::CUDA) cuda::copy_d2h(data_ptr(), src.data_ptr(), bytes);
   else cuda::copy_d2d(data_ptr(), src.data_ptr(), bytes);
+}
+
+void Tensor::copy_from_host(const void* src) const {
+  const int64_t bytes = nbytes();
+  if (bytes == 0) return;
+  check_arg(src != nullptr, "copy_from_host", "null source for " + describe());
+  if (device() == Device::CPU) std::memcpy(data_ptr(), src, bytes);
+  else cuda::copy_h2d(data_ptr(), src, bytes);
+}
+
+void Tensor::copy_to_host(void* dst) const {
+  const int64_t bytes = nbytes();
+  if (bytes == 0) return;
+  check_arg(dst != nullptr, "copy_to_host", "null destination for " + describe());
+  if (device() == Device::CPU) std::memcpy(dst, data_ptr(), bytes);
+  else cuda::copy_d2h(dst, data_ptr(), bytes);
 }
 
 void Tensor::fill(float value) const {

@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/dtype.h"
+#include "runtime/core/check.h"
+#include "runtime/core/dtype.h"
 #include "runtime/memory.h"
 
 namespace mfsdp {
@@ -97,6 +98,9 @@ class Tensor {
   Tensor to(DType dtype) const;
   /// Copies `src` (same numel and dtype, any device) into this tensor's bytes.
   void copy_from(const Tensor& src) const;
+  /// Copies nbytes() bytes from host memory into this tensor / from it to host memory (any device).
+  void copy_from_host(const void* src) const;
+  void copy_to_host(void* dst) const;
   void fill(float value) const;
   void zero() const;
   std::vector<float> to_vector() const;
@@ -136,8 +140,5 @@ struct AutogradMeta {
   Tensor grad;
   std::shared_ptr<Node> grad_fn;
 };
-
-/// Throws std::invalid_argument "[op] message" when `cond` is false.
-void check_arg(bool cond, const char* op, const std::string& message);
 
 }  // namespace mfsdp

@@ -1,11 +1,14 @@
 // CUDA build of the thin device API (device_api.h): every CUDA runtime call is checked and turned
 // into a std::runtime_error naming the call, file:line and the CUDA error string.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <mutex>
 
 #include <stdexcept>
 #include <string>
 
-#include "runtime/cuda/cuda_check.h"
+#include "runtime/core/cuda_check.h"
 #include "runtime/cuda/device_api.h"
 
 namespace mfsdp::cuda {
@@ -77,5 +80,20 @@ void memset_device(void* p, int value, int64_t bytes) {
 }
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void* compute_stream() { return nullptr; }  // the legacy default stream
+
+void* cublas_handle() {
+  static std::mutex mu;
+  static cublasHandle_t handle = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!handle) {
+    CUBLAS_CHECK(cublasCreate(&handle));
+    CUBLAS_CHECK(cublasSetStream(handle, static_cast<cudaStream_t>(compute_stream())));
+    CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));  // plain FP32, no TF32
+  }
+  return handle;
+}
 
 }  // namespace mfsdp::cuda

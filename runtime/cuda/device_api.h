@@ -23,4 +23,13 @@ void memset_device(void* p, int value, int64_t bytes);
 /// cudaDeviceSynchronize; throws on a sticky error.
 void synchronize();
 
+/// The one compute context of this process on its current device, shared by the kernels
+/// (runtime/cuda), the optimizers (optim/step.h) and the communicators (their compute stream):
+/// work is ordered on compute_stream(), the legacy default stream (returned as nullptr, a
+/// cudaStream_t), and every cuBLAS call goes through cublas_handle() (a cublasHandle_t bound to
+/// that stream, host pointer mode, plain FP32 math unless a call asks for another compute type),
+/// created on first use, thread-safe. Both throw when built without CUDA.
+void* compute_stream();
+void* cublas_handle();
+
 }  // namespace mfsdp::cuda

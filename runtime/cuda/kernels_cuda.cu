@@ -19,7 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cuda/cuda_check.h"
+#include "runtime/core/cuda_check.h"
+#include "runtime/cuda/device_api.h"
 #include "runtime/kernels.h"
 
 namespace mfsdp {
@@ -544,16 +545,7 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  cublasHandle_t handle() {
-    std::lock_guard<std::mutex> lock(handle_mu_);
-    if (!handle_) {
-      CUBLAS_CHECK(cublasCreate(&handle_));
-      CUBLAS_CHECK(cublasSetStream(handle_, 0));  // legacy default stream
-      CUBLAS_CHECK(cublasSetPointerMode(handle_, CUBLAS_POINTER_MODE_HOST));
-      CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));  // plain FP32, no TF32
-    }
-    return handle_;
-  }
+  cublasHandle_t handle() { return static_cast<cublasHandle_t>(cuda::cublas_handle()); }
 
   // Row-major, strided-batched: C_i[M,N] = alpha op(A_i) op(B_i) + beta C_i with row strides lda/ldb/ldc.
   // A row-major [r, c] with row stride ld is the column-major [c, r] matrix with leading dimension ld,
@@ -618,8 +610,7 @@ class CudaKernels final : public Kernels {
                                   std::to_string(H));
   }
 
-  std::mutex handle_mu_, mu_;
-  cublasHandle_t handle_ = nullptr;
+  std::mutex mu_;
   Scratch s_a_, s_b_, s_c_;  // reduction partials / attention score gradients, LN db partials, embedding CSR
 };
 

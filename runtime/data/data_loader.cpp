@@ -3,16 +3,11 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "runtime/core/rng.h"
+
 namespace mfsdp {
 
 namespace {
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // Fisher-Yates permutation of 0..n-1 driven by splitmix64 from a mixed seed.
 std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t a, uint64_t b) {

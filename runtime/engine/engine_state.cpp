@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "runtime/engine/engine_units.h"
 #include "runtime/engine/sharded_engine.h"
 
 namespace mfsdp {
@@ -19,6 +18,14 @@ uint64_t fingerprint_mix(uint64_t x) {
   return x;
 }
 
+// Host values of a tensor: its own bytes on the CPU, a copy in `scratch` otherwise.
+const float* host_data(const Tensor& t, std::vector<float>& scratch) {
+  if (t.device() == Device::CPU) return t.numel() ? t.data_f32() : nullptr;
+  scratch.resize(static_cast<size_t>(t.numel()));
+  t.copy_to_host(scratch.data());
+  return scratch.data();
+}
+
 }  // namespace
 
 const char* state_kind_name(StateKind k) {
@@ -31,43 +38,41 @@ const char* state_kind_name(StateKind k) {
 }
 
 void ShardedEngine::for_each_saved_piece(const SavedPieceFn& fn) {
-  for (auto [unit, o] : contributed_pieces()) {
+  std::vector<float> scratch;
+  for (OwnedPiece* o : contributed_pieces()) {
     const MatrixShard& s = plan_.shards[o->shard];
-    fn(s, StateKind::param, o->param_offset, o->numel, unit->shard.data_f32() + o->shard_offset);
-    fn(s, StateKind::m, o->param_offset, o->numel, o->m.data_f32());
-    if (o->v.defined()) fn(s, StateKind::v, o->param_offset, o->numel, o->v.data_f32());
+    fn(s, StateKind::param, o->param_offset, o->numel, host_data(owners_.param(*o), scratch));
+    fn(s, StateKind::m, o->param_offset, o->numel, host_data(o->m, scratch));
+    if (o->v.defined()) fn(s, StateKind::v, o->param_offset, o->numel, host_data(o->v, scratch));
   }
 }
 
 void ShardedEngine::load_state(const StateReadFn& read, int64_t optimizer_steps) {
-  for (auto& unit : units_) {
-    const UnitLayout& L = plan_.units[unit->index];
-    for (const Binding& b : unit->params) {
-      const MatrixShard& s = plan_.shards[b.shard];
-      for (const ShardPiece& p : s.pieces) {
-        if (resident_) read(s, StateKind::param, p.param_offset, p.numel,
-                            unit->full.data_f32() + L.segment_offset(p.rank) + p.segment_offset);
-        else if (p.rank == rank_) read(s, StateKind::param, p.param_offset, p.numel, unit->shard.data_f32() + p.segment_offset);
-      }
-    }
-    if (resident_) unpack_params(*unit);
-    for (OwnedPiece& o : unit->owned) {
-      if (o.numel == 0) continue;
-      const MatrixShard& s = plan_.shards[o.shard];
-      read(s, StateKind::m, o.param_offset, o.numel, o.m.data_f32());
-      if (o.v.defined()) read(s, StateKind::v, o.param_offset, o.numel, o.v.data_f32());
-    }
-  }
-  opt_steps_ = optimizer_steps;
+  std::vector<float> host;
+  auto read_into = [&](const MatrixShard& s, StateKind kind, int64_t offset, const Tensor& dst) {
+    host.resize(static_cast<size_t>(dst.numel()));
+    read(s, kind, offset, dst.numel(), host.data());
+    dst.copy_from_host(host.data());
+  };
+  for (size_t si = 0; si < plan_.shards.size(); ++si)
+    for (const ShardPiece& p : plan_.shards[si].pieces)
+      if (Tensor dst = units_.stored_piece(static_cast<int>(si), p); dst.defined())
+        read_into(plan_.shards[si], StateKind::param, p.param_offset, dst);
+  units_.finish_load();
+  owners_.for_each_owned([&](OwnedPiece& o) {
+    const MatrixShard& s = plan_.shards[o.shard];
+    read_into(s, StateKind::m, o.param_offset, o.m);
+    if (o.v.defined()) read_into(s, StateKind::v, o.param_offset, o.v);
+  });
+  owners_.set_steps(optimizer_steps);
 }
 
 std::vector<ShardedEngine::StatePiece> ShardedEngine::state_pieces_of(int r) const {
   std::vector<StatePiece> out;
-  const bool ddp = plan_.placement == Placement::ddp;
   for (size_t u = 0; u < plan_.units.size(); ++u)
     for (int si : plan_.shards_in_unit(static_cast<int>(u))) {
       const MatrixShard& s = plan_.shards[si];
-      if (ddp) {
+      if (traits_.every_rank_updates_all) {
         if (r == 0)
           for (const ShardPiece& p : s.pieces) out.push_back({si, p.param_offset, p.numel});
       } else if (const ShardPiece* p = s.piece_on(r); p && p->numel > 0) {
@@ -77,12 +82,10 @@ std::vector<ShardedEngine::StatePiece> ShardedEngine::state_pieces_of(int r) con
   return out;
 }
 
-std::vector<std::pair<ShardedEngine::Unit*, ShardedEngine::OwnedPiece*>> ShardedEngine::contributed_pieces() {
-  std::vector<std::pair<Unit*, OwnedPiece*>> out;
-  if (plan_.placement == Placement::ddp && rank_ != 0) return out;
-  for (auto& unit : units_)
-    for (OwnedPiece& o : unit->owned)
-      if (o.numel > 0) out.push_back({unit.get(), &o});
+std::vector<OwnedPiece*> ShardedEngine::contributed_pieces() {
+  std::vector<OwnedPiece*> out;
+  if (traits_.every_rank_updates_all && rank_ != 0) return out;
+  owners_.for_each_owned([&](OwnedPiece& o) { out.push_back(&o); });
   return out;
 }
 
@@ -98,7 +101,7 @@ ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
   }
   std::vector<float> send;
   send.reserve(static_cast<size_t>(counts[rank_]));
-  for (auto [unit, o] : contributed_pieces()) {
+  for (OwnedPiece* o : contributed_pieces()) {
     const std::vector<float> m = o->m.to_vector();
     send.insert(send.end(), m.begin(), m.end());
     if (o->v.defined()) {
@@ -127,7 +130,7 @@ ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
         src += p.numel;
       }
     }
-  out.step = opt_steps_;
+  out.step = owners_.steps();
   return out;
 }
 
@@ -150,16 +153,17 @@ std::string ShardedEngine::state_fingerprint() {
     sums[2 * slot] += a;
     sums[2 * slot + 1] += b;
   };
-  for (auto [unit, o] : contributed_pieces()) {
+  std::vector<float> scratch;
+  for (OwnedPiece* o : contributed_pieces()) {
     const size_t base = static_cast<size_t>(o->shard) * 3;
-    accumulate(base, unit->shard.data_f32() + o->shard_offset, o->param_offset, o->numel);
-    accumulate(base + 1, o->m.data_f32(), o->param_offset, o->numel);
-    if (o->v.defined()) accumulate(base + 2, o->v.data_f32(), o->param_offset, o->numel);
+    accumulate(base, host_data(owners_.param(*o), scratch), o->param_offset, o->numel);
+    accumulate(base + 1, host_data(o->m, scratch), o->param_offset, o->numel);
+    if (o->v.defined()) accumulate(base + 2, host_data(o->v, scratch), o->param_offset, o->numel);
   }
   std::vector<uint64_t> all(sums.size() * static_cast<size_t>(world_));
   comm_.all_gather_host(sums.data(), all.data(), static_cast<int64_t>(sums.size() * sizeof(uint64_t)), CommPhase::other);
   // Fold the canonical sequence (tensor slot, numel, both sums, then the step) into 128 bits.
-  uint64_t h1 = fingerprint_mix(static_cast<uint64_t>(opt_steps_) + 1), h2 = fingerprint_mix(h1 ^ 0x51ed27);
+  uint64_t h1 = fingerprint_mix(static_cast<uint64_t>(owners_.steps()) + 1), h2 = fingerprint_mix(h1 ^ 0x51ed27);
   for (size_t slot = 0; slot < S * 3; ++slot) {
     uint64_t a = 0, b = 0;
     for (int r = 0; r < world_; ++r) {

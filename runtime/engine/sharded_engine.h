@@ -1,6 +1,6 @@
 // The ZeRO-3 sharding engine: FSDP units over a ShardPlan, one explicit step schedule, and the
-// optimizer step on owned tensors only. runtime/README.md explains why training is bitwise
-// identical at every world size.
+// optimizer step on owned tensors only, on the communicator's device, for any UnitModel.
+// runtime/README.md explains the layers and why training is bitwise identical at every world size.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,54 +11,17 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "models/gpt.h"
-#include "optim/optim.h"
 #include "planner/shard_plan.h"
+#include "runtime/engine/engine_options.h"
+#include "runtime/engine/owner_state.h"
+#include "runtime/engine/placement_traits.h"
+#include "runtime/engine/unit_buffers.h"
+#include "runtime/engine/unit_model.h"
 #include "runtime/tensor.h"
 
 namespace mfsdp {
 
-/// Optimizer and step hyperparameters of the engine.
-/// AdamW weight decay applies to 2-D AdamW tensors (embeddings, untied head) only; norms and
-/// biases are never decayed (the nanoGPT/GPT-2 convention). Muon decays its matrices.
-struct EngineOptions {
-  MuonOptions muon;
-  AdamWOptions adamw;
-  double muon_lr = 0.02;   ///< base learning rate of the Muon group
-  double adamw_lr = 3e-3;  ///< base learning rate of the AdamW group
-  LRSchedule schedule;     ///< both groups follow it, each from its own base lr
-  double grad_clip = 1.0;  ///< global-norm clipping threshold on raw gradients (<= 0 disables)
-};
-
-/// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked
-/// before any optimizer step, with clipping on or off); parameters and optimizer state are left
-/// untouched. The message names the step, the value and, for the gradient, the first tensor (in
-/// plan order) whose gradient is not finite on some rank.
-class NonFiniteLossError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-/// One micro-batch of this rank: tokens and targets, i32 [B, T].
-struct MicroBatch {
-  Tensor tokens, targets;
-};
-
-/// What one optimizer step did. Times are seconds on this rank; loss is the mean over every
-/// rank's tokens and micro-batches; grad_norm is the global norm before clipping.
-struct StepStats {
-  int64_t step = 0;
-  double loss = 0, grad_norm = 0, clip_coef = 1, lr_muon = 0, lr_adamw = 0;
-  double t_forward = 0, t_backward = 0, t_reduce = 0, t_optimizer = 0, t_total = 0;
-  int64_t tokens = 0;  ///< tokens in the global batch
-};
-
-/// One kind of per-element training state: the parameter itself, the first optimizer moment
-/// (Muon momentum or AdamW m) and AdamW's second moment v. Names: "param", "m", "v".
-enum class StateKind : int { param = 0, m = 1, v = 2 };
-const char* state_kind_name(StateKind k);
-
-/// Trains a GPT whose parameters are laid out by a ShardPlan across the communicator's ranks.
+/// Trains a UnitModel whose parameters are laid out by a ShardPlan across the communicator's ranks.
 ///
 /// Placements (planner/shard_plan.h):
 ///  - matrixfsdp: each rank stores its owner segments; forward/backward all-gather a unit
@@ -81,14 +44,16 @@ const char* state_kind_name(StateKind k);
 /// identical to world size 1 with W*A micro-batches (zero1/ddp: for A = 1).
 class ShardedEngine {
  public:
-  /// Binds every model parameter to the engine's unit buffers. Throws std::invalid_argument when
-  /// the plan does not match the model (names, shapes) or the communicator's world size.
-  ShardedEngine(GPT& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts);
+  /// Binds every model parameter to the engine's unit buffers, allocated on comm.device() (the
+  /// engine's device: every buffer, copy and kernel of the engine is there). Throws
+  /// std::invalid_argument when the plan does not match the model (names, shapes) or the
+  /// communicator's world size.
+  ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts);
   ~ShardedEngine();
   ShardedEngine(const ShardedEngine&) = delete;
   ShardedEngine& operator=(const ShardedEngine&) = delete;
 
-  /// GPT-2 initialisation (GPT::init_param) of the owned pieces: identical values at any world
+  /// The model's initialisation (UnitModel::init_param) of the stored pieces: identical values at any world
   /// size and placement for the same seed. Resets optimizer state.
   void init_parameters(uint64_t seed);
   /// Sets every parameter from full logical tensors (name -> numel floats, our layout); each rank
@@ -97,8 +62,9 @@ class ShardedEngine {
   /// All-gathers every parameter: name -> full logical tensor, on every rank (for export/sampling).
   std::map<std::string, std::vector<float>> full_parameters();
 
-  /// One optimizer step over this rank's micro-batches (same count on every rank). `step` is the
-  /// 0-based step index used by the LR schedule and AdamW bias correction (step+1).
+  /// One optimizer step over this rank's micro-batches (same count on every rank; moved to the
+  /// engine's device when they are elsewhere). `step` is the 0-based step index used by the LR
+  /// schedule. The returned statistics are reduced over ranks (the same on every rank).
   /// Throws NonFiniteLossError (on every rank) when the global loss or grad norm is not finite.
   StepStats train_step(const std::vector<MicroBatch>& micro, int64_t step);
 
@@ -137,50 +103,39 @@ class ShardedEngine {
   using StateReadFn = std::function<void(const MatrixShard&, StateKind, int64_t offset, int64_t numel, float*)>;
   void load_state(const StateReadFn& read, int64_t optimizer_steps);
   /// Optimizer steps taken (AdamW bias correction uses it).
-  int64_t optimizer_steps() const { return opt_steps_; }
+  int64_t optimizer_steps() const { return owners_.steps(); }
 
   /// Runs `fn` with every unit gathered (the model's parameters hold full values), then frees them.
   void with_full_model(const std::function<void()>& fn);
 
   const ShardPlan& plan() const { return plan_; }
   Communicator& comm() { return comm_; }
-  GPT& model() { return model_; }
+  UnitModel& model() { return model_; }
+  Device device() const { return units_.device(); }
   const EngineOptions& options() const { return opts_; }
 
  private:
-  struct Binding;
-  struct OwnedPiece;
-  struct Unit;
-
-  void build_units();
-  void gather(int u, CommPhase phase);
-  void release(int u);
-  void ensure_grad_buffers(int u);
-  void reduce_gradients(int u, bool last_micro);
-  void unpack_params(Unit& unit);
-  double clip_gradients(StepStats& stats);
-  void optimizer_step(int64_t step, StepStats& stats);
-  void fsdp2_muon(Unit& unit, OwnedPiece& piece, double lr);
-  void broadcast_updated_params();
-  std::vector<int> units_needed_by(int u) const;
-  /// The optimizer-state pieces rank r contributes, in canonical order (unit, then parameter):
-  /// its owned pieces; under ddp all pieces on rank 0 and none elsewhere.
+  /// Runs micro-batch `mb` forward and backward unit by unit, reducing each unit's gradients to
+  /// the owners as soon as they are complete; returns the micro-batch's loss.
+  float forward_backward(const MicroBatch& mb, bool last_micro, StepStats& st);
+  /// Rank r's contributed state pieces in canonical order (unit, then parameter): its owned
+  /// pieces; under every_rank_updates_all all pieces on rank 0 and none elsewhere.
   struct StatePiece {
     int shard;
     int64_t param_offset, numel;
   };
   std::vector<StatePiece> state_pieces_of(int r) const;
-  /// This rank's OwnedPieces in the order of state_pieces_of(rank()).
-  std::vector<std::pair<Unit*, OwnedPiece*>> contributed_pieces();
+  /// This rank's owned pieces in the order of state_pieces_of(rank()).
+  std::vector<OwnedPiece*> contributed_pieces();
 
-  GPT& model_;
+  UnitModel& model_;
   Communicator& comm_;
   ShardPlan plan_;
   EngineOptions opts_;
+  PlacementTraits traits_;
   int rank_, world_;
-  bool resident_;  // zero1 / ddp: full parameters live on every rank
-  std::vector<std::unique_ptr<Unit>> units_;
-  int64_t opt_steps_ = 0;
+  UnitBuffers units_;
+  OwnerState owners_;
 };
 
 }  // namespace mfsdp

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
-#include "comm/dtype.h"
+#include "runtime/core/dtype.h"
 
 using namespace mfsdp;
 using Catch::Matchers::Contains;

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_backends.h"
 
 using namespace mfsdp;
 

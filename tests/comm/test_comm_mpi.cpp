@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_backends.h"
 
 using namespace mfsdp;
 

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <memory>
 
-#include "comm/communicator.h"
+#include "comm/mpi_backends.h"
 #include "engine_test_util.h"
 #include "planner/planner.h"
 

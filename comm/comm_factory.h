@@ -1,0 +1,59 @@
+// Making communicators without MPI types: the process-level MPI session, the backend names a
+// config uses, and one factory over the MPI world. Communicators over other MPI communicators
+// (tests, sub-groups) come from comm/mpi_backends.h.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace mfsdp {
+
+/// Process-level MPI lifetime: MPI_Init_thread(MPI_THREAD_FUNNELED) unless MPI is already
+/// initialised, and MPI_Finalize in the destructor only if this object initialised it.
+/// A world of 1 works without mpirun (singleton init).
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  MpiSession() : MpiSession(nullptr, nullptr) {}
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  bool owns_mpi() const { return owns_; }
+
+ private:
+  bool owns_ = false;
+};
+
+/// Options of the CUDA backends. `compute_stream` is a cudaStream_t (nullptr = legacy default
+/// stream): collectives start after the work already queued on it, and work queued on it
+/// afterwards starts after the collective.
+struct CudaCommOptions {
+  void* compute_stream = nullptr;
+  /// NCCL only: true = each call waits for its communication to finish (seconds are exact and
+  /// errors/timeouts are detected in the call); false = calls only enqueue on the comm stream.
+  bool blocking = true;
+};
+
+/// The communicator backends (config key sharding.backend):
+///   mpi          host buffers, MPI collectives (Device::CPU)
+///   cuda_staged  CUDA buffers copied through host memory and reduced by the MPI backend; several
+///                ranks may share one GPU (Device::CUDA)
+///   nccl         CUDA buffers, NCCL bootstrapped over MPI, one GPU per local rank (Device::CUDA)
+enum class CommBackend { mpi, cuda_staged, nccl };
+
+/// Parses "mpi" / "cuda_staged" / "nccl"; throws std::invalid_argument naming the value otherwise.
+CommBackend parse_comm_backend(const std::string& s);
+/// The config name of `b`.
+const char* comm_backend_name(CommBackend b);
+/// The device whose buffers backend `b` moves (mpi: CPU, the others: CUDA).
+Device comm_backend_device(CommBackend b);
+
+/// A communicator of backend `b` over all MPI processes (MPI must be initialised, e.g. by an
+/// MpiSession). The CUDA backends select this rank's GPU first: nccl uses GPU local_rank and
+/// throws when there are fewer GPUs than local ranks; cuda_staged uses GPU local_rank % count.
+/// Throws std::runtime_error when built without CUDA and `b` is not mpi, or when no GPU is found.
+std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts = {},
+                                                CudaCommOptions cuda = {});
+
+}  // namespace mfsdp

@@ -1,0 +1,30 @@
+// The backend constructors over an explicit MPI communicator (tests use MPI_COMM_SELF and
+// sub-communicators). Applications use make_communicator (comm/comm_factory.h) instead.
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+
+#include "comm/comm_factory.h"
+
+namespace mfsdp {
+
+/// MPI backend over a duplicate of `comm` (host buffers). Sets MPI_ERRORS_RETURN on the duplicate.
+/// Throws std::runtime_error if MPI is not initialised or options are invalid.
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD,
+                                                    CommOptions opts = {});
+
+/// CUDA buffers staged through host memory and reduced by the MPI backend (several ranks may share
+/// one GPU). Uses the current CUDA device. Throws std::runtime_error when built without CUDA.
+std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm comm = MPI_COMM_WORLD,
+                                                            CommOptions opts = {},
+                                                            CudaCommOptions cuda = {});
+
+/// NCCL backend bootstrapped by MPI: local rank from an MPI shared-memory split,
+/// cudaSetDevice(local_rank), rank 0 ncclGetUniqueId, MPI_Bcast, ncclCommInitRank.
+/// Throws std::runtime_error when built without CUDA or when local_rank >= visible devices.
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm = MPI_COMM_WORLD,
+                                                     CommOptions opts = {},
+                                                     CudaCommOptions cuda = {});
+
+}  // namespace mfsdp

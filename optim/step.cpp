@@ -1,0 +1,130 @@
+#include "optim/step.h"
+
+#include <string>
+
+#include "optim/clip.h"
+#include "runtime/cuda/device_api.h"
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+#include "optim/optim_cuda.h"
+#endif
+
+namespace mfsdp {
+namespace {
+
+// All tensors of one call on one device, each with the expected number of elements.
+Device common_device(const char* op, std::initializer_list<std::pair<const Tensor*, int64_t>> args) {
+  Device d = args.begin()->first->device();
+  for (const auto& [t, numel] : args) {
+    check_arg(t->defined() && t->dtype() == DType::f32, op, "expected defined f32 tensors");
+    check_arg(t->device() == d, op, "tensors on different devices: " + args.begin()->first->describe() + " and " +
+                                        t->describe());
+    check_arg(t->numel() == numel, op, t->describe() + " should have " + std::to_string(numel) + " elements");
+  }
+  return d;
+}
+
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+cudaStream_t stream() { return static_cast<cudaStream_t>(cuda::compute_stream()); }
+cublasHandle_t handle() { return static_cast<cublasHandle_t>(cuda::cublas_handle()); }
+// Newton-Schulz scratch of the shared context: grown to the largest matrix, then reused every step.
+MuonCudaWorkspace& workspace() {
+  static MuonCudaWorkspace* ws = new MuonCudaWorkspace();  // never destroyed (see cuda_kernels())
+  return *ws;
+}
+#else
+[[noreturn]] void no_cuda(const char* op) {
+  throw std::runtime_error(std::string("[") + op + "] CUDA tensors, but MatrixFSDP was built without CUDA");
+}
+#endif
+
+}  // namespace
+
+void muon_momentum(const Tensor& G, const Tensor& M, const Tensor& U, const MuonOptions& opt) {
+  const int64_t n = G.numel();
+  if (common_device("muon_momentum", {{&G, n}, {&M, n}, {&U, n}}) == Device::CPU) {
+    muon_momentum_cpu(G.data_f32(), M.data_f32(), U.data_f32(), n, opt);
+    return;
+  }
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+  muon_momentum_cuda(G.data_f32(), M.data_f32(), U.data_f32(), n, opt, stream());
+#else
+  no_cuda("muon_momentum");
+#endif
+}
+
+void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t cols, int64_t blocks,
+                        const MuonOptions& opt) {
+  check_arg(blocks >= 1 && rows % blocks == 0, "muon_orthogonalize",
+            std::to_string(rows) + " rows in " + std::to_string(blocks) + " blocks");
+  const Device d = common_device("muon_orthogonalize", {{&U, rows * cols}, {&O, rows * cols}});
+  const int64_t brows = rows / blocks, bnumel = brows * cols;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* in = U.data_f32() + b * bnumel;
+    float* out = O.data_f32() + b * bnumel;
+    if (d == Device::CPU) {
+      newton_schulz_cpu(in, out, brows, cols, opt.ns_steps);
+      continue;
+    }
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+    newton_schulz_cuda(in, out, brows, cols, opt.ns_steps, stream(), handle(), &workspace());
+#else
+    no_cuda("muon_orthogonalize");
+#endif
+  }
+}
+
+void muon_apply(const Tensor& W, const Tensor& O, double lr, double scale, double weight_decay) {
+  const int64_t n = W.numel();
+  if (common_device("muon_apply", {{&W, n}, {&O, n}}) == Device::CPU) {
+    muon_apply_update_cpu(W.data_f32(), O.data_f32(), n, lr, scale, weight_decay);
+    return;
+  }
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+  muon_apply_update_cuda(W.data_f32(), O.data_f32(), n, lr, scale, weight_decay, stream());
+#else
+  no_cuda("muon_apply");
+#endif
+}
+
+void muon_step(const Tensor& W, const Tensor& G, const Tensor& M, int64_t rows, int64_t cols, double lr,
+               const MuonOptions& opt, int qkv_blocks) {
+  const int64_t n = rows * cols;
+  if (common_device("muon_step", {{&W, n}, {&G, n}, {&M, n}}) == Device::CPU) {
+    muon_step_cpu(W.data_f32(), G.data_f32(), M.data_f32(), rows, cols, lr, opt, qkv_blocks);
+    return;
+  }
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+  muon_step_cuda(W.data_f32(), G.data_f32(), M.data_f32(), rows, cols, lr, opt, qkv_blocks, stream(), handle(),
+                 &workspace());
+#else
+  no_cuda("muon_step");
+#endif
+}
+
+void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, double lr, int64_t step,
+                const AdamWOptions& opt) {
+  const int64_t n = p.numel();
+  if (common_device("adamw_step", {{&p, n}, {&g, n}, {&m, n}, {&v, n}}) == Device::CPU) {
+    adamw_step_cpu(p.data_f32(), g.data_f32(), m.data_f32(), v.data_f32(), n, lr, step, opt);
+    return;
+  }
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+  adamw_step_cuda(p.data_f32(), g.data_f32(), m.data_f32(), v.data_f32(), n, lr, step, opt, stream());
+#else
+  no_cuda("adamw_step");
+#endif
+}
+
+void add_sum_of_squares(const Tensor& x, ExactSum& acc) {
+  if (common_device("add_sum_of_squares", {{&x, x.numel()}}) == Device::CPU) {
+    exact_sum_of_squares_cpu(x.data_f32(), x.numel(), acc);
+    return;
+  }
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+  exact_sum_of_squares_cuda(x.data_f32(), x.numel(), acc, stream());
+#else
+  no_cuda("add_sum_of_squares");
+#endif
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,138 @@
+#include "runtime/engine/owner_state.h"
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "optim/clip.h"
+#include "optim/step.h"
+
+namespace mfsdp {
+
+ExactSum all_reduce_exact(Communicator& comm, const ExactSum& local, CommPhase phase) {
+  const auto words = local.to_words();
+  std::vector<std::array<int64_t, ExactSum::kWords>> all(static_cast<size_t>(comm.world_size()));
+  comm.all_gather_host(words.data(), all.data(), sizeof(words), phase);
+  ExactSum total;
+  for (const auto& w : all) total.merge(ExactSum::from_words(w));
+  return total;
+}
+
+OwnerState::OwnerState(UnitBuffers& units, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits,
+                       const EngineOptions& opts)
+    : units_(units), comm_(comm), plan_(plan), traits_(traits), opts_(opts) {
+  const int rank = comm.rank();
+  for (int u = 0; u < units.size(); ++u)
+    for (int si : plan_.shards_in_unit(u)) {
+      const MatrixShard& s = plan_.shards[si];
+      if (traits_.every_rank_updates_all) {
+        for (const ShardPiece& p : s.pieces) pieces_.push_back({u, si, p.segment_offset, p.param_offset, p.numel, {}, {}});
+      } else if (const ShardPiece* p = s.piece_on(rank)) {
+        pieces_.push_back({u, si, p->segment_offset, p->param_offset, p->numel, {}, {}});
+      } else if (traits_.gathered_muon_input && s.optimizer == OptimizerKind::muon) {
+        pieces_.push_back({u, si, 0, 0, 0, {}, {}});  // joins the step's all-gather of the Muon input
+      }
+    }
+  MemCategoryScope scope(MemCategory::optimizer_state);
+  for (OwnedPiece& o : pieces_) {
+    o.m = Tensor::zeros({o.numel}, DType::f32, units_.device());
+    if (plan_.shards[o.shard].optimizer == OptimizerKind::adamw) o.v = Tensor::zeros({o.numel}, DType::f32, units_.device());
+  }
+}
+
+Tensor OwnerState::param(const OwnedPiece& o) { return units_.unit(o.unit).shard.view(o.shard_offset, {o.numel}); }
+Tensor OwnerState::grad(const OwnedPiece& o) { return units_.unit(o.unit).shard_grad.view(o.shard_offset, {o.numel}); }
+
+void OwnerState::for_each_owned(const std::function<void(OwnedPiece&)>& fn) {
+  for (OwnedPiece& o : pieces_)
+    if (o.numel > 0) fn(o);
+}
+
+void OwnerState::reset() {
+  for (OwnedPiece& o : pieces_) {
+    o.m.zero();
+    if (o.v.defined()) o.v.zero();
+  }
+  steps_ = 0;
+}
+
+void OwnerState::clip_gradients(StepStats& st) {
+  // Test-only fault injection: MFSDP_TEST_NAN_GRAD=<tensor> puts a NaN into that tensor's gradient.
+  static const char* nan_grad = std::getenv("MFSDP_TEST_NAN_GRAD");
+  if (nan_grad)
+    for_each_owned([&](OwnedPiece& o) {
+      if (plan_.shards[o.shard].name == nan_grad) grad(o).view(0, {1}).fill(std::numeric_limits<float>::quiet_NaN());
+    });
+  // The exact sum of squares makes the norm, and so the clip coefficient, the same bits at every
+  // world size and placement, however the tail tensors are split.
+  ExactSum sumsq;
+  for (int u = 0; u < units_.size(); ++u) add_sum_of_squares(units_.unit(u).shard_grad, sumsq);
+  // every rank updating everything holds all gradients; otherwise each rank holds its owned shards
+  if (!traits_.every_rank_updates_all) sumsq = all_reduce_exact(comm_, sumsq, CommPhase::other);
+  st.grad_norm = std::sqrt(sumsq.value());
+  if (!std::isfinite(st.grad_norm)) throw_non_finite(st);
+  st.clip_coef = clip_coefficient(st.grad_norm, opts_.grad_clip);
+  if (st.clip_coef < 1.0) units_.scale_gradients(static_cast<float>(st.clip_coef));
+}
+
+// Every rank sees the same norm, so all take this path together: name the first tensor (in plan
+// order) whose gradient holds a NaN/Inf on any rank, then stop before the optimizer step.
+void OwnerState::throw_non_finite(const StepStats& st) {
+  int first = static_cast<int>(plan_.shards.size());
+  for_each_owned([&](OwnedPiece& o) {
+    if (o.shard >= first) return;
+    for (float g : grad(o).to_vector())
+      if (!std::isfinite(g)) {
+        first = o.shard;
+        break;
+      }
+  });
+  first = static_cast<int>(-comm_.all_reduce_scalar(-static_cast<double>(first), ReduceOp::max, CommPhase::other));
+  throw NonFiniteLossError("step " + std::to_string(st.step) + ": the global gradient norm is " +
+                           std::to_string(st.grad_norm) + " (first non-finite gradient: " +
+                           (first < static_cast<int>(plan_.shards.size()) ? plan_.shards[first].name : "?") +
+                           "); the optimizer step was skipped");
+}
+
+void OwnerState::optimizer_step(int64_t step, StepStats& st) {
+  const double mult = opts_.schedule.multiplier(step);
+  st.lr_muon = opts_.muon_lr * mult;
+  st.lr_adamw = opts_.adamw_lr * mult;
+  ++steps_;
+  for (OwnedPiece& o : pieces_) {
+    const MatrixShard& s = plan_.shards[o.shard];
+    if (s.optimizer == OptimizerKind::muon) {
+      if (traits_.gathered_muon_input) gathered_muon(o, st.lr_muon);
+      else muon_step(param(o), grad(o), o.m, s.shape[0], s.shape[1], st.lr_muon, opts_.muon, s.qkv_blocks);
+    } else if (o.numel) {
+      AdamWOptions a = opts_.adamw;
+      if (s.shape.size() < 2) a.weight_decay = 0.0;  // norms and biases are not decayed
+      adamw_step(param(o), grad(o), o.m, o.v, st.lr_adamw, steps_, a);
+    }
+  }
+  if (traits_.gather_after_step) units_.all_gather_updated_params();
+}
+
+// Stock FSDP2 + Muon: momentum on the local rows, all-gather the Muon input, Newton-Schulz on the
+// full matrix on every rank, keep the local rows of the update.
+void OwnerState::gathered_muon(OwnedPiece& o, double lr) {
+  const MatrixShard& s = plan_.shards[o.shard];
+  const int64_t rows = s.shape[0], cols = s.shape[1];
+  const int64_t slot = s.fsdp2_slot_numel(comm_.world_size());
+  const Device dev = units_.device();
+  MemCategoryScope scope(MemCategory::comm_buffers);
+  Tensor send = Tensor::zeros({slot}, DType::f32, dev), full_u = Tensor::empty({slot * comm_.world_size()}, DType::f32, dev);
+  Tensor update = Tensor::empty({rows * cols}, DType::f32, dev);
+  if (o.numel) muon_momentum(grad(o), o.m, send.view(0, {o.numel}), opts_.muon);
+  comm_.all_gather(send.data_f32(), full_u.data_f32(), slot, DType::f32, CommPhase::opt_step);
+  // the first `rows` rows of the gathered slots are the matrix, in order (padding rows follow)
+  const int64_t blocks = detail::muon_block_count(rows, cols, opts_.muon, s.qkv_blocks, "fsdp2_muon");
+  muon_orthogonalize(full_u.view(0, {rows * cols}), update, rows, cols, blocks, opts_.muon);
+  if (!o.numel) return;
+  muon_apply(param(o), update.view(o.param_offset, {o.numel}), lr, muon_scale(rows / blocks, cols, opts_.muon.scale_rule),
+             opts_.muon.weight_decay);
+}
+
+}  // namespace mfsdp

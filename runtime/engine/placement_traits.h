@@ -1,0 +1,42 @@
+// A placement as the engine sees it: one row of behaviour flags, computed once, so the step
+// schedule asks a question ("are parameters resident?") instead of naming a placement.
+#pragma once
+#include "planner/shard_plan.h"
+
+namespace mfsdp {
+
+/// How a placement stores, reduces and updates (see runtime/README.md, "Placements"):
+///
+/// | placement  | resident | grad reduction          | updaters   | Muon input | gather after step |
+/// |------------|----------|-------------------------|------------|------------|-------------------|
+/// | matrixfsdp | no       | reduce-scatter, per mb  | owners     | local      | no                |
+/// | fsdp2      | no       | reduce-scatter, per mb  | owners     | gathered   | no                |
+/// | zero1      | yes      | reduce-scatter, last mb | owners     | local      | yes               |
+/// | ddp        | yes      | all-reduce, last mb     | every rank | local      | no                |
+struct PlacementTraits {
+  /// Full parameters and full gradients live on every rank between steps (no gathers); gradients
+  /// of the micro-batches accumulate locally and are reduced after the last one only.
+  bool resident = false;
+  /// Gradients are all-reduced (every rank gets all of them) instead of reduce-scattered to owners.
+  bool all_reduce_gradients = false;
+  /// Every rank holds and updates every piece (ddp); otherwise each piece has one owner rank.
+  bool every_rank_updates_all = false;
+  /// The Muon input is all-gathered from row shards at the step and Newton-Schulz runs on every
+  /// rank (stock FSDP2 + Muon); otherwise the owner holds the whole matrix.
+  bool gathered_muon_input = false;
+  /// Owners' updated segments are all-gathered back into every rank's resident parameters.
+  bool gather_after_step = false;
+};
+
+/// The row of `p`.
+inline PlacementTraits placement_traits(Placement p) {
+  switch (p) {
+    case Placement::matrixfsdp: return {false, false, false, false, false};
+    case Placement::fsdp2: return {false, false, false, true, false};
+    case Placement::zero1: return {true, false, false, false, true};
+    case Placement::ddp: return {true, true, true, false, false};
+  }
+  return {};
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,206 @@
+#include "runtime/engine/unit_buffers.h"
+
+#include <string>
+
+#include "runtime/kernels.h"
+
+namespace mfsdp {
+
+UnitBuffers::UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits)
+    : model_(model), comm_(comm), plan_(plan), traits_(traits), device_(comm.device()), rank_(comm.rank()) {
+  const auto& inv = model_.inventory();
+  check_arg(plan_.shards.size() == inv.params.size() && plan_.units.size() == inv.unit_names.size(), "ShardedEngine",
+            "plan has " + std::to_string(plan_.shards.size()) + " parameters in " + std::to_string(plan_.units.size()) +
+                " units, model has " + std::to_string(inv.params.size()) + " in " + std::to_string(inv.unit_names.size()));
+  for (size_t i = 0; i < inv.params.size(); ++i)
+    check_arg(plan_.shards[i].name == inv.params[i].name && plan_.shards[i].shape == inv.params[i].shape &&
+                  plan_.shards[i].unit == inv.params[i].unit,
+              "ShardedEngine", "plan parameter " + plan_.shards[i].name + shape_str(plan_.shards[i].shape) +
+                                   " does not match model parameter " + inv.params[i].name + shape_str(inv.params[i].shape));
+  for (size_t ui = 0; ui < plan_.units.size(); ++ui) build_unit(static_cast<int>(ui));
+}
+
+// A zeroed buffer on the engine's device, or one whose bytes exist only when needed.
+Tensor UnitBuffers::buffer(int64_t numel, MemCategory cat, bool materialized) const {
+  Tensor t = Tensor::empty({numel}, DType::f32, device_, cat);
+  if (materialized) t.zero();
+  else t.storage()->release();
+  return t;
+}
+
+void UnitBuffers::build_unit(int ui) {
+  units_.push_back(std::make_unique<UnitBuffer>());
+  UnitBuffer& unit = *units_.back();
+  const UnitLayout& L = plan_.units[ui];
+  const bool res = traits_.resident, all = traits_.every_rank_updates_all;
+  unit.index = ui;
+  unit.counts = L.segment_numel;
+  unit.total = L.total_numel();
+  unit.my_offset = all ? 0 : L.segment_offset(rank_);
+  unit.my_count = all ? unit.total : L.segment_numel[rank_];
+  // Resident placements keep full parameters and gradients and accumulate micro-batches in them;
+  // the others hold a unit's full buffers only while it runs. fsdp2 padding stays zero.
+  unit.full = buffer(unit.total, res ? MemCategory::parameters : MemCategory::gathered_params, res);
+  unit.shard = res ? unit.full.view(unit.my_offset, {unit.my_count})
+                   : buffer(unit.my_count, MemCategory::parameters, true);
+  unit.gathered = res;
+  unit.full_grad = buffer(unit.total, res ? MemCategory::gradients : MemCategory::gathered_grads, res);
+  // ddp all-reduces in place, so its gradient "shard" is the full buffer itself.
+  unit.shard_grad = all ? unit.full_grad : buffer(unit.my_count, MemCategory::gradients, true);
+
+  // Parameter bindings: a direct view when the pieces form one run of the unit buffer.
+  int64_t unpacked_total = 0;
+  for (int si : plan_.shards_in_unit(ui)) {
+    const MatrixShard& s = plan_.shards[si];
+    UnitParam b;
+    b.shard = si;
+    bool contiguous = !s.pieces.empty();
+    int64_t expect = -1;
+    for (const ShardPiece& p : s.pieces) {
+      const int64_t pos = L.segment_offset(p.rank) + p.segment_offset;
+      if (expect >= 0 && pos != expect) contiguous = false;
+      if (expect < 0) b.offset = pos;
+      expect = pos + p.numel;
+    }
+    b.direct = contiguous;
+    unit.any_direct = unit.any_direct || contiguous;
+    if (!contiguous) {
+      b.offset = unpacked_total;
+      unpacked_total += s.numel();
+    }
+    unit.params.push_back(b);
+  }
+  unit.unpacked = buffer(unpacked_total, res ? MemCategory::parameters : MemCategory::gathered_params, res);
+  unit.unpacked_grad = buffer(unpacked_total, res ? MemCategory::gradients : MemCategory::gathered_grads, res);
+  unit.grads_live = res;
+  for (UnitParam& b : unit.params) {
+    const MatrixShard& s = plan_.shards[b.shard];
+    const Tensor& base = b.direct ? unit.full : unit.unpacked;
+    const Tensor& gbase = b.direct ? unit.full_grad : unit.unpacked_grad;
+    b.param = base.view(b.offset, s.shape);
+    b.param.set_requires_grad(true);
+    b.param.set_grad(gbase.view(b.offset, s.shape));
+    model_.bind(s.name, b.param);
+  }
+}
+
+void UnitBuffers::unpack_params(UnitBuffer& unit) {
+  const UnitLayout& L = plan_.units[unit.index];
+  for (const UnitParam& b : unit.params) {
+    if (b.direct) continue;
+    for (const ShardPiece& p : plan_.shards[b.shard].pieces)
+      unit.unpacked.view(b.offset + p.param_offset, {p.numel})
+          .copy_from(unit.full.view(L.segment_offset(p.rank) + p.segment_offset, {p.numel}));
+  }
+}
+
+void UnitBuffers::gather(int u, CommPhase phase) {
+  UnitBuffer& unit = this->unit(u);
+  if (unit.gathered) return;
+  unit.full.storage()->materialize();
+  comm_.all_gather_v(unit.my_count ? unit.shard.data_f32() : nullptr, unit.full.data_f32(), unit.counts, DType::f32,
+                     phase);
+  unit.unpacked.storage()->materialize();
+  unpack_params(unit);
+  if (!unit.any_direct) unit.full.storage()->release();  // every parameter now lives in `unpacked`
+  unit.gathered = true;
+}
+
+void UnitBuffers::release(int u) {
+  UnitBuffer& unit = this->unit(u);
+  if (traits_.resident || !unit.gathered) return;
+  unit.full.storage()->release();
+  unit.unpacked.storage()->release();
+  unit.gathered = false;
+}
+
+void UnitBuffers::ensure_grad_buffers(int u) {
+  UnitBuffer& unit = this->unit(u);
+  if (unit.grads_live) return;
+  if (unit.any_direct) {  // otherwise the comm-layout buffer is only needed at the reduce
+    unit.full_grad.storage()->materialize();
+    unit.full_grad.zero();
+  }
+  unit.unpacked_grad.storage()->materialize();
+  unit.unpacked_grad.zero();
+  unit.grads_live = true;
+}
+
+void UnitBuffers::reduce_gradients(int u, bool last_micro) {
+  UnitBuffer& unit = this->unit(u);
+  if (traits_.resident && !last_micro) return;  // micro-batches accumulate in the resident full gradients
+  const UnitLayout& L = plan_.units[unit.index];
+  if (!unit.full_grad.storage()->materialized()) {
+    unit.full_grad.storage()->materialize();
+    unit.full_grad.zero();
+  }
+  for (const UnitParam& b : unit.params) {  // scatter split parameters' gradients to the comm layout
+    if (b.direct) continue;
+    for (const ShardPiece& p : plan_.shards[b.shard].pieces)
+      unit.full_grad.view(L.segment_offset(p.rank) + p.segment_offset, {p.numel})
+          .copy_from(unit.unpacked_grad.view(b.offset + p.param_offset, {p.numel}));
+  }
+  if (!traits_.resident) unit.unpacked_grad.storage()->release();
+  if (traits_.all_reduce_gradients) {
+    comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
+  } else {
+    // Every rank's contribution is added onto the owner's running gradient shard in rank order, so
+    // each owned element sees the same f32 additions as at world size 1 (micro-batch j = k*W + r).
+    comm_.reduce_scatter_v(unit.full_grad.data_f32(), unit.my_count ? unit.shard_grad.data_f32() : nullptr,
+                           unit.counts, DType::f32, ReduceOp::accumulate, CommPhase::grad_reduce);
+  }
+  if (traits_.resident) return;  // zeroed at the start of the next step
+  unit.full_grad.storage()->release();
+  unit.grads_live = false;
+}
+
+void UnitBuffers::zero_gradients() {
+  for (auto& unit : units_) {
+    unit->shard_grad.zero();
+    if (traits_.resident) {
+      unit->full_grad.zero();
+      unit->unpacked_grad.zero();
+    }
+  }
+}
+
+void UnitBuffers::scale_gradients(float alpha) {
+  for (auto& unit : units_)
+    if (unit->my_count) kernels(device_).scale(unit->shard_grad.data_f32(), alpha, unit->my_count);
+}
+
+void UnitBuffers::all_gather_updated_params() {
+  for (auto& unit : units_) {
+    MemCategoryScope s(MemCategory::comm_buffers);
+    Tensor mine = unit->shard.clone();
+    comm_.all_gather_v(unit->my_count ? mine.data_f32() : nullptr, unit->full.data_f32(), unit->counts, DType::f32,
+                       CommPhase::opt_step);
+    unpack_params(*unit);
+  }
+}
+
+Tensor UnitBuffers::stored_piece(int si, const ShardPiece& p) {
+  UnitBuffer& unit = this->unit(plan_.shards[si].unit);
+  if (traits_.resident)
+    return unit.full.view(plan_.units[unit.index].segment_offset(p.rank) + p.segment_offset, {p.numel});
+  if (p.rank == rank_) return unit.shard.view(p.segment_offset, {p.numel});
+  return Tensor();
+}
+
+void UnitBuffers::finish_load() {
+  if (traits_.resident)
+    for (auto& unit : units_) unpack_params(*unit);
+}
+
+void UnitBuffers::with_all_gathered(const std::function<void()>& fn, CommPhase phase) {
+  for (int u = 0; u < size(); ++u) gather(u, phase);
+  try {
+    fn();
+  } catch (...) {
+    for (int u = 0; u < size(); ++u) release(u);
+    throw;
+  }
+  for (int u = 0; u < size(); ++u) release(u);
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,91 @@
+// Where a rank's parameter and gradient bytes live, unit by unit: the owned segment, the gathered
+// full unit, and the moves between them (all-gather, release, gradient reduction). Every buffer is
+// on the communicator's device; nothing here knows the model family or the optimizer.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "planner/shard_plan.h"
+#include "runtime/engine/placement_traits.h"
+#include "runtime/engine/unit_model.h"
+#include "runtime/tensor.h"
+
+namespace mfsdp {
+
+/// A parameter of a unit: where its full value lives while the unit is gathered.
+struct UnitParam {
+  int shard = 0;        ///< index into ShardPlan::shards
+  bool direct = false;  ///< true: a view into UnitBuffer::full at `offset`; false: into `unpacked`
+  int64_t offset = 0;
+  Tensor param;         ///< the tensor bound to the model (its grad() is a view too)
+};
+
+/// One FSDP unit's buffers on this rank (f32, on the engine's device).
+struct UnitBuffer {
+  int index = 0;
+  std::vector<int64_t> counts;     ///< per-rank segment numel (the all_gather_v / reduce_scatter_v counts)
+  int64_t total = 0, my_offset = 0, my_count = 0;
+  Tensor shard, shard_grad;        ///< this rank's segment and its gradient (persistent)
+  Tensor full, full_grad;          ///< the whole unit in comm layout, released when not in use
+  Tensor unpacked, unpacked_grad;  ///< parameters whose pieces are not one contiguous run of `full`
+  std::vector<UnitParam> params;
+  bool any_direct = false;         ///< some parameter is a view into `full` (else `full` only stages)
+  bool gathered = false, grads_live = false;
+};
+
+/// The unit buffers of one rank and the collectives that fill and drain them.
+class UnitBuffers {
+ public:
+  /// Allocates every unit's persistent buffers on comm.device() (transient ones released) and
+  /// binds every parameter of `model` to its view. Throws std::invalid_argument when the plan and
+  /// the model disagree.
+  UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits);
+
+  int size() const { return static_cast<int>(units_.size()); }
+  UnitBuffer& unit(int u) { return *units_[static_cast<size_t>(u)]; }
+  Device device() const { return device_; }
+
+  /// Makes unit u's full parameters available (all_gather_v of the segments, then unpacking);
+  /// no-op when already gathered or resident.
+  void gather(int u, CommPhase phase);
+  /// Frees unit u's gathered bytes (never for resident placements).
+  void release(int u);
+  /// Materializes and zeroes unit u's full gradient buffers before its backward.
+  void ensure_grad_buffers(int u);
+  /// Hands unit u's gradients of this micro-batch to the owners (reduce_scatter_v with
+  /// ReduceOp::accumulate onto shard_grad) or to every rank (all_reduce, ddp). Resident
+  /// placements only reduce after the last micro-batch; the others free the full gradients after.
+  void reduce_gradients(int u, bool last_micro);
+  /// Zeroes the gradient shards (and resident full gradients) at the start of a step.
+  void zero_gradients();
+  /// Multiplies every gradient shard by alpha.
+  void scale_gradients(float alpha);
+  /// All-gathers every unit's owned segments back into the resident full parameters (zero1).
+  void all_gather_updated_params();
+  /// Where this rank stores piece `p` of shard `si`'s parameter between steps (a view of its
+  /// segment, or of the resident full buffer); undefined when the rank does not store it. After
+  /// writing parameters through these views, call finish_load(). Local, no collective.
+  Tensor stored_piece(int si, const ShardPiece& p);
+  /// Refreshes the unpacked parameter views of resident placements after stored pieces changed.
+  void finish_load();
+  /// Runs `fn` with every unit gathered, then frees them again (also when fn throws).
+  void with_all_gathered(const std::function<void()>& fn, CommPhase phase);
+
+ private:
+  void build_unit(int ui);
+  void unpack_params(UnitBuffer& unit);
+  Tensor buffer(int64_t numel, MemCategory cat, bool materialized) const;
+
+  UnitModel& model_;
+  Communicator& comm_;
+  const ShardPlan& plan_;
+  PlacementTraits traits_;
+  Device device_;
+  int rank_;
+  std::vector<std::unique_ptr<UnitBuffer>> units_;
+};
+
+}  // namespace mfsdp
