@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <string>
 
-#include "apps/train_config.h"
-#include "checkpoint/hf_gpt2.h"
+#include "apps/train/train_config.h"
+#include "models/gpt_hf.h"
 #include "checkpoint/owner_checkpoint.h"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "apps/train_config.h"
+#include "apps/train/train_config.h"
 #include "models/gpt_spec.h"
 #include "planner/planner.h"
 #include "planner/report.h"
@@ -60,9 +60,9 @@ int main(int argc, char** argv) {
     const TrainConfig cfg = load_train_config(config_path);
     model = cfg.model.gpt();
     model.validate();
-    placement = parse_placement(placement_arg.empty() ? cfg.sharding.placement : placement_arg);
-    opt.ns_steps = app.count("--ns-steps") ? ns_steps : cfg.muon.ns_steps;
-    opt.split_qkv = split_qkv || cfg.muon.split_qkv;
+    placement = placement_arg.empty() ? cfg.sharding.placement : parse_placement(placement_arg);
+    opt.ns_steps = app.count("--ns-steps") ? ns_steps : cfg.optim.muon.ns_steps;
+    opt.split_qkv = split_qkv || cfg.optim.muon.split_qkv;
   } catch (const std::exception& e) {
     std::cerr << "mfsdp-plan: " << e.what() << "\n";
     return 2;

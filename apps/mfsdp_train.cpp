@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <spdlog/spdlog.h>
 
-#include "apps/agreement.h"
-#include "apps/trainer.h"
-#include "comm/mpi_backends.h"
+#include "apps/train/agreement.h"
+#include "apps/train/trainer.h"
+#include "comm/comm_factory.h"
 #include "runtime/kernels.h"
 
 using namespace mfsdp;
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     copts.debug_checks = cfg.sharding.debug_checks || comm_debug_from_env();
     copts.reduce_chunk_bytes = cfg.sharding.reduce_chunk_bytes;
     copts.timeout_seconds = cfg.sharding.collective_timeout_s;
-    auto comm = make_mpi_communicator(MPI_COMM_WORLD, copts);
+    auto comm = make_communicator(cfg.sharding.backend, copts);
     run_training(cfg, *comm, TrainerOptions{eval_only, program_start, agree_seconds});
   } catch (const InputError& e) {  // every rank agreed on it: a clean exit, like a config error
     std::fprintf(stderr, "mfsdp-train: error (rank %d): %s\n", rank, e.what());

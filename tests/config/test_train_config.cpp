@@ -4,7 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "apps/train_config.h"
+#include "apps/train/train_config.h"
 
 using namespace mfsdp;
 using Catch::Matchers::Contains;
@@ -21,9 +21,11 @@ TEST_CASE("the shipped configs load with the documented values", "[config]") {
   CHECK(c.model.n_embd == 128);
   CHECK(c.model.seq_len == 64);
   CHECK(c.model.vocab_size == 65);
-  CHECK(c.sharding.placement == "matrixfsdp");
-  CHECK(c.muon.lr == 0.02);
-  CHECK(c.adamw.lr == 3e-3);
+  CHECK(c.sharding.placement == Placement::matrixfsdp);
+  CHECK(c.sharding.backend == CommBackend::mpi);
+  CHECK(c.optim.muon_lr == 0.02);
+  CHECK(c.optim.adamw_lr == 3e-3);
+  CHECK(c.optim.schedule.total_steps == c.training.steps);
   CHECK(c.training.steps == 800);
   CHECK(c.training.micro_batch_size == 12);
   CHECK(!c.training.target_val_loss.has_value());
@@ -74,10 +76,10 @@ TEST_CASE("--set overrides apply, are type-checked and named in errors", "[confi
   TrainConfig c = load_train_config(cfg, {"optimizer.muon.lr=0.05", "training.steps=7", "data.shuffle=true",
                                           "sharding.placement=zero1", "training.target_val_loss=1.5",
                                           "model={\"n_layer\": 3}", "output.export=out/m.safetensors"});
-  CHECK(c.muon.lr == 0.05);
+  CHECK(c.optim.muon_lr == 0.05);
   CHECK(c.training.steps == 7);
   CHECK(c.data.shuffle);
-  CHECK(c.sharding.placement == "zero1");  // plain string fallback
+  CHECK(c.sharding.placement == Placement::zero1);  // plain string fallback
   REQUIRE(c.training.target_val_loss.has_value());
   CHECK(*c.training.target_val_loss == 1.5);
   CHECK(c.model.n_layer == 3);
@@ -125,6 +127,9 @@ TEST_CASE("range checks name the key", "[config]") {
                     Contains("smaller than the gpt2 tokenizer's 50257"));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "optimizer": {"muon": {"scale_rule": "match_rms"}}})"),
                     Contains("optimizer.muon.scale_rule: unknown value \"match_rms\""));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"backend": "gloo"}})"),
+                    Contains("sharding.backend: unknown value \"gloo\", expected one of mpi, cuda_staged, nccl"));
+  CHECK(parse("{" + train + R"(, "sharding": {"backend": "nccl"}})").sharding.backend == CommBackend::nccl);
   CHECK_THROWS_WITH(parse("{" + train + R"(, "model": {"n_layer": [2]}})"),
                     Contains("model.n_layer: expected an integer, got [2]"));
 }

@@ -2,7 +2,7 @@
 // Expected failures are ConfigError; anything else (crash, sanitizer report) is a bug.
 #include <stdexcept>
 
-#include "apps/train_config.h"
+#include "apps/train/train_config.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_factory.h"
 #include "models/gpt_spec.h"
+#include "planner/shard_plan.h"
+#include "runtime/engine/engine_options.h"
 
 namespace mfsdp {
 
@@ -49,33 +52,11 @@ struct DataSection {
   int64_t seed = 1337;         ///< data order seed (>= 0)
 };
 
-struct MuonSection {
-  double lr = 0.02;
-  double momentum = 0.95;
-  bool nesterov = true;
-  int ns_steps = 5;
-  double weight_decay = 0.0;
-  std::string scale_rule = "original";  ///< "original" | "match_rms_adamw"
-  bool split_qkv = false;
-};
-
-struct AdamWSection {
-  double lr = 3e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-};
-
-struct ScheduleSection {
-  int64_t warmup_steps = 0;
-  std::string decay = "cosine";  ///< "constant" | "cosine" | "linear" | "wsd"
-  double floor = 0.1;            ///< final lr as a fraction of the base lr
-  double decay_fraction = 0.2;   ///< wsd: fraction of the steps spent decaying
-};
-
 struct ShardingSection {
-  std::string placement = "matrixfsdp";  ///< "matrixfsdp" | "fsdp2" | "zero1" | "ddp"
+  Placement placement = Placement::matrixfsdp;
+  /// the communicator backend; its device (mpi: CPU, cuda_staged and nccl: CUDA) is the device
+  /// every rank trains on
+  CommBackend backend = CommBackend::mpi;
   bool debug_checks = false;
   int64_t reduce_chunk_bytes = 4 << 20;  ///< staging chunk of the gradient reduce-scatter
   /// a collective still waiting after this many seconds aborts the job naming rank, operation,
@@ -89,7 +70,6 @@ struct TrainingSection {
   int grad_accum = 1;
   int64_t eval_interval = 250;  ///< steps between validations; 0 = only at the end
   int64_t eval_tokens = 0;      ///< tokens per periodic validation; 0 = whole split
-  double grad_clip = 1.0;       ///< global-norm clip; 0 disables
   int64_t seed = 1337;          ///< parameter init seed
   std::optional<double> target_val_loss;  ///< stop when the validation loss reaches it
   int64_t sample_tokens = 200;  ///< tokens sampled at the end; 0 = none
@@ -123,9 +103,10 @@ struct OutputSection {
 struct TrainConfig {
   ModelSection model;
   DataSection data;
-  MuonSection muon;    ///< JSON "optimizer.muon"
-  AdamWSection adamw;  ///< JSON "optimizer.adamw"
-  ScheduleSection schedule;
+  /// The engine's options, parsed straight into the library structs: JSON "optimizer.muon"
+  /// (lr -> muon_lr, the rest -> muon), "optimizer.adamw" (lr -> adamw_lr, the rest -> adamw),
+  /// "schedule" (total_steps = training.steps) and "training.grad_clip".
+  EngineOptions optim;
   ShardingSection sharding;
   TrainingSection training;
   LoggingSection logging;

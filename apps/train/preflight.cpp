@@ -1,4 +1,5 @@
-// Start-up checks of mfsdp-train that need no communication (preflight_check in trainer.h).
+#include "apps/train/preflight.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -11,8 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "apps/trainer.h"
-#include "checkpoint/hf_gpt2.h"
+#include "models/gpt_hf.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/data/token_shards.h"

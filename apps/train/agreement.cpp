@@ -1,4 +1,4 @@
-#include "apps/agreement.h"
+#include "apps/train/agreement.h"
 
 #include <xxhash.h>
 

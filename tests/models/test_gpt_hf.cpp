@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <random>
 
-#include "checkpoint/hf_gpt2.h"
+#include "models/gpt_hf.h"
 #include "checkpoint/safetensors.h"
 
 using namespace mfsdp;

@@ -1,25 +1,14 @@
-// The training driver behind mfsdp-train: checks inputs, builds the model, plan and engine from a
-// TrainConfig, runs the step loop with progress, validation, metrics, samples and export.
+// The training driver behind mfsdp-train: builds the model, plan and engine from a TrainConfig and
+// runs the step loop with progress, validation, checkpoints, metrics, samples and export.
 #pragma once
 #include <stdexcept>
 #include <string>
 
-#include "apps/train_config.h"
+#include "apps/train/train_config.h"
+#include "apps/train/preflight.h"
 #include "comm/communicator.h"
 
 namespace mfsdp {
-
-/// Everything that can be checked without communication: the data shards (train: at least one
-/// global batch; val: at least one sequence), the tokenizer files, the init_from model file and
-/// the placement, the --eval-only requirements, and that logging.run_dir and output.export's
-/// directory are writable (creating them). Returns "" when fine, else one message naming the file
-/// and the problem.
-std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only = false);
-
-/// Takes an exclusive lock (flock) on <logging.run_dir>/.mfsdp.lock (or the checkpoint
-/// directory), held until the process exits, so two jobs never share a run directory. Called on
-/// rank 0 only. Returns "" when locked (or when there is no directory), else why not.
-std::string lock_run_dir(const TrainConfig& cfg);
 
 /// Bad input found after start-up (e.g. a corrupted checkpoint), agreed by every rank: the app
 /// prints the message and exits 2, like a config error.

@@ -1,4 +1,4 @@
-#include "apps/train_config.h"
+#include "apps/train/train_config.h"
 
 #include "runtime/core/json_limits.h"
 
@@ -310,23 +310,25 @@ json TrainConfig::to_json(bool resolved_paths) const {
                 {"init_from", p(model.init_from)}, {"init_std", model.init_std}};
   j["data"] = {{"train", p(data.train)},         {"val", p(data.val)},         {"tokenizer", data.tokenizer},
                {"tokenizer_path", p(data.tokenizer_path)}, {"shuffle", data.shuffle}, {"seed", data.seed}};
-  j["optimizer"]["muon"] = {{"lr", muon.lr},
-                            {"momentum", muon.momentum},
-                            {"nesterov", muon.nesterov},
-                            {"ns_steps", muon.ns_steps},
-                            {"weight_decay", muon.weight_decay},
-                            {"scale_rule", muon.scale_rule},
-                            {"split_qkv", muon.split_qkv}};
-  j["optimizer"]["adamw"] = {{"lr", adamw.lr},
-                             {"beta1", adamw.beta1},
-                             {"beta2", adamw.beta2},
-                             {"eps", adamw.eps},
-                             {"weight_decay", adamw.weight_decay}};
-  j["schedule"] = {{"warmup_steps", schedule.warmup_steps},
-                   {"decay", schedule.decay},
-                   {"floor", schedule.floor},
-                   {"decay_fraction", schedule.decay_fraction}};
-  j["sharding"] = {{"placement", sharding.placement},
+  const MuonOptions& mu = optim.muon;
+  j["optimizer"]["muon"] = {{"lr", optim.muon_lr},
+                            {"momentum", mu.momentum},
+                            {"nesterov", mu.nesterov},
+                            {"ns_steps", mu.ns_steps},
+                            {"weight_decay", mu.weight_decay},
+                            {"scale_rule", muon_scale_rule_name(mu.scale_rule)},
+                            {"split_qkv", mu.split_qkv}};
+  j["optimizer"]["adamw"] = {{"lr", optim.adamw_lr},
+                             {"beta1", optim.adamw.beta1},
+                             {"beta2", optim.adamw.beta2},
+                             {"eps", optim.adamw.eps},
+                             {"weight_decay", optim.adamw.weight_decay}};
+  j["schedule"] = {{"warmup_steps", optim.schedule.warmup_steps},
+                   {"decay", decay_kind_name(optim.schedule.kind)},
+                   {"floor", optim.schedule.floor},
+                   {"decay_fraction", optim.schedule.decay_fraction}};
+  j["sharding"] = {{"placement", placement_name(sharding.placement)},
+                   {"backend", comm_backend_name(sharding.backend)},
                    {"debug_checks", sharding.debug_checks},
                    {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},
                    {"collective_timeout_s", sharding.collective_timeout_s}};
@@ -335,7 +337,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"grad_accum", training.grad_accum},
                    {"eval_interval", training.eval_interval},
                    {"eval_tokens", training.eval_tokens},
-                   {"grad_clip", training.grad_clip},
+                   {"grad_clip", optim.grad_clip},
                    {"seed", training.seed},
                    {"target_val_loss", training.target_val_loss ? json(*training.target_val_loss) : json(nullptr)},
                    {"sample_tokens", training.sample_tokens},
@@ -410,25 +412,28 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.data.shuffle = r.flag("data.shuffle");
   c.data.seed = r.i64("data.seed", 0);
   // optimizer
-  c.muon.lr = r.num("optimizer.muon.lr", 0.0, 1e6);
-  c.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
-  c.muon.nesterov = r.flag("optimizer.muon.nesterov");
-  c.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
-  c.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
-  c.muon.scale_rule = r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"});
-  c.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
-  c.adamw.lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
-  c.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
-  c.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
-  c.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
-  c.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
+  EngineOptions& o = c.optim;
+  o.muon_lr = r.num("optimizer.muon.lr", 0.0, 1e6);
+  o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
+  o.muon.nesterov = r.flag("optimizer.muon.nesterov");
+  o.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
+  o.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
+  o.muon.scale_rule = parse_muon_scale_rule(r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"}));
+  o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
+  o.adamw_lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
+  o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
+  o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
+  o.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
+  o.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
+  o.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
   // schedule
-  c.schedule.warmup_steps = r.i64("schedule.warmup_steps", 0);
-  c.schedule.decay = r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"});
-  c.schedule.floor = r.num("schedule.floor", 0.0, 1.0);
-  c.schedule.decay_fraction = r.num("schedule.decay_fraction", 0.0, 1.0);
+  o.schedule.warmup_steps = r.i64("schedule.warmup_steps", 0);
+  o.schedule.kind = parse_decay_kind(r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"}));
+  o.schedule.floor = r.num("schedule.floor", 0.0, 1.0);
+  o.schedule.decay_fraction = r.num("schedule.decay_fraction", 0.0, 1.0);
   // sharding
-  c.sharding.placement = r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"});
+  c.sharding.placement = parse_placement(r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"}));
+  c.sharding.backend = parse_comm_backend(r.choice("sharding.backend", {"mpi", "cuda_staged", "nccl"}));
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);
@@ -436,11 +441,11 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
     r.fail("sharding.collective_timeout_s", "must be 0 (wait forever) or >= 1 second");
   // training
   c.training.steps = r.i64("training.steps", 1);
+  o.schedule.total_steps = c.training.steps;
   c.training.micro_batch_size = r.i32("training.micro_batch_size", 1, 1 << 20);
   c.training.grad_accum = r.i32("training.grad_accum", 1, 1 << 20);
   c.training.eval_interval = r.i64("training.eval_interval", 0);
   c.training.eval_tokens = r.i64("training.eval_tokens", 0);
-  c.training.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
   c.training.seed = r.i64("training.seed", 0);
   if (!r.at("training.target_val_loss").is_null())
     c.training.target_val_loss = r.num("training.target_val_loss", 0.0, 1e6, true);

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "apps/train_config.h"
+#include "apps/train/train_config.h"
 
 namespace mfsdp {
 

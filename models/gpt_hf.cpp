@@ -1,4 +1,4 @@
-#include "checkpoint/hf_gpt2.h"
+#include "models/gpt_hf.h"
 
 #include <regex>
 #include <set>

@@ -1,0 +1,103 @@
+#include "apps/train/checkpointing.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "apps/train/trainer.h"
+#include "runtime/core/clock.h"
+#include "runtime/core/json_limits.h"
+
+namespace mfsdp {
+
+using json = nlohmann::json;
+
+namespace {
+
+void log_resumed(const TrainConfig& cfg, const CheckpointManifest& m, double seconds) {
+  if (m.step >= cfg.training.steps)
+    spdlog::warn("the checkpoint is at step {} and training.steps is {}: nothing left to train (raise training.steps "
+                 "to continue)", m.step, cfg.training.steps);
+  spdlog::info("resumed at step {} ({} tokens) from {} (saved by {} rank(s) under {}; loaded in {:.2f} s)", m.step,
+               m.tokens, m.dir, m.world_size, m.placement, seconds);
+  const json now = cfg.to_json();
+  for (const auto& d : json::diff(m.config, now))
+    if (d.value("op", "") == "replace")
+      spdlog::info("  config change since the checkpoint: {}: {} -> {}", d["path"].get<std::string>(),
+                   m.config.value(json::json_pointer(d["path"].get<std::string>()), json()).dump(), d["value"].dump());
+}
+
+}  // namespace
+
+std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::string& ckpt_root,
+                                             ShardedEngine& engine, DataLoader& loader, bool lead) {
+  std::optional<CheckpointManifest> resumed;
+  std::string error, note;
+  const double t_load = now_seconds();
+  try {
+    const std::string dir = resolve_resume(cfg.training.resume, ckpt_root, &note);
+    if (!dir.empty()) {
+      resumed = CheckpointManifest::read(dir);
+      load_checkpoint(engine, *resumed);
+      try {
+        loader.set_state(resumed->loader);  // the data position must fit this run's shards and batch
+      } catch (const std::exception& e) {
+        throw CheckpointError(resumed->dir + "/manifest.json: loader: " + e.what());
+      }
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // the first collective of the run
+  if (engine.comm().all_reduce_scalar(error.empty() ? 0.0 : 1.0, ReduceOp::max, CommPhase::other) > 0)
+    throw InputError(error.empty() ? "another rank could not load the checkpoint (see its message)" : error);
+  // The loaded state must be the saved state: a hand-edited or mismatched manifest (step counter,
+  // swapped moments) shows up here, on every rank alike.
+  if (resumed) {
+    const std::string fp = engine.state_fingerprint();
+    if (fp != resumed->state_fingerprint)
+      throw InputError(resumed->dir + "/manifest.json: the loaded state has fingerprint " + fp + ", the manifest says " +
+                       clip_for_message(resumed->state_fingerprint) + " (edited or mismatched checkpoint)");
+  }
+  if (lead && !note.empty()) spdlog::info("{}", note);
+  if (lead && resumed) log_resumed(cfg, *resumed, now_seconds() - t_load);
+  return resumed;
+}
+
+void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, ShardedEngine& engine,
+                         const CheckpointMeta& meta, RunLog& log) {
+  const double t0 = now_seconds();
+  const std::string dir = save_checkpoint(engine, ckpt_root, meta, cfg.checkpoint.keep_last);
+  if (!log.lead()) return;
+  std::error_code ec;
+  int64_t bytes = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) bytes += static_cast<int64_t>(f.file_size(ec));
+  spdlog::info("step {:>6} | saved checkpoint {} ({}, {:.2f} s)", meta.step, dir, human_bytes(static_cast<double>(bytes)),
+               now_seconds() - t0);
+  log.record({{"type", "checkpoint"}, {"step", meta.step}, {"dir", dir}, {"bytes", bytes}, {"seconds", now_seconds() - t0}});
+}
+
+void remove_stale_temporaries(const std::string& run_dir_str, const std::string& ckpt_root) {
+  const std::filesystem::path run_dir(run_dir_str);
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  if (!run_dir.empty())
+    for (const char* f : {"config.json.tmp", "summary.json.tmp"})
+      if (std::filesystem::exists(run_dir / f, ec)) stale.push_back(run_dir / f);
+  if (!ckpt_root.empty() && std::filesystem::is_directory(ckpt_root, ec)) {
+    if (std::filesystem::exists(std::filesystem::path(ckpt_root) / "latest.tmp", ec))
+      stale.push_back(std::filesystem::path(ckpt_root) / "latest.tmp");
+    for (const auto& e : std::filesystem::directory_iterator(ckpt_root, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
+        stale.push_back(e.path());
+    }
+  }
+  for (const auto& p : stale) {
+    std::filesystem::remove_all(p, ec);
+    spdlog::info("removed {} (left by an interrupted write)", p.string());
+  }
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,34 @@
+// The trainer's side of owner-shard checkpoints: resuming a run (every rank loads its pieces and
+// all agree before training) and saving with a progress line, plus clearing leftovers of
+// interrupted writes. The format itself is checkpoint/owner_checkpoint.h.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "apps/train/run_log.h"
+#include "apps/train/train_config.h"
+#include "checkpoint/owner_checkpoint.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/engine/sharded_engine.h"
+
+namespace mfsdp {
+
+/// Resolves training.resume against `ckpt_root` and, when it names a checkpoint, loads it into
+/// `engine` and `loader` on every rank. Collective (the run's first): when any rank fails, every
+/// rank throws InputError (the failing rank's message, or a pointer to it). The loaded state's
+/// fingerprint must equal the manifest's. Rank 0 logs where it resumed and any config changes
+/// since the checkpoint. Returns the manifest, or nothing when starting fresh.
+std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::string& ckpt_root,
+                                             ShardedEngine& engine, DataLoader& loader, bool lead);
+
+/// Saves a checkpoint of step `step` (collective) and logs its directory, size and time.
+void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, ShardedEngine& engine,
+                         const CheckpointMeta& meta, RunLog& log);
+
+/// Removes leftovers of interrupted writes (config.json.tmp / summary.json.tmp in the run
+/// directory, latest.tmp and step_N.tmp under the checkpoint root), saying so; complete files are
+/// never touched. Rank 0 only.
+void remove_stale_temporaries(const std::string& run_dir, const std::string& ckpt_root);
+
+}  // namespace mfsdp

@@ -1,0 +1,46 @@
+// The model family of a run as the trainer sees it: the UnitModel the engine trains plus what only
+// the trainer needs (a description, FLOPs for MFU, import of model.init_from, export, sampling).
+// Adding a family means one more implementation here; the engine and the loop stay as they are.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/train/train_config.h"
+#include "runtime/engine/unit_model.h"
+
+namespace mfsdp {
+
+/// Full logical tensors by parameter name (our layout, row-major f32).
+using TensorMap = std::map<std::string, std::vector<float>>;
+
+class TrainableModel {
+ public:
+  virtual ~TrainableModel() = default;
+  /// The model the engine binds and runs.
+  virtual UnitModel& units() = 0;
+  /// One line: family, depth, heads, width, context, vocabulary and parameter count.
+  virtual std::string describe() const = 0;
+  /// Training FLOPs per token (forward + backward) at the configured context, for MFU.
+  virtual double flops_per_token() const = 0;
+  virtual int64_t num_params() const = 0;
+  /// Reads model.init_from into full tensors. Throws std::runtime_error naming the file.
+  virtual TensorMap import_weights(const std::string& path) const = 0;
+  /// Writes the full tensors as the family's Hugging Face layout (one safetensors file, f32).
+  virtual void export_weights(const std::string& path, const TensorMap& params,
+                              const std::map<std::string, std::string>& metadata) const = 0;
+  /// Samples n tokens after `prompt` (every parameter must be bound to its full value).
+  virtual std::vector<int32_t> sample(const std::vector<int32_t>& prompt, int n, float temperature,
+                                      uint64_t seed) const = 0;
+  /// A one-token prompt when there is no validation text (GPT-2: <|endoftext|>).
+  virtual int32_t start_token() const = 0;
+  /// The name of the export layout, e.g. "Hugging Face GPT-2".
+  virtual const char* export_layout() const = 0;
+};
+
+/// The model of `cfg` (GPT-2 for now).
+std::unique_ptr<TrainableModel> make_trainable_model(const TrainConfig& cfg);
+
+}  // namespace mfsdp

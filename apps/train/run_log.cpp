@@ -1,0 +1,71 @@
+#include "apps/train/run_log.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "checkpoint/atomic_file.h"
+#include "runtime/memory.h"
+
+namespace mfsdp {
+
+using json = nlohmann::json;
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string human_seconds(double seconds) {
+  const int64_t s = std::llround(std::max(0.0, seconds));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+json nullable(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+
+RunLog::RunLog(const std::string& run_dir, bool lead) : dir_(run_dir), lead_(lead) {}
+
+void RunLog::open(const json& config, bool resumed) {
+  if (!lead_ || dir_.empty()) return;
+  std::filesystem::create_directories(dir_);
+  std::filesystem::remove(dir_ / "summary.json");
+  metrics_.open(dir_ / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
+  if (!metrics_) throw std::runtime_error((dir_ / "metrics.jsonl").string() + ": cannot open for writing");
+  write_file_atomic(dir_ / "config.json", config.dump(2) + "\n");
+}
+
+void RunLog::record(const json& j) {
+  if (!metrics_.is_open()) return;
+  metrics_ << j.dump() << "\n" << std::flush;
+  if (!metrics_) throw std::runtime_error((dir_ / "metrics.jsonl").string() + ": write failed (disk full?)");
+}
+
+void RunLog::write_summary(const json& summary) {
+  if (lead_ && !dir_.empty()) write_file_atomic(dir_ / "summary.json", summary.dump(2) + "\n");
+}
+
+json local_counters(const Communicator& comm, Device device) {
+  json comm_sent, peaks;
+  for (int p = 0; p < static_cast<int>(CommPhase::count); ++p)
+    comm_sent[comm_phase_name(static_cast<CommPhase>(p))] = comm.counters().phase[p].bytes_sent;
+  for (int c = 0; c < static_cast<int>(MemCategory::count); ++c)
+    peaks[mem_category_name(static_cast<MemCategory>(c))] =
+        MemoryTracker::instance().peak(device, static_cast<MemCategory>(c));
+  return json{{"comm_bytes_sent", comm_sent}, {"peak_bytes", peaks}};
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,67 @@
+// The run log of mfsdp-train: progress lines on rank 0's console, and the run directory's
+// metrics.jsonl (one JSON object per line: "train" windows, "eval" results, "checkpoint" saves),
+// config.json and summary.json. Only rank 0 writes; every call is a no-op on other ranks.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/engine/engine_options.h"
+
+namespace mfsdp {
+
+/// "1.5 MiB": bytes with a binary unit, one decimal.
+std::string human_bytes(double bytes);
+/// "42s", "3m07s", "2h05m".
+std::string human_seconds(double seconds);
+/// Median of `v` (0 for an empty vector).
+double median(std::vector<double> v);
+/// The value, or JSON null when it is NaN/Inf.
+nlohmann::json nullable(double x);
+
+/// Console progress and the run directory's files.
+class RunLog {
+ public:
+  /// `run_dir` may be "" (no files). `lead` = this rank writes.
+  RunLog(const std::string& run_dir, bool lead);
+
+  bool lead() const { return lead_; }
+  const std::filesystem::path& dir() const { return dir_; }
+
+  /// Creates the directory, removes a stale summary.json (a summary only describes a finished
+  /// run), opens metrics.jsonl (appending when the run resumes) and writes config.json
+  /// atomically. Throws std::runtime_error naming the file on I/O failure.
+  void open(const nlohmann::json& config, bool resumed);
+  /// Appends one record to metrics.jsonl (flushed). Throws when the write fails (disk full).
+  void record(const nlohmann::json& j);
+  /// Writes summary.json atomically.
+  void write_summary(const nlohmann::json& summary);
+
+ private:
+  std::filesystem::path dir_;
+  bool lead_;
+  std::ofstream metrics_;
+};
+
+/// Steps accumulated since the last progress line: mean loss and tokens/s of the window.
+struct ProgressWindow {
+  double t_start = 0, loss_sum = 0;
+  int64_t steps = 0, tokens = 0;
+  void add(const StepStats& s) {
+    loss_sum += s.loss;
+    ++steps;
+    tokens += s.tokens;
+  }
+  /// Starts a new window at time `now`.
+  void restart(double now) { *this = ProgressWindow{now, 0, 0, 0}; }
+};
+
+/// This rank's cumulative bytes sent per communication phase and peak bytes per memory category
+/// on `device` (local, no collective): the "rank0" object of metrics.jsonl train records.
+nlohmann::json local_counters(const Communicator& comm, Device device);
+
+}  // namespace mfsdp

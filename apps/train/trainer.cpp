@@ -1,0 +1,414 @@
+// The training loop of mfsdp-train, in the shape of llm.c's: take the next batches, take a step,
+// log, maybe evaluate, maybe checkpoint, maybe stop. Set-up, evaluation and the end of a run
+// (final validation, sample, export, summary) are the Trainer's other methods.
+#include "apps/train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <unistd.h>
+
+#include "apps/train/checkpointing.h"
+#include "apps/train/model_io.h"
+#include "apps/train/run_log.h"
+#include "planner/planner.h"
+#include "runtime/core/clock.h"
+#include "runtime/data/data_loader.h"
+#include "runtime/data/tokenizer.h"
+#include "runtime/engine/sharded_engine.h"
+#include "runtime/ops.h"
+
+namespace mfsdp {
+namespace {
+
+using json = nlohmann::json;
+
+// SIGTERM / SIGINT (what Slurm and Kubernetes send before killing): the first asks for a checkpoint
+// at the next step boundary, a second one exits at once. The previous handlers come back after.
+std::atomic<int> g_signal{0};
+extern "C" void on_preemption_signal(int sig) {
+  if (g_signal.exchange(sig) != 0) _exit(128 + sig);
+}
+class PreemptionGuard {
+ public:
+  PreemptionGuard() {
+    g_signal = 0;
+    old_term_ = std::signal(SIGTERM, on_preemption_signal);
+    old_int_ = std::signal(SIGINT, on_preemption_signal);
+  }
+  ~PreemptionGuard() {
+    std::signal(SIGTERM, old_term_);
+    std::signal(SIGINT, old_int_);
+  }
+  bool requested() const { return g_signal.load() != 0; }
+
+ private:
+  void (*old_term_)(int) = SIG_DFL;
+  void (*old_int_)(int) = SIG_DFL;
+};
+
+// Validation loss over an EvalSplit: every rank runs the same number of batches.
+double evaluate(ShardedEngine& engine, const EvalSplit& split, int B, int T) {
+  std::vector<MicroBatch> batches;
+  std::vector<int32_t> in(static_cast<size_t>(B) * T), tgt(static_cast<size_t>(B) * T);
+  const int64_t n = split.num_batches_all_ranks(B);
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t rows = split.batch(b, B, in.data(), tgt.data());
+    batches.push_back({tokens_tensor(std::vector<int32_t>(in.begin(), in.begin() + rows * T), {rows, T}),
+                       tokens_tensor(std::vector<int32_t>(tgt.begin(), tgt.begin() + rows * T), {rows, T})});
+  }
+  auto [sum, count] = engine.eval_loss_sum(batches);
+  return count > 0 ? sum / static_cast<double>(count) : std::nan("");
+}
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts);
+  void evaluate_only();
+  void train();
+
+ private:
+  std::vector<MicroBatch> next_batches();
+  double run_eval(int64_t step, const EvalSplit& split);
+  bool maybe_evaluate(int64_t step, bool last);
+  bool any_rank_preempted();
+  void log_progress(int64_t step, const StepStats& s);
+  void save(int64_t step);
+  void finish(bool preempted);
+  void print_sample();
+  void write_summary(double train_seconds, const CommCounters& counters, const std::vector<double>& peaks,
+                     double peak_total);
+
+  const TrainConfig& cfg_;
+  Communicator& comm_;
+  TrainerOptions opts_;
+  const int B_, T_, A_;
+  const bool lead_;
+  std::unique_ptr<TrainableModel> model_;
+  ShardPlan plan_;
+  ShardedEngine engine_;
+  DataLoader loader_;
+  std::string ckpt_root_;
+  std::optional<CheckpointManifest> resumed_;
+  std::unique_ptr<EvalSplit> val_full_, val_periodic_;
+  RunLog log_;
+  PreemptionGuard preemption_;
+
+  // progress of this process
+  int64_t start_step_ = 0, steps_done_ = 0, tokens_seen_ = 0, start_tokens_ = 0, last_saved_ = -1;
+  double t_train_ = 0, eval_seconds_ = 0;
+  double final_train_loss_ = std::nan(""), best_val_ = std::nan(""), last_val_ = std::nan("");
+  double time_to_target_ = std::nan("");
+  bool reached_target_ = false;
+  std::vector<double> opt_seconds_;
+  double phase_[4] = {0, 0, 0, 0};  // forward, backward, reduce, optimizer (max over ranks per step)
+  ProgressWindow window_;
+};
+
+Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts)
+    : cfg_(cfg), comm_(comm), opts_(opts), B_(cfg.training.micro_batch_size), T_(cfg.model.seq_len),
+      A_(cfg.training.grad_accum), lead_(comm.rank() == 0), model_(make_trainable_model(cfg)),
+      plan_(make_plan(model_->units().inventory(), comm.world_size(), cfg.sharding.placement,
+                      PlannerOptions{cfg.optim.muon.ns_steps, cfg.optim.muon.split_qkv, false})),
+      engine_(model_->units(), comm, plan_, cfg.optim),
+      loader_(cfg.data.train.resolved, B_, T_, comm.rank(), comm.world_size(), A_, cfg.data.shuffle,
+              static_cast<uint64_t>(cfg.data.seed), cfg.model.vocab_size),
+      ckpt_root_(cfg.checkpoint.root(cfg.logging.run_dir.resolved)),
+      log_(cfg.logging.run_dir.resolved, comm.rank() == 0) {
+  if (!cfg.model.init_from.resolved.empty()) engine_.load_full_parameters(model_->import_weights(cfg.model.init_from.resolved));
+  else engine_.init_parameters(static_cast<uint64_t>(cfg.training.seed));
+  resumed_ = resume_run(cfg, ckpt_root_, engine_, loader_, lead_);
+  const auto& st = plan_.stats;
+  if (lead_) {
+    spdlog::info("MatrixFSDP | {}", model_->describe());
+    spdlog::info("placement {} on {} rank(s), {} backend on {} | Muon: {} matrices ({:.2f}M) | AdamW: {} tensors "
+                 "({:.2f}M) | optimizer FLOPs max/mean {:.2f}, bytes max/mean {:.2f}, empty segments {}",
+                 placement_name(plan_.placement), comm.world_size(), comm.backend_name(), device_name(comm.device()),
+                 st.muon_params, st.muon_numel / 1e6, st.adamw_params, st.adamw_numel / 1e6, st.flops_ratio(),
+                 st.bytes_ratio(), st.empty_segments);
+    spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {}",
+                 comm.world_size(), opts.agreement_seconds,
+                 cfg.sharding.collective_timeout_s > 0 ? fmt::format("{:g} s", cfg.sharding.collective_timeout_s) : "off");
+  }
+  if (!cfg.data.val.resolved.empty()) {
+    val_full_ = std::make_unique<EvalSplit>(cfg.data.val.resolved, T_, comm.rank(), comm.world_size(), cfg.model.vocab_size);
+    if (cfg.training.eval_tokens > 0)
+      val_periodic_ = std::make_unique<EvalSplit>(cfg.data.val.resolved, T_, comm.rank(), comm.world_size(),
+                                                  cfg.model.vocab_size, cfg.training.eval_tokens);
+  }
+}
+
+void Trainer::evaluate_only() {
+  const double loss = evaluate(engine_, *val_full_, B_, T_);
+  if (lead_)
+    spdlog::info("validation loss {:.6f} over {} sequences of {} tokens ({})", loss, val_full_->num_sequences(), T_,
+                 cfg_.data.val.resolved);
+}
+
+std::vector<MicroBatch> Trainer::next_batches() {
+  std::vector<int32_t> in(static_cast<size_t>(B_) * T_), tgt(static_cast<size_t>(B_) * T_);
+  std::vector<MicroBatch> micro;
+  for (int k = 0; k < A_; ++k) {
+    loader_.next(in.data(), tgt.data());
+    micro.push_back({tokens_tensor(in, {B_, T_}), tokens_tensor(tgt, {B_, T_})});
+  }
+  return micro;
+}
+
+// ----------------------------------------------------------------------------------------------
+// The loop.
+// ----------------------------------------------------------------------------------------------
+void Trainer::train() {
+  if (lead_) remove_stale_temporaries(cfg_.logging.run_dir.resolved, ckpt_root_);
+  log_.open(cfg_.to_json(), resumed_.has_value());
+  start_step_ = resumed_ ? resumed_->step : 0;
+  tokens_seen_ = start_tokens_ = resumed_ ? resumed_->tokens : 0;  // tokens/s and MFU count this process's steps
+  last_saved_ = resumed_ ? resumed_->step : -1;
+  comm_.reset_counters();
+  MemoryTracker::instance().reset_peaks();
+  t_train_ = now_seconds();
+  window_.restart(t_train_);
+  // Test-only fault injection: rank 0 kills itself (SIGKILL) at the start of this step.
+  const char* kill_env = std::getenv("MFSDP_TEST_KILL_AT_STEP");
+  const int64_t kill_at = kill_env ? std::atoll(kill_env) : -1;
+  bool preempted = false;
+  for (int64_t step = start_step_; step < cfg_.training.steps; ++step) {
+    if (step == kill_at && lead_) std::raise(SIGKILL);
+    set_comm_context("step " + std::to_string(step + 1));
+    std::vector<MicroBatch> micro = next_batches();
+    StepStats s;
+    try {
+      s = engine_.train_step(micro, step);
+    } catch (const NonFiniteLossError& e) {
+      throw std::runtime_error(std::string(e.what()) + "; stopping without export. Lower optimizer.muon.lr / "
+                               "optimizer.adamw.lr, enable training.grad_clip, or check model.init_from.");
+    }
+    ++steps_done_;
+    tokens_seen_ += s.tokens;
+    final_train_loss_ = s.loss;
+    opt_seconds_.push_back(s.t_optimizer);
+    const double step_phases[4] = {s.t_forward, s.t_backward, s.t_reduce, s.t_optimizer};
+    for (int i = 0; i < 4; ++i) phase_[i] += step_phases[i];
+    window_.add(s);
+    const bool last = step + 1 == cfg_.training.steps;
+    if ((step + 1) % cfg_.logging.interval == 0 || last) log_progress(step, s);
+    const bool stop = maybe_evaluate(step, last);
+    if (stop && window_.steps > 0) log_progress(step, s);  // do not lose the last partial window
+    preempted = any_rank_preempted();
+    if (cfg_.checkpoint.interval > 0 && (step + 1) % cfg_.checkpoint.interval == 0) save(step + 1);
+    if (preempted) {
+      if (lead_) spdlog::warn("preemption signal received: stopping after step {}", step + 1);
+      break;
+    }
+    if (stop) break;
+  }
+  finish(preempted);
+}
+
+// Periodic validation; true when it met training.target_val_loss (the run stops).
+bool Trainer::maybe_evaluate(int64_t step, bool last) {
+  const EvalSplit* periodic = val_periodic_ ? val_periodic_.get() : val_full_.get();
+  if (!periodic || last || cfg_.training.eval_interval <= 0 || (step + 1) % cfg_.training.eval_interval != 0)
+    return false;
+  double v = run_eval(step + 1, *periodic);
+  const auto& target = cfg_.training.target_val_loss;
+  if (!target || v > *target) return false;
+  if (periodic != val_full_.get()) {
+    v = run_eval(step + 1, *val_full_);  // a partial estimate met the target: confirm on the whole split
+    if (v > *target) return false;
+  }
+  time_to_target_ = now_seconds() - opts_.program_start;
+  reached_target_ = true;
+  last_val_ = v;
+  if (lead_) spdlog::info("target validation loss {:.4f} reached at step {}: stopping", *target, step + 1);
+  return true;
+}
+
+// A SIGTERM/SIGINT on any rank stops every rank at this step boundary (one scalar collective).
+bool Trainer::any_rank_preempted() {
+  return comm_.all_reduce_scalar(preemption_.requested() ? 1.0 : 0.0, ReduceOp::max, CommPhase::other) > 0;
+}
+
+// Validation; its time is kept out of tokens/s, MFU and train_seconds. best_val_loss only counts
+// whole-split evaluations (a partial one is a noisier estimate).
+double Trainer::run_eval(int64_t step, const EvalSplit& split) {
+  const double t0 = now_seconds();
+  const bool full = &split == val_full_.get();
+  const double v = evaluate(engine_, split, B_, T_);
+  if (full && (!std::isfinite(best_val_) || v < best_val_)) best_val_ = v;
+  const double dt = now_seconds() - t0;
+  eval_seconds_ += dt;
+  window_.t_start += dt;
+  if (lead_) {
+    spdlog::info("step {:>6} | {} val loss {:.4f} ({} sequences, {:.1f}s)", step, full ? "full" : "partial", v,
+                 split.num_sequences(), dt);
+    log_.record({{"type", "eval"}, {"step", step}, {"split", full ? "full" : "partial"}, {"val_loss", v},
+                 {"sequences", split.num_sequences()}, {"elapsed_seconds", now_seconds() - opts_.program_start}});
+  }
+  return v;
+}
+
+// One progress line and metrics record for the steps since the last one.
+void Trainer::log_progress(int64_t step, const StepStats& s) {
+  const double now = now_seconds(), dt = now - window_.t_start;
+  const double tok_s = window_.tokens / std::max(dt, 1e-9);
+  const double mfu = model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * comm_.world_size());
+  const double avg_step = (now - t_train_) / steps_done_;
+  const double loss = window_.loss_sum / window_.steps;
+  if (lead_) {
+    spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.2e}/{:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
+                 "fwd {:.0f} bwd {:.0f} reduce {:.0f} opt {:.0f} ms | ETA {}",
+                 step + 1, cfg_.training.steps, loss, s.lr_muon, s.lr_adamw, s.grad_norm, tok_s, 100 * mfu,
+                 1e3 * s.t_forward, 1e3 * s.t_backward, 1e3 * s.t_reduce, 1e3 * s.t_optimizer,
+                 human_seconds(avg_step * (cfg_.training.steps - step - 1)));
+    log_.record({{"type", "train"}, {"step", step + 1}, {"loss", loss}, {"lr_muon", s.lr_muon},
+                 {"lr_adamw", s.lr_adamw}, {"grad_norm", s.grad_norm}, {"clip_coef", s.clip_coef},
+                 {"tokens_per_second", tok_s}, {"mfu", mfu}, {"tokens", tokens_seen_},
+                 {"seconds", {{"forward", s.t_forward}, {"backward", s.t_backward}, {"reduce", s.t_reduce},
+                              {"optimizer", s.t_optimizer}, {"step", s.t_total}}},
+                 {"elapsed_seconds", now - opts_.program_start},
+                 {"rank0", local_counters(comm_, engine_.device())}});
+  }
+  window_.restart(now);
+}
+
+void Trainer::save(int64_t step) {
+  if (ckpt_root_.empty()) return;
+  CheckpointMeta meta{step, tokens_seen_, loader_.state(), cfg_.to_json(), engine_.state_fingerprint()};
+  save_run_checkpoint(cfg_, ckpt_root_, engine_, meta, log_);
+  last_saved_ = step;
+}
+
+// ----------------------------------------------------------------------------------------------
+// The end of a run: checkpoint, final validation, sample, export, summary.
+// ----------------------------------------------------------------------------------------------
+void Trainer::finish(bool preempted) {
+  const int64_t final_step = start_step_ + steps_done_;
+  if ((cfg_.checkpoint.at_end || preempted) && last_saved_ != final_step) save(final_step);
+  if (preempted)
+    throw Preempted("preempted after step " + std::to_string(final_step) +
+                    (ckpt_root_.empty() ? " (no checkpoint: set checkpoint.dir or logging.run_dir)"
+                                        : "; checkpoint saved, resume with --set training.resume=auto"));
+  const double train_seconds = now_seconds() - t_train_ - eval_seconds_;
+  // Training traffic and memory, before the final evaluation, sampling and export gather the model.
+  const CommCounters counters = comm_.counters();
+  const Device dev = engine_.device();
+  std::vector<double> peaks;
+  for (int c = 0; c < static_cast<int>(MemCategory::count); ++c)
+    peaks.push_back(static_cast<double>(MemoryTracker::instance().peak(dev, static_cast<MemCategory>(c))));
+  const double peak_total = static_cast<double>(MemoryTracker::instance().peak_total(dev));
+
+  if (val_full_ && !reached_target_) {  // when the target stopped the run, its confirming evaluation counts
+    last_val_ = run_eval(final_step, *val_full_);
+    if (cfg_.training.target_val_loss && last_val_ <= *cfg_.training.target_val_loss)
+      time_to_target_ = now_seconds() - opts_.program_start;
+  }
+  if (cfg_.training.sample_tokens > 0) engine_.with_full_model([&] { print_sample(); });
+  if (!cfg_.output.export_path.resolved.empty()) {
+    auto full = engine_.full_parameters();
+    if (lead_) {
+      std::filesystem::path out(cfg_.output.export_path.resolved);
+      if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+      model_->export_weights(out.string(), full,
+                             {{"step", std::to_string(final_step)}, {"val_loss", std::to_string(last_val_)}});
+      spdlog::info("exported the model to {} ({} layout, f32)", out.string(), model_->export_layout());
+    }
+  }
+  write_summary(train_seconds, counters, peaks, peak_total);
+}
+
+// Rank 0 samples from the whole model (all units gathered); a sample is a courtesy, so a failure
+// is a warning, never a lost run.
+void Trainer::print_sample() {
+  if (!lead_) return;
+  try {
+    std::unique_ptr<Tokenizer> tok;
+    if (!cfg_.data.tokenizer.empty()) tok = Tokenizer::load(cfg_.data.tokenizer, cfg_.data.tokenizer_path.resolved);
+    // Prompt: the first quarter-context of the validation split (a real opening line), else one token.
+    std::vector<int32_t> prompt;
+    if (val_full_) {
+      std::vector<int32_t> seq_in(T_), seq_tgt(T_);
+      val_full_->sequence(0, seq_in.data(), seq_tgt.data());
+      prompt.assign(seq_in.begin(), seq_in.begin() + std::max(1, T_ / 4));
+    } else {
+      prompt = {model_->start_token()};
+    }
+    auto ids = model_->sample(prompt, static_cast<int>(cfg_.training.sample_tokens), 0.8f,
+                              static_cast<uint64_t>(cfg_.training.seed));
+    auto render = [&](const std::vector<int32_t>& v) {
+      if (tok) return tok->decode(v);
+      std::string text;
+      for (int32_t id : v) text += std::to_string(id) + " ";
+      return text;
+    };
+    spdlog::info("---- sample: prompt [{}] + {} sampled tokens (temperature 0.8) ----\n{}{}\n----", render(prompt),
+                 ids.size(), render(prompt), render(ids));
+  } catch (const std::exception& e) {
+    spdlog::warn("[warning] sampling failed: {}", e.what());
+  }
+}
+
+// Collectives first (traffic summed, memory peaks maxed over ranks), then rank 0 writes.
+void Trainer::write_summary(double train_seconds, const CommCounters& counters, const std::vector<double>& peaks,
+                            double peak_total) {
+  json comm_bytes, peak_bytes;
+  for (int p = 0; p < static_cast<int>(CommPhase::count); ++p)
+    comm_bytes[comm_phase_name(static_cast<CommPhase>(p))] = static_cast<int64_t>(
+        comm_.all_reduce_scalar(static_cast<double>(counters.phase[p].bytes_sent), ReduceOp::sum, CommPhase::other));
+  for (int c = 0; c < static_cast<int>(MemCategory::count); ++c)
+    peak_bytes[mem_category_name(static_cast<MemCategory>(c))] =
+        static_cast<int64_t>(comm_.all_reduce_scalar(peaks[c], ReduceOp::max, CommPhase::other));
+  peak_bytes["total"] = static_cast<int64_t>(comm_.all_reduce_scalar(peak_total, ReduceOp::max, CommPhase::other));
+  const std::string fingerprint = engine_.state_fingerprint();  // collective
+  if (!lead_) return;
+  const double wall = now_seconds() - opts_.program_start;
+  const double tok_s = (tokens_seen_ - start_tokens_) / std::max(train_seconds, 1e-9);
+  const int64_t final_step = start_step_ + steps_done_;
+  log_.write_summary({
+      {"world_size", comm_.world_size()},
+      {"placement", placement_name(plan_.placement)},
+      {"backend", comm_.backend_name()},
+      {"steps", final_step},
+      {"resumed_from_step", resumed_ ? json(resumed_->step) : json(nullptr)},
+      {"tokens", tokens_seen_},
+      {"wall_seconds", wall},
+      {"train_seconds", train_seconds},
+      {"eval_seconds", eval_seconds_},
+      {"tokens_per_second", tok_s},
+      {"mfu", model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * comm_.world_size())},
+      {"final_train_loss", nullable(final_train_loss_)},
+      {"final_val_loss", nullable(last_val_)},
+      {"best_val_loss", nullable(best_val_)},
+      {"target_val_loss", cfg_.training.target_val_loss ? json(*cfg_.training.target_val_loss) : json(nullptr)},
+      {"time_to_target_seconds", nullable(time_to_target_)},
+      {"optimizer_step_seconds_median", median(opt_seconds_)},
+      {"phase_seconds", {{"forward", phase_[0]}, {"backward", phase_[1]}, {"reduce", phase_[2]}, {"optimizer", phase_[3]}}},
+      {"comm_bytes", comm_bytes},
+      {"peak_bytes", peak_bytes},
+      {"parameters", model_->num_params()},
+      {"state_fingerprint", fingerprint},
+      {"config", cfg_.to_json()},
+  });
+  spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | final val loss {:.4f} | "
+               "best val {:.4f} | opt-step bytes {} | peak memory/rank {} | state fingerprint {}",
+               steps_done_, tokens_seen_ - start_tokens_, human_seconds(wall), tok_s, final_train_loss_, last_val_,
+               best_val_, human_bytes(comm_bytes["opt_step"].get<double>()), human_bytes(peak_bytes["total"].get<double>()),
+               fingerprint);
+  if (!log_.dir().empty()) spdlog::info("run directory: {}", log_.dir().string());
+}
+
+}  // namespace
+
+void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts) {
+  Trainer trainer(cfg, comm, opts);
+  if (opts.eval_only) trainer.evaluate_only();
+  else trainer.train();
+}
+
+}  // namespace mfsdp
