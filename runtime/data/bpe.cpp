@@ -110,7 +110,8 @@ class Regex {
         const std::string why = reinterpret_cast<const char*>(msg);
         if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {
           const size_t off = pcre2_get_startchar(md);
-          throw EncodeError("invalid UTF-8 at byte offset " + std::to_string(off) + " (" + why + ")", off);
+          throw EncodeError("invalid UTF-8 at byte offset " + std::to_string(off) + " (" + why + ")",
+                            "invalid UTF-8 (" + why + ")", off);
         }
         throw std::runtime_error("pre-tokenizer match failed at byte offset " + std::to_string(pos) + ": " + why);
       }

@@ -90,7 +90,7 @@ class CharTokenizer final : public Tokenizer {
       if (!found)
         throw EncodeError("[char tokenizer encode] character '" + text.substr(i, utf8_len(text[i])) +
                               "' at byte offset " + std::to_string(i) + " is not in the vocabulary",
-                          i);
+                          "character '" + text.substr(i, utf8_len(text[i])) + "' is not in the vocabulary", i);
     }
     return out;
   }

@@ -4,15 +4,19 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mfsdp {
 
-/// Text that cannot be encoded (invalid UTF-8, a character outside a char vocabulary); byte_offset
-/// is the offset of the offending byte in the encoded string.
+/// Text that cannot be encoded (invalid UTF-8, a character outside a char vocabulary). what() names
+/// the byte offset; `reason` is the message without it; byte_offset is the offset of the offending
+/// byte in the string passed to encode.
 class EncodeError : public std::invalid_argument {
  public:
-  EncodeError(const std::string& what, size_t byte_offset) : std::invalid_argument(what), byte_offset(byte_offset) {}
+  EncodeError(const std::string& what, std::string reason, size_t byte_offset)
+      : std::invalid_argument(what), reason(std::move(reason)), byte_offset(byte_offset) {}
+  std::string reason;
   size_t byte_offset;
 };
 
