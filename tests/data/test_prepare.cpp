@@ -23,18 +23,8 @@ namespace {
 
 const std::string kData = MFSDP_DATA_DIR;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void put(const std::string& path, const std::string& text) {
-  fs::create_directories(fs::path(path).parent_path());
-  std::ofstream(path, std::ios::binary) << text;
-}
+using test::put;
+using test::slurp;
 
 std::vector<int32_t> shard_ids(const std::string& path) {
   TokenShard s(path);

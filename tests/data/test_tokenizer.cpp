@@ -96,39 +96,9 @@ TEST_CASE("GPT-2 encode reproduces the shipped validation shard section by secti
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// A Hugging Face tokenizer.json holding GPT-2's vocabulary and merges with the given pre_tokenizer.
-nlohmann::json gpt2_as_tokenizer_json(const nlohmann::json& pre_tokenizer, bool merges_as_pairs) {
-  nlohmann::json j;
-  j["version"] = "1.0";
-  j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = pre_tokenizer;
-  j["decoder"] = {{"type", "ByteLevel"}};
-  j["added_tokens"] = nlohmann::json::array({{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}});
-  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false}};
-  j["model"]["vocab"] = nlohmann::json::parse(slurp(kData + "/gpt2_tokenizer/encoder.json"));
-  std::istringstream bpe(slurp(kData + "/gpt2_tokenizer/vocab.bpe"));
-  nlohmann::json merges = nlohmann::json::array();
-  for (std::string line; std::getline(bpe, line);) {
-    if (line.empty() || line.rfind("#version", 0) == 0) continue;
-    const size_t sp = line.find(' ');
-    if (merges_as_pairs) merges.push_back({line.substr(0, sp), line.substr(sp + 1)});
-    else merges.push_back(line);
-  }
-  j["model"]["merges"] = merges;
-  return j;
-}
-
 std::string write_json(const test::ScratchDir& dir, const std::string& name, const nlohmann::json& j) {
-  const std::string p = dir.file(name);
-  std::ofstream(p) << j.dump();
-  return p;
+  test::put(dir.file(name), j.dump());
+  return dir.file(name);
 }
 
 }  // namespace
@@ -154,13 +124,13 @@ TEST_CASE("GPT-2 encode refuses invalid UTF-8 with the byte offset", "[tokenizer
 TEST_CASE("tokenizer.json byte-level BPE equals the GPT-2 tokenizer", "[tokenizer]") {
   test::ScratchDir dir;
   auto gpt2 = Tokenizer::load("gpt2", kData + "/gpt2_tokenizer");
-  const std::string text = slurp(kData + "/tinyshakespeare.txt").substr(0, 200000) +
-                           slurp(std::string(MFSDP_SOURCE_DIR) + "/tests/data/unicode_stress.txt");
+  const std::string text = test::slurp(kData + "/tinyshakespeare.txt").substr(0, 200000) +
+                           test::slurp(std::string(MFSDP_SOURCE_DIR) + "/tests/data/unicode_stress.txt");
   const auto expected = gpt2->encode(text);
   REQUIRE(expected.size() > 40000);
   // GPT-2's own layout: ByteLevel with its built-in regex, merges as "a b" strings.
   const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
-  auto a = Tokenizer::load("tokenizer.json", write_json(dir, "a.json", gpt2_as_tokenizer_json(byte_level, false)));
+  auto a = Tokenizer::load("tokenizer.json", write_json(dir, "a.json", test::gpt2_as_tokenizer_json(kData, byte_level, false)));
   CHECK(a->kind() == "tokenizer.json");
   CHECK(a->vocab_size() == 50257);
   CHECK(a->token_id("<|endoftext|>") == 50256);
@@ -172,7 +142,7 @@ TEST_CASE("tokenizer.json byte-level BPE equals the GPT-2 tokenizer", "[tokenize
       {"pretokenizers",
        {{{"type", "Split"}, {"pattern", {{"Regex", kGpt2Pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
-  auto bj = gpt2_as_tokenizer_json(split, true);
+  auto bj = test::gpt2_as_tokenizer_json(kData, split, true);
   bj["added_tokens"].push_back({{"id", 50257}, {"content", "<|extra|>"}, {"special", true}});
   auto b = Tokenizer::load("tokenizer.json", write_json(dir, "b.json", bj));
   CHECK(b->vocab_size() == 50258);
@@ -188,7 +158,7 @@ TEST_CASE("tokenizer.json ignore_merges emits whole-word tokens; unsupported fea
   // " Hello" is id 18435 in GPT-2; with ignore_merges a pre-token found in the vocabulary is used as is,
   // which only differs from merging for words whose merges do not lead to their own entry. Here the
   // merges are cut to the first 1000, so merging alone cannot reach " Hello".
-  auto j = gpt2_as_tokenizer_json(byte_level, false);
+  auto j = test::gpt2_as_tokenizer_json(kData, byte_level, false);
   j["model"]["merges"].erase(j["model"]["merges"].begin() + 1000, j["model"]["merges"].end());
   auto plain = Tokenizer::load("tokenizer.json", write_json(dir, "p.json", j));
   CHECK(plain->encode(" Hello").size() > 1);
@@ -198,7 +168,7 @@ TEST_CASE("tokenizer.json ignore_merges emits whole-word tokens; unsupported fea
   CHECK(whole->encode(" Hello!") == std::vector<int32_t>{18435, 0});
 
   auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& message) {
-    auto k = gpt2_as_tokenizer_json(byte_level, false);
+    auto k = test::gpt2_as_tokenizer_json(kData, byte_level, false);
     edit(k);
     INFO(message);
     CHECK_THROWS_WITH(Tokenizer::load("tokenizer.json", write_json(dir, "r.json", k)),

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Reference GPT-2 token ids from tiktoken, for tests/data/test_tiktoken.cpp and the tokenizer benchmark.
+"""Reference token ids from tiktoken and Hugging Face tokenizers, for tests/data/test_tiktoken.cpp.
 
 Builds tiktoken's "gpt2" encoding from the repository's data/gpt2_tokenizer files (offline; the
 files are checked against the SHA-256 hashes tiktoken pins for GPT-2) and writes, as JSON,
-{"<file>": [ids of tiktoken encode_ordinary(file text)], ...}.
-Usage: tiktoken_encode.py GPT2_DIR OUT_JSON FILE...    Exit 77 when tiktoken is not importable.
+{"tiktoken": {"<file>": [ids of encode_ordinary(text)], ...},
+ "hf": {"<file>": [ids of tokenizers.Tokenizer.from_file(TOKENIZER_JSON).encode(text, add_special_tokens=False)]}}
+("hf" only with --hf).
+Usage: reference_encode.py GPT2_DIR OUT_JSON [--hf TOKENIZER_JSON] FILE...
+Exit 77 when tiktoken (or, with --hf, tokenizers) is not importable.
 """
 import json
 import os
@@ -30,16 +33,26 @@ def main():
     if len(sys.argv) < 4:
         print(__doc__, file=sys.stderr)
         return 2
+    files = sys.argv[3:]
+    hf_path = None
+    if files[0] == "--hf":
+        hf_path, files = files[1], files[2:]
     try:
         import tiktoken  # noqa: F401
+        if hf_path:
+            import tokenizers
     except ImportError as e:
-        print(f"tiktoken_encode.py: tiktoken is not available ({e})", file=sys.stderr)
+        print(f"reference_encode.py: {e}", file=sys.stderr)
         return 77
     enc = gpt2_encoding(sys.argv[1])
-    out = {}
-    for path in sys.argv[3:]:
+    hf = tokenizers.Tokenizer.from_file(hf_path) if hf_path else None
+    out = {"tiktoken": {}, "hf": {}}
+    for path in files:
         with open(path, "rb") as f:
-            out[path] = enc.encode_ordinary(f.read().decode("utf-8"))
+            text = f.read().decode("utf-8")
+        out["tiktoken"][path] = enc.encode_ordinary(text)
+        if hf:
+            out["hf"][path] = hf.encode(text, add_special_tokens=False).ids
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
     return 0
