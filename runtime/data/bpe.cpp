@@ -58,6 +58,30 @@ std::string widen_space_classes(const std::string& p, const std::string& who) {
   return out;
 }
 
+// Per-thread PCRE2 match buffers: match data (the whole match is all we read, so 16 pairs suffice
+// for any pattern; PCRE2 returns 0 when captures do not fit), a match context and a JIT stack.
+struct MatchState {
+  pcre2_match_data* md = pcre2_match_data_create(16, nullptr);
+  pcre2_match_context* mc = pcre2_match_context_create(nullptr);
+  pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+  MatchState() {
+    if (!md || !mc) throw std::bad_alloc();
+    if (stack) pcre2_jit_stack_assign(mc, nullptr, stack);
+  }
+  ~MatchState() {
+    pcre2_match_data_free(md);
+    pcre2_match_context_free(mc);
+    if (stack) pcre2_jit_stack_free(stack);
+  }
+  MatchState(const MatchState&) = delete;
+  MatchState& operator=(const MatchState&) = delete;
+};
+
+MatchState& match_state() {
+  thread_local MatchState state;
+  return state;
+}
+
 // A compiled PCRE2 pattern (UTF + UCP, JIT when the platform supports it).
 class Regex {
  public:
@@ -73,7 +97,7 @@ class Regex {
       throw std::runtime_error(who + ": the pre-tokenizer pattern '" + pattern + "' does not compile (PCRE2: " +
                                reinterpret_cast<const char*>(msg) + ")");
     }
-    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+    (void)pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // without JIT support PCRE2 interprets
   }
   ~Regex() { pcre2_code_free(code_); }
   Regex(const Regex&) = delete;
@@ -83,20 +107,9 @@ class Regex {
   // EncodeError with the byte offset of the first invalid UTF-8 sequence.
   template <class F>
   void split(const std::string& s, F&& piece) const {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
-    pcre2_match_context* mc = pcre2_match_context_create(nullptr);
-    pcre2_jit_stack* stack = jit_ ? pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr) : nullptr;
-    if (stack) pcre2_jit_stack_assign(mc, nullptr, stack);
-    struct Free {
-      pcre2_match_data* md;
-      pcre2_match_context* mc;
-      pcre2_jit_stack* st;
-      ~Free() {
-        pcre2_match_data_free(md);
-        pcre2_match_context_free(mc);
-        if (st) pcre2_jit_stack_free(st);
-      }
-    } guard{md, mc, stack};
+    MatchState& state = match_state();
+    pcre2_match_data* md = state.md;
+    pcre2_match_context* mc = state.mc;
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
     const size_t n = s.size();
     size_t pos = 0, emitted = 0;
@@ -132,7 +145,6 @@ class Regex {
 
  private:
   pcre2_code* code_ = nullptr;
-  bool jit_ = false;
 };
 
 std::atomic<uint64_t> g_instance{0};
