@@ -36,6 +36,16 @@ nlohmann::json parse_bounded_json(const std::string& text) {
   return nlohmann::json::parse(text);
 }
 
+// The JSON of a tokenizer file; errors read "[<who>] <path>: invalid JSON: ...".
+nlohmann::json read_json_file(const std::string& path, const std::string& who) {
+  const std::string text = read_file(path, who.c_str());
+  try {
+    return parse_bounded_json(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("[" + who + "] " + path + ": invalid JSON: " + e.what());
+  }
+}
+
 // Length of the UTF-8 sequence led by byte c (1 for a stray continuation or invalid lead byte).
 size_t utf8_len(unsigned char c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF8 ? 4 : 1; }
 
@@ -108,12 +118,7 @@ std::unique_ptr<Tokenizer> load_gpt2(const std::string& encoder_path, const std:
   ByteLevelBpeSpec spec;
   spec.kind = "gpt2";
   spec.source = "[gpt2 tokenizer] " + encoder_path;
-  nlohmann::json enc;
-  try {
-    enc = parse_bounded_json(read_file(encoder_path, "gpt2 tokenizer"));
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(spec.source + ": invalid JSON: " + e.what());
-  }
+  const nlohmann::json enc = read_json_file(encoder_path, "gpt2 tokenizer");
   if (!enc.is_object() || enc.empty()) throw std::runtime_error(spec.source + ": expected an object {token: id}");
   spec.vocab.assign(enc.size(), std::string());
   for (auto it = enc.begin(); it != enc.end(); ++it) {
@@ -153,12 +158,7 @@ std::unique_ptr<Tokenizer> make_char_tokenizer(std::vector<std::string> itos) {
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& kind, const std::string& path) {
   namespace fs = std::filesystem;
   if (kind == "char") {
-    nlohmann::json meta;
-    try {
-      meta = parse_bounded_json(read_file(path, "char tokenizer"));
-    } catch (const nlohmann::json::exception& e) {
-      throw std::runtime_error("[char tokenizer] " + path + ": invalid JSON: " + e.what());
-    }
+    const nlohmann::json meta = read_json_file(path, "char tokenizer");
     if (!meta.is_object() || !meta.contains("itos") || !meta["itos"].is_array())
       throw std::runtime_error("[char tokenizer] " + path + ": expected an object with an 'itos' list");
     std::vector<std::string> itos;
@@ -226,12 +226,7 @@ std::string hf_pattern(const nlohmann::json& pre, const std::string& path) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = parse_bounded_json(read_file(path, "tokenizer.json"));
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error("[tokenizer.json] " + path + ": invalid JSON: " + e.what());
-  }
+  const nlohmann::json j = read_json_file(path, "tokenizer.json");
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     throw std::runtime_error("[tokenizer.json] " + path + ": expected an object with a 'model' object");
   const auto& m = j["model"];
