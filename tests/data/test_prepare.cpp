@@ -93,7 +93,7 @@ TEST_CASE("prepare output does not depend on the thread count", "[prepare]") {
     if (first.empty()) first = got;
     else CHECK(got == first);
   }
-  REQUIRE(first.size() == 5);  // c_train_000000..3 and c_val.bin... named with the shard index
+  REQUIRE(first.size() == 5);  // c_train_000000 .. c_train_000003 and c_val_000000
   // The documents in order (a.txt, big.txt, docs.jsonl lines, sub/b.txt), each after <|endoftext|>,
   // and the chunked 3.3 MB document encodes exactly as one piece.
   auto tok = Tokenizer::load("gpt2", kData + "/gpt2_tokenizer");
