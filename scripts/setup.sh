@@ -16,7 +16,7 @@ for arg in "$@"; do
 done
 
 packages=(build-essential cmake libopenmpi-dev openmpi-bin libeigen3-dev libdnnl-dev libspdlog-dev libcli11-dev
-          nlohmann-json3-dev catch2 libxxhash-dev clang libclang-rt-dev python3)
+          nlohmann-json3-dev catch2 libxxhash-dev libpcre2-dev pkg-config clang libclang-rt-dev python3)
 # PyTorch and numpy generate the test fixtures and check exported models; never used by the product.
 [ "$want_torch" = 1 ] && packages+=(python3-torch python3-numpy)
 

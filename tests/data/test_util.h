@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,49 @@ inline std::vector<uint32_t> ramp(int64_t n, uint32_t mod, uint32_t offset = 0) 
   std::vector<uint32_t> t(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<uint32_t>((offset + i) % mod);
   return t;
+}
+
+/// The whole contents of a file ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+/// A Hugging Face tokenizer.json holding GPT-2's vocabulary and merges with the given pre_tokenizer
+/// (data_dir: the repository's data/ holding gpt2_tokenizer/).
+inline nlohmann::json gpt2_as_tokenizer_json(const std::string& data_dir, const nlohmann::json& pre_tokenizer,
+                                             bool merges_as_pairs) {
+  nlohmann::json j;
+  j["version"] = "1.0";
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = pre_tokenizer;
+  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["post_processor"] = nullptr;
+  j["added_tokens"] = nlohmann::json::array({{{"id", 50256}, {"content", "<|endoftext|>"}, {"single_word", false},
+                                              {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                                              {"special", true}}});
+  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false}};
+  j["model"]["vocab"] = nlohmann::json::parse(slurp(data_dir + "/gpt2_tokenizer/encoder.json"));
+  std::istringstream bpe(slurp(data_dir + "/gpt2_tokenizer/vocab.bpe"));
+  nlohmann::json merges = nlohmann::json::array();
+  for (std::string line; std::getline(bpe, line);) {
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    const size_t sp = line.find(' ');
+    if (merges_as_pairs) merges.push_back({line.substr(0, sp), line.substr(sp + 1)});
+    else merges.push_back(line);
+  }
+  j["model"]["merges"] = merges;
+  return j;
+}
+
+/// Writes `text` to `path`, creating its parent directories.
+inline void put(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << text;
 }
 
 }  // namespace mfsdp::test
