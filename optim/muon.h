@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <string>
 
+#include "optim/normuon.h"
+#include "optim/orthogonalize.h"
+
 namespace mfsdp {
 
 /// How the orthogonalized update of an m x n matrix ([fan_out, fan_in]) is scaled.
@@ -24,6 +27,17 @@ struct MuonOptions {
   double weight_decay = 0.0;   ///< decoupled: W <- W * (1 - lr*wd)
   MuonScaleRule scale_rule = MuonScaleRule::original;
   bool split_qkv = false;      ///< orthogonalize a fused QKV matrix as qkv_blocks row blocks
+  /// Polar-factor approximation (optim/orthogonalize.h); newton_schulz5 is Muon's.
+  Orthogonalizer orthogonalizer = Orthogonalizer::newton_schulz5;
+  /// muon, or normuon (per-row second-moment normalization after orthogonalization, optim/normuon.h;
+  /// needs a per-row state vector, so muon_step_* reject it: the phase API applies it).
+  MuonVariant variant = MuonVariant::muon;
+  double beta2 = kNorMuonBeta2;      ///< NorMuon second-moment EMA, in [0, 1)
+  double normuon_eps = kNorMuonEps;  ///< NorMuon: O / (sqrt(v) + eps), >= 0
+  /// Orthogonalize a split matrix (qkv_blocks > 1, e.g. c_attn [3C, C]) per attention head: row
+  /// blocks of head_dim rows (head_dim must divide rows / qkv_blocks). Overrides split_qkv.
+  bool split_heads = false;
+  int64_t head_dim = 0;  ///< rows per head (C / n_head) when split_heads
 };
 
 /// Quintic Newton-Schulz coefficients (a, b, c) of Keller Jordan's Muon.
@@ -52,12 +66,13 @@ double muon_scale(int64_t rows, int64_t cols, MuonScaleRule rule);
 
 /// One Muon step on one whole matrix. W, G, M: [rows, cols] row-major f32 (weight, gradient, momentum).
 ///   M <- beta*M + (1-beta)*G;  U = nesterov ? (1-beta)*G + beta*M : M;
-///   O = NS(U), or, when opt.split_qkv and qkv_blocks > 1, NS of each block of rows/qkv_blocks rows;
+///   O = orthogonalize(U) by opt.orthogonalizer, or, when opt.split_qkv and qkv_blocks > 1, of each
+///   block of rows/qkv_blocks rows (head_dim rows with opt.split_heads);
 ///   W <- W*(1 - lr*wd);  W <- W - lr*scale*O  (scale from the block shape).
 /// U and O live in private scratch (the momentum is never overwritten by Newton-Schulz).
 /// A zero G and M give a zero update (only the weight decay acts). Newton-Schulz runs once per
 /// matrix (qkv_blocks times when split). Throws std::invalid_argument for bad shapes/options
-/// (e.g. rows not divisible by qkv_blocks, momentum outside [0, 1)).
+/// (e.g. rows not divisible by qkv_blocks, momentum outside [0, 1), variant normuon).
 void muon_step_cpu(float* W, const float* G, float* M, int64_t rows, int64_t cols, double lr,
                    const MuonOptions& opt, int qkv_blocks = 1);
 
@@ -78,7 +93,8 @@ namespace detail {
 void count_newton_schulz_call();
 /// Throws std::invalid_argument unless the options are usable (names `op` in the message).
 void validate_muon_options(const MuonOptions& opt, const char* op);
-/// Number of row blocks muon_step_* orthogonalizes separately; validates rows % blocks == 0.
+/// Number of row blocks muon_step_* orthogonalizes separately: 1, qkv_blocks (split_qkv), or
+/// rows / head_dim (split_heads, when qkv_blocks > 1); validates that the blocks divide rows.
 int64_t muon_block_count(int64_t rows, int64_t cols, const MuonOptions& opt, int qkv_blocks,
                          const char* op);
 }  // namespace detail

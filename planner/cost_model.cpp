@@ -16,6 +16,21 @@ double muon_flops(int64_t rows, int64_t cols, int ns_steps) {
   return static_cast<double>(ns_steps) * (4.0 * m * m * n + 2.0 * m * m * m);
 }
 
+double orthogonalizer_flops(int64_t rows, int64_t cols, int steps, Orthogonalizer method) {
+  if (rows < 1 || cols < 1 || steps < 0)
+    throw std::invalid_argument("[orthogonalizer_flops] need rows >= 1, cols >= 1, steps >= 0; got rows " +
+                                std::to_string(rows) + ", cols " + std::to_string(cols) + ", steps " +
+                                std::to_string(steps));
+  if (method != Orthogonalizer::gram_newton_schulz) return muon_flops(rows, cols, steps);
+  if (steps == 0) return 0.0;
+  const double m = static_cast<double>(std::min(rows, cols));
+  const double n = static_cast<double>(std::max(rows, cols));
+  int restarts = 0;
+  for (int t = 1; t < steps; ++t) restarts += gram_newton_schulz_restarts_before(t) ? 1 : 0;
+  const double s = steps, r = restarts;
+  return (4.0 + 4.0 * r) * m * m * n + (2.0 * s + 6.0 * (s - r - 1.0)) * m * m * m;
+}
+
 double shard_muon_flops(const MatrixShard& s, const PlannerOptions& options) {
   if (s.optimizer != OptimizerKind::muon) return 0.0;
   if (s.shape.size() != 2)

@@ -2,6 +2,8 @@
 #pragma once
 #include <Eigen/Dense>
 #include <cstdint>
+#include <cstring>
+#include <omp.h>
 #include <random>
 #include <vector>
 
@@ -24,6 +26,23 @@ inline Eigen::VectorXd singular_values(const float* data, int64_t rows, int64_t 
   RowMatD m = Eigen::Map<const RowMatF>(data, rows, cols).cast<double>();
   Eigen::BDCSVD<RowMatD> svd(m);
   return svd.singularValues();
+}
+
+/// Runs f with `threads` OpenMP threads (and, when eigen_threads > 0, Eigen::setNbThreads(eigen_threads),
+/// as set_cpu_threads does), restoring both afterwards.
+template <class F>
+void with_threads(int threads, int eigen_threads, F&& f) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  if (eigen_threads > 0) Eigen::setNbThreads(eigen_threads);
+  f();
+  Eigen::setNbThreads(0);  // back to following omp_get_max_threads()
+  omp_set_num_threads(saved);
+}
+
+/// Whether two f32 vectors hold the same bits.
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace mfsdp::test

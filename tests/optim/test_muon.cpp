@@ -20,7 +20,9 @@
 using namespace mfsdp;
 using mfsdp::test::randn;
 using mfsdp::test::RowMatD;
+using mfsdp::test::same_bits;
 using mfsdp::test::singular_values;
+using mfsdp::test::with_threads;
 
 namespace {
 
@@ -157,26 +159,6 @@ TEST_CASE("newton_schulz_cpu leaves the input alone, is deterministic, zero stay
   CHECK_THROWS_AS(newton_schulz_cpu(g.data(), o1.data(), r, c, -1), std::invalid_argument);
   CHECK_THROWS_AS(newton_schulz_cpu(nullptr, o1.data(), r, c, 5), std::invalid_argument);
 }
-
-namespace {
-
-/// Runs f with `threads` OpenMP threads (and, when eigen_threads > 0, Eigen::setNbThreads(eigen_threads),
-/// as set_cpu_threads does), restoring both afterwards.
-template <class F>
-void with_threads(int threads, int eigen_threads, F&& f) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  if (eigen_threads > 0) Eigen::setNbThreads(eigen_threads);
-  f();
-  Eigen::setNbThreads(0);  // back to following omp_get_max_threads()
-  omp_set_num_threads(saved);
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-}  // namespace
 
 TEST_CASE("newton_schulz_cpu result is bitwise independent of the OpenMP thread count", "[muon]") {
   // 300x500: 2 symmetric bands, 2 column bands. 2304x768 (GPT-2's c_attn, transposed path): m = 768

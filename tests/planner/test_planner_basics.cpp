@@ -152,3 +152,43 @@ TEST_CASE("report helpers format and align", "[basics]") {
   REQUIRE(rank_table(plan).find("optimizer FLOPs") != std::string::npos);
   REQUIRE(balance_table({{"lpt", &plan}}).find("bytes max/mean") != std::string::npos);
 }
+
+TEST_CASE("orthogonalizer_flops: standard evaluation == muon_flops; Gram NS counted per product", "[basics]") {
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{768, 3072}, {3072, 768}, {768, 768}, {2, 3}})
+    for (int s : {0, 1, 5, 8}) {
+      REQUIRE(orthogonalizer_flops(r, c, s, Orthogonalizer::newton_schulz5) == muon_flops(r, c, s));
+      REQUIRE(orthogonalizer_flops(r, c, s, Orthogonalizer::polar_express) == muon_flops(r, c, s));
+    }
+  // Walk the Gram iteration product by product (2*M*N*K each) and compare.
+  auto walk = [](double m, double n, int steps) {
+    if (steps == 0) return 0.0;
+    double f = 2 * m * m * n;  // R0 = X X^T
+    bool have_q = false;
+    for (int t = 0; t < steps; ++t) {
+      if (t > 0 && gram_newton_schulz_restarts_before(t)) {
+        f += 2 * m * m * n + 2 * m * m * n;  // X <- Q X, R <- X X^T
+        have_q = false;
+      }
+      f += 2 * m * m * m;                // R R
+      if (have_q) f += 2 * m * m * m;    // Q Z
+      have_q = true;
+      if (t + 1 < steps && !gram_newton_schulz_restarts_before(t + 1)) f += 4 * m * m * m;  // R Z, Z RZ
+    }
+    return f + 2 * m * m * n;  // X <- Q X
+  };
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{768, 3072}, {3072, 768}, {768, 768}, {48, 16}})
+    for (int s : {0, 1, 2, 5, 8, 11}) {
+      const double m = static_cast<double>(std::min(r, c)), n = static_cast<double>(std::max(r, c));
+      REQUIRE(orthogonalizer_flops(r, c, s, Orthogonalizer::gram_newton_schulz) == walk(m, n, s));
+    }
+  const double m = 768.0;
+  // 5 steps, one restart: 8 m^2 n + 28 m^3. Rectangular 768x3072 (n = 4m): 60 m^3 vs 90 m^3.
+  REQUIRE(orthogonalizer_flops(768, 3072, 5, Orthogonalizer::gram_newton_schulz) == 60.0 * m * m * m);
+  REQUIRE(muon_flops(768, 3072, 5) == 90.0 * m * m * m);
+  // Square: 36 m^3 vs 30 m^3 (the Gram form costs more).
+  REQUIRE(orthogonalizer_flops(768, 768, 5, Orthogonalizer::gram_newton_schulz) == 36.0 * m * m * m);
+  // One step is the same work either way: R, R R, Q X.
+  REQUIRE(orthogonalizer_flops(2, 3, 1, Orthogonalizer::gram_newton_schulz) == muon_flops(2, 3, 1));
+  REQUIRE_THROWS_AS(orthogonalizer_flops(0, 3, 5, Orthogonalizer::gram_newton_schulz), std::invalid_argument);
+  REQUIRE_THROWS_AS(orthogonalizer_flops(2, 3, -1, Orthogonalizer::polar_express), std::invalid_argument);
+}

@@ -129,8 +129,10 @@ def compare_files(new, old, name):
 def test_regen(tmp):
     import gen_gpt2_fixture
     import gen_muon_fixture
+    import gen_normuon_fixture
     for mod, fname in ((gen_gpt2_fixture, "gpt2_tiny.safetensors"),
-                       (gen_muon_fixture, "muon_reference.safetensors")):
+                       (gen_muon_fixture, "muon_reference.safetensors"),
+                       (gen_normuon_fixture, "normuon_reference.safetensors")):
         out = os.path.join(tmp, fname)
         tensors, meta = mod.build()
         g.save_safetensors(out, tensors, meta)
