@@ -26,24 +26,6 @@ MpiSession::~MpiSession() {
   if (!finalized) MPI_Finalize();
 }
 
-CommBackend parse_comm_backend(const std::string& s) {
-  if (s == "mpi") return CommBackend::mpi;
-  if (s == "cuda_staged") return CommBackend::cuda_staged;
-  if (s == "nccl") return CommBackend::nccl;
-  throw std::invalid_argument("unknown communicator backend '" + s + "' (expected mpi, cuda_staged or nccl)");
-}
-
-const char* comm_backend_name(CommBackend b) {
-  switch (b) {
-    case CommBackend::mpi: return "mpi";
-    case CommBackend::cuda_staged: return "cuda_staged";
-    case CommBackend::nccl: return "nccl";
-  }
-  return "?";
-}
-
-Device comm_backend_device(CommBackend b) { return b == CommBackend::mpi ? Device::CPU : Device::CUDA; }
-
 std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts, CudaCommOptions cuda) {
   switch (b) {
     case CommBackend::mpi: return make_mpi_communicator(MPI_COMM_WORLD, opts);

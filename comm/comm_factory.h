@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/comm_backend.h"
 #include "comm/communicator.h"
 
 namespace mfsdp {
@@ -35,19 +36,6 @@ struct CudaCommOptions {
   bool blocking = true;
 };
 
-/// The communicator backends (config key sharding.backend):
-///   mpi          host buffers, MPI collectives (Device::CPU)
-///   cuda_staged  CUDA buffers copied through host memory and reduced by the MPI backend; several
-///                ranks may share one GPU (Device::CUDA)
-///   nccl         CUDA buffers, NCCL bootstrapped over MPI, one GPU per local rank (Device::CUDA)
-enum class CommBackend { mpi, cuda_staged, nccl };
-
-/// Parses "mpi" / "cuda_staged" / "nccl"; throws std::invalid_argument naming the value otherwise.
-CommBackend parse_comm_backend(const std::string& s);
-/// The config name of `b`.
-const char* comm_backend_name(CommBackend b);
-/// The device whose buffers backend `b` moves (mpi: CPU, the others: CUDA).
-Device comm_backend_device(CommBackend b);
 
 /// A communicator of backend `b` over all MPI processes (MPI must be initialised, e.g. by an
 /// MpiSession). The CUDA backends select this rank's GPU first: nccl uses GPU local_rank and

@@ -30,16 +30,7 @@ void check_shape(const char* op, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-MuonScaleRule parse_muon_scale_rule(const std::string& s) {
-  if (s == "original") return MuonScaleRule::original;
-  if (s == "match_rms_adamw") return MuonScaleRule::match_rms_adamw;
-  throw std::invalid_argument("[parse_muon_scale_rule] unknown scale rule '" + s +
-                              "' (expected original or match_rms_adamw)");
-}
 
-const char* muon_scale_rule_name(MuonScaleRule r) {
-  return r == MuonScaleRule::original ? "original" : "match_rms_adamw";
-}
 
 int64_t newton_schulz_call_count() { return g_ns_calls.load(std::memory_order_relaxed); }
 void reset_newton_schulz_call_count() { g_ns_calls.store(0, std::memory_order_relaxed); }

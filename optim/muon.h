@@ -4,41 +4,13 @@
 #include <cstdint>
 #include <string>
 
+#include "optim/muon_options.h"
 #include "optim/normuon.h"
 #include "optim/orthogonalize.h"
 
 namespace mfsdp {
 
-/// How the orthogonalized update of an m x n matrix ([fan_out, fan_in]) is scaled.
-/// original:        sqrt(max(1, m/n))        (Keller Jordan's Muon)
-/// match_rms_adamw: 0.2 * sqrt(max(m, n))    (update RMS comparable to AdamW's, Moonshot's rule)
-enum class MuonScaleRule { original, match_rms_adamw };
 
-/// Parses "original" / "match_rms_adamw"; throws std::invalid_argument naming the bad value.
-MuonScaleRule parse_muon_scale_rule(const std::string& s);
-/// The config name of `r` ("original" or "match_rms_adamw").
-const char* muon_scale_rule_name(MuonScaleRule r);
-
-/// Hyperparameters of the Muon group (the learning rate is passed per step).
-struct MuonOptions {
-  double momentum = 0.95;      ///< beta of the momentum buffer, in [0, 1)
-  bool nesterov = true;        ///< U = (1-beta)*G + beta*M instead of U = M
-  int ns_steps = 5;            ///< Newton-Schulz iterations (>= 0)
-  double weight_decay = 0.0;   ///< decoupled: W <- W * (1 - lr*wd)
-  MuonScaleRule scale_rule = MuonScaleRule::original;
-  bool split_qkv = false;      ///< orthogonalize a fused QKV matrix as qkv_blocks row blocks
-  /// Polar-factor approximation (optim/orthogonalize.h); newton_schulz5 is Muon's.
-  Orthogonalizer orthogonalizer = Orthogonalizer::newton_schulz5;
-  /// muon, or normuon (per-row second-moment normalization after orthogonalization, optim/normuon.h;
-  /// needs a per-row state vector, so muon_step_* reject it: the phase API applies it).
-  MuonVariant variant = MuonVariant::muon;
-  double beta2 = kNorMuonBeta2;      ///< NorMuon second-moment EMA, in [0, 1)
-  double normuon_eps = kNorMuonEps;  ///< NorMuon: O / (sqrt(v) + eps), >= 0
-  /// Orthogonalize a split matrix (qkv_blocks > 1, e.g. c_attn [3C, C]) per attention head: row
-  /// blocks of head_dim rows (head_dim must divide rows / qkv_blocks). Overrides split_qkv.
-  bool split_heads = false;
-  int64_t head_dim = 0;  ///< rows per head (C / n_head) when split_heads
-};
 
 /// Quintic Newton-Schulz coefficients (a, b, c) of Keller Jordan's Muon.
 inline constexpr float kNewtonSchulzA = 3.4445f;

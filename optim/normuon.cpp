@@ -8,14 +8,6 @@
 
 namespace mfsdp {
 
-MuonVariant parse_muon_variant(const std::string& s) {
-  if (s == "muon") return MuonVariant::muon;
-  if (s == "normuon") return MuonVariant::normuon;
-  throw std::invalid_argument("[parse_muon_variant] unknown Muon variant '" + s + "' (expected muon or normuon)");
-}
-
-const char* muon_variant_name(MuonVariant v) { return v == MuonVariant::muon ? "muon" : "normuon"; }
-
 void normuon_normalize_cpu(float* O, float* v, int64_t rows, int64_t cols, double beta2, double eps,
                            double target_rms) {
   if (rows <= 0 || cols <= 0)

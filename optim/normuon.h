@@ -5,25 +5,14 @@
 #include <cstdint>
 #include <string>
 
+#include "optim/muon_options.h"
+
 namespace mfsdp {
 
-/// Which update rule the Muon group runs after orthogonalization (config key `variant`).
-/// muon: W <- W (1 - lr wd) - lr * scale * O (scale from MuonScaleRule).
-/// normuon: O is replaced by the NorMuon update of normuon_normalize_cpu (RMS kNorMuonUpdateRms),
-///   then W <- W (1 - lr wd) - lr * update (scale 1; the scale rule does not apply).
-enum class MuonVariant { muon, normuon };
-
-/// Parses "muon" / "normuon"; throws std::invalid_argument naming the bad value and the allowed ones.
-MuonVariant parse_muon_variant(const std::string& s);
-/// The config name of `v` ("muon" or "normuon").
-const char* muon_variant_name(MuonVariant v);
 
 /// RMS of the NorMuon update: Algorithm 1's learning rate eta_hat = 0.2 * eta * sqrt(m n) / ||O_hat||_F
 /// applied to O_hat is eta times an update of RMS exactly 0.2 (Adam-like update RMS).
 inline constexpr double kNorMuonUpdateRms = 0.2;
-/// Default beta2 (second-moment EMA) and epsilon of NorMuon.
-inline constexpr double kNorMuonBeta2 = 0.95;
-inline constexpr double kNorMuonEps = 1e-8;
 
 /// NorMuon normalization of an orthogonalized block, in place (arXiv 2510.05491, Algorithm 1):
 ///   v_i   <- beta2 * v_i + (1 - beta2) * mean_j(O_ij^2)           (per row = per output neuron)

@@ -248,22 +248,7 @@ void orthogonalize_one(const float* G, float* out, int64_t rows, int64_t cols, i
 
 }  // namespace
 
-Orthogonalizer parse_orthogonalizer(const std::string& s) {
-  if (s == "newton_schulz5") return Orthogonalizer::newton_schulz5;
-  if (s == "polar_express") return Orthogonalizer::polar_express;
-  if (s == "gram_newton_schulz") return Orthogonalizer::gram_newton_schulz;
-  throw std::invalid_argument("[parse_orthogonalizer] unknown orthogonalizer '" + s +
-                              "' (expected newton_schulz5, polar_express or gram_newton_schulz)");
-}
 
-const char* orthogonalizer_name(Orthogonalizer o) {
-  switch (o) {
-    case Orthogonalizer::newton_schulz5: return "newton_schulz5";
-    case Orthogonalizer::polar_express: return "polar_express";
-    case Orthogonalizer::gram_newton_schulz: return "gram_newton_schulz";
-  }
-  return "?";
-}
 
 QuinticCoeffs orthogonalizer_coeffs(Orthogonalizer method, int t) {
   if (method == Orthogonalizer::newton_schulz5) return {kNewtonSchulzA, kNewtonSchulzB, kNewtonSchulzC};

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "optim/muon_options.h"
+
 namespace mfsdp {
 
 /// Which polar-factor approximation an orthogonalization runs (config key `orthogonalizer`).
@@ -36,13 +38,8 @@ namespace mfsdp {
 ///
 /// Every method: works on X^T when rows > cols, maps a zero matrix to exactly zero (and keeps
 /// zero singular values at zero), runs in f32 with f64 norm accumulation.
-enum class Orthogonalizer { newton_schulz5, polar_express, gram_newton_schulz };
+// (enum class Orthogonalizer is declared in optim/muon_options.h)
 
-/// Parses "newton_schulz5" / "polar_express" / "gram_newton_schulz".
-/// Throws std::invalid_argument naming the bad value and the allowed ones.
-Orthogonalizer parse_orthogonalizer(const std::string& s);
-/// The config name of `o` ("newton_schulz5", "polar_express" or "gram_newton_schulz").
-const char* orthogonalizer_name(Orthogonalizer o);
 
 /// One quintic coefficient triple: p(x) = a x + b x^3 + c x^5.
 struct QuinticCoeffs {
@@ -65,9 +62,6 @@ inline constexpr double kPolarExpressNormEps = 1e-6;
 /// newton_schulz5; kPolarExpressCoeffs[min(t, 4)] for polar_express and gram_newton_schulz.
 QuinticCoeffs orthogonalizer_coeffs(Orthogonalizer method, int t);
 
-/// Whether gram_newton_schulz restarts (X <- Q X, R <- X X^T, Q <- I) before 0-based step t:
-/// t >= 2 and (t - 2) % 3 == 0. (Inline: the planner's cost model uses it without linking optim.)
-constexpr bool gram_newton_schulz_restarts_before(int t) { return t >= 2 && (t - 2) % 3 == 0; }
 
 /// Approximate polar factor of G by `method`, `steps` iterations, in f32.
 /// G: [rows, cols] row-major f32, read only. out: [rows, cols] row-major f32 (may equal G).

@@ -2,7 +2,7 @@
 #pragma once
 #include <cstdint>
 
-#include "optim/orthogonalize.h"  // the Orthogonalizer enum only (header types, no link dependency)
+#include "optim/muon_options.h"  // the Orthogonalizer enum only (no link dependency)
 #include "planner/shard_plan.h"
 
 namespace mfsdp {

@@ -17,16 +17,16 @@ OUT=build-fuzz
 mkdir -p "$OUT/crashes"
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. -Itests/fuzz)
 declare -A SOURCES=(
-  [config]="apps/train_config.cpp models/gpt_spec.cpp planner/param_spec.cpp runtime/data/token_shards.cpp"
+  [config]="apps/train/train_config.cpp models/gpt_spec.cpp planner/param_spec.cpp planner/shard_plan.cpp planner/cost_model.cpp runtime/data/token_shards.cpp optim/muon_options.cpp optim/schedule.cpp"
   [safetensors]="checkpoint/safetensors.cpp"
   [token_shard]="runtime/data/token_shards.cpp"
-  [tokenizer]="runtime/data/tokenizer.cpp runtime/data/token_shards.cpp"
+  [tokenizer]="runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
 )
 status=0
 for target in config safetensors token_shard tokenizer; do
   exe="$OUT/fuzz_$target"
   # shellcheck disable=SC2086
-  "$CXX" "${FLAGS[@]}" "tests/fuzz/fuzz_$target.cpp" ${SOURCES[$target]} -o "$exe"
+  "$CXX" "${FLAGS[@]}" "tests/fuzz/fuzz_$target.cpp" ${SOURCES[$target]} -o "$exe" $(pkg-config --cflags --libs libpcre2-8)
   corpus="$OUT/corpus_$target"
   rm -rf "$corpus" && mkdir -p "$corpus" && cp tests/fuzz/corpus/$target/* "$corpus/"
   echo "fuzz.sh: fuzz_$target for ${SECONDS_EACH}s"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_factory.h"
+#include "comm/comm_backend.h"
 #include "models/gpt_spec.h"
 #include "planner/shard_plan.h"
 #include "runtime/engine/engine_options.h"

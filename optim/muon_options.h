@@ -1,0 +1,67 @@
+// The Muon group's options and their enumerations, with the names configs use. Kept apart from
+// the kernels so that config parsers and the planner need no linear algebra.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace mfsdp {
+
+/// How the orthogonalized update of an m x n matrix ([fan_out, fan_in]) is scaled.
+/// original:        sqrt(max(1, m/n))        (Keller Jordan's Muon)
+/// match_rms_adamw: 0.2 * sqrt(max(m, n))    (update RMS comparable to AdamW's, Moonshot's rule)
+enum class MuonScaleRule { original, match_rms_adamw };
+
+/// Parses "original" / "match_rms_adamw"; throws std::invalid_argument naming the bad value.
+MuonScaleRule parse_muon_scale_rule(const std::string& s);
+/// The config name of `r` ("original" or "match_rms_adamw").
+const char* muon_scale_rule_name(MuonScaleRule r);
+
+/// The polar-factor approximation Muon runs (optim/orthogonalize.h documents each method).
+enum class Orthogonalizer { newton_schulz5, polar_express, gram_newton_schulz };
+/// Whether gram_newton_schulz restarts (X <- Q X, R <- X X^T, Q <- I) before 0-based step t:
+/// t >= 2 and (t - 2) % 3 == 0.
+constexpr bool gram_newton_schulz_restarts_before(int t) { return t >= 2 && (t - 2) % 3 == 0; }
+
+/// Parses "newton_schulz5" / "polar_express" / "gram_newton_schulz".
+/// Throws std::invalid_argument naming the bad value and the allowed ones.
+Orthogonalizer parse_orthogonalizer(const std::string& s);
+/// The config name of `o` ("newton_schulz5", "polar_express" or "gram_newton_schulz").
+const char* orthogonalizer_name(Orthogonalizer o);
+
+/// Which update rule the Muon group runs after orthogonalization (config key `variant`).
+/// muon: W <- W (1 - lr wd) - lr * scale * O (scale from MuonScaleRule).
+/// normuon: O is replaced by the NorMuon update of normuon_normalize_cpu (RMS kNorMuonUpdateRms),
+///   then W <- W (1 - lr wd) - lr * update (scale 1; the scale rule does not apply).
+enum class MuonVariant { muon, normuon };
+
+/// Parses "muon" / "normuon"; throws std::invalid_argument naming the bad value and the allowed ones.
+MuonVariant parse_muon_variant(const std::string& s);
+/// The config name of `v` ("muon" or "normuon").
+const char* muon_variant_name(MuonVariant v);
+
+/// Default beta2 (second-moment EMA) and epsilon of NorMuon.
+inline constexpr double kNorMuonBeta2 = 0.95;
+inline constexpr double kNorMuonEps = 1e-8;
+
+/// Hyperparameters of the Muon group (the learning rate is passed per step).
+struct MuonOptions {
+  double momentum = 0.95;      ///< beta of the momentum buffer, in [0, 1)
+  bool nesterov = true;        ///< U = (1-beta)*G + beta*M instead of U = M
+  int ns_steps = 5;            ///< Newton-Schulz iterations (>= 0)
+  double weight_decay = 0.0;   ///< decoupled: W <- W * (1 - lr*wd)
+  MuonScaleRule scale_rule = MuonScaleRule::original;
+  bool split_qkv = false;      ///< orthogonalize a fused QKV matrix as qkv_blocks row blocks
+  /// Polar-factor approximation (optim/orthogonalize.h); newton_schulz5 is Muon's.
+  Orthogonalizer orthogonalizer = Orthogonalizer::newton_schulz5;
+  /// muon, or normuon (per-row second-moment normalization after orthogonalization, optim/normuon.h;
+  /// needs a per-row state vector, so muon_step_* reject it: the phase API applies it).
+  MuonVariant variant = MuonVariant::muon;
+  double beta2 = kNorMuonBeta2;      ///< NorMuon second-moment EMA, in [0, 1)
+  double normuon_eps = kNorMuonEps;  ///< NorMuon: O / (sqrt(v) + eps), >= 0
+  /// Orthogonalize a split matrix (qkv_blocks > 1, e.g. c_attn [3C, C]) per attention head: row
+  /// blocks of head_dim rows (head_dim must divide rows / qkv_blocks). Overrides split_qkv.
+  bool split_heads = false;
+  int64_t head_dim = 0;  ///< rows per head (C / n_head) when split_heads
+};
+
+}  // namespace mfsdp
