@@ -5,11 +5,24 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 
+#include "tests/mpi_test_skip.h"
+
+namespace mfsdp::testing {
+SkipCheck mpi_test_skip_check = nullptr;
+}
+
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (mfsdp::testing::mpi_test_skip_check) {
+    if (const char* why = mfsdp::testing::mpi_test_skip_check()) {
+      if (rank == 0) std::printf("skipping: %s\n", why);
+      MPI_Finalize();
+      return 77;
+    }
+  }
   Catch::Session session;
   int rc = session.applyCommandLine(argc, argv);
   if (rc == 0) rc = session.run();

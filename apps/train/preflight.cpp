@@ -54,6 +54,120 @@ std::string foreign_run_config(const std::filesystem::path& path, const std::str
   return ours ? "" : path.string() + " was not written by mfsdp-train; refusing to overwrite it (move it or use another logging.run_dir)";
 }
 
+// Throws std::runtime_error "<key>: <what check() threw>".
+void with_key(const std::string& key, const std::function<void()>& check) {
+  try {
+    check();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(key + ": " + e.what());
+  }
+}
+
+// The input files: shards, tokenizer, model.init_from.
+std::string check_inputs(const TrainConfig& cfg, const GPTConfig& g, int64_t global_tokens) {
+  with_key("data.train", [&] {
+    validate_shards(cfg.data.train.resolved, cfg.model.vocab_size, global_tokens + 1,
+                    "one global batch (world_size * grad_accum * micro_batch_size * seq_len + 1)");
+  });
+  if (!cfg.data.val.resolved.empty())
+    with_key("data.val", [&] {
+      validate_shards(cfg.data.val.resolved, cfg.model.vocab_size, cfg.model.seq_len + 1, "one sequence (seq_len + 1)");
+    });
+  if (!cfg.data.tokenizer.empty()) {
+    std::unique_ptr<Tokenizer> tok;
+    with_key("data.tokenizer_path", [&] { tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved); });
+    if (tok->vocab_size() != cfg.model.vocab_size)  // samples are decoded with it
+      return cfg.source + ": data.tokenizer_path: " + cfg.data.tokenizer_path.resolved + " has " +
+             std::to_string(tok->vocab_size()) + " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size);
+  }
+  if (cfg.model.init_from.resolved.empty()) return "";
+  NamedTensors init;
+  with_key("model.init_from", [&] { init = import_hf_gpt2(cfg.model.init_from.resolved, g); });
+  for (const auto& [name, values] : init)  // a NaN/Inf weight would only show up as a diverged step
+    for (size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i]))
+        return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": tensor '" + name +
+               "' holds a non-finite value (" + std::to_string(values[i]) + " at element " + std::to_string(i) + ")";
+  const GPTConfig f = read_hf_gpt2_config(cfg.model.init_from.resolved);
+  if (f.n_head != g.n_head)  // shapes cannot tell heads apart
+    return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
+           std::to_string(f.n_head) + ", model.n_head is " + std::to_string(g.n_head);
+  return "";
+}
+
+// training.resume and the checkpoint directory. Saving into a directory that holds other
+// checkpoints is only safe when continuing from the newest of them: a fresh run, or one resumed
+// from elsewhere or from an older step, would collide with them at save time and prune them.
+std::string check_checkpoints(const TrainConfig& cfg, bool eval_only) {
+  const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
+  if (ckpt_root.empty() && (cfg.training.resume == "auto" || cfg.checkpoint.interval > 0))
+    return cfg.source + ": " + (cfg.training.resume == "auto" ? "training.resume \"auto\"" : "checkpoint.interval") +
+           " needs checkpoint.dir or logging.run_dir (where checkpoints live)";
+  if (!cfg.training.resume.empty() && cfg.training.resume != "auto" &&
+      !std::filesystem::is_regular_file(std::filesystem::path(cfg.training.resume) / "manifest.json"))
+    return cfg.source + ": training.resume: " + cfg.training.resume +
+           " is not a complete checkpoint directory (no manifest.json)";
+  if (eval_only || ckpt_root.empty() || !(cfg.checkpoint.interval > 0 || cfg.checkpoint.at_end)) return "";
+  if (std::string e = check_writable_dir(ckpt_root, "checkpoint.dir"); !e.empty()) return cfg.source + ": " + e;
+  const auto existing = list_checkpoints(ckpt_root);
+  std::error_code eq;
+  if (!existing.empty() && cfg.training.resume != "auto" &&
+      (cfg.training.resume.empty() || !std::filesystem::equivalent(cfg.training.resume, existing.back(), eq)))
+    return cfg.source + ": checkpoint.dir: " + ckpt_root + " already holds checkpoints (newest " +
+           std::filesystem::path(existing.back()).filename().string() + ") that this run" +
+           (cfg.training.resume.empty() ? "" : " (resumed from " + cfg.training.resume + ")") +
+           " would overwrite or prune; continue the newest with --set training.resume=auto, or branch into "
+           "another checkpoint.dir / logging.run_dir";
+  return "";
+}
+
+// output.export must be a writable file that the run does not read or write otherwise.
+std::string check_export(const TrainConfig& cfg) {
+  const std::filesystem::path out(cfg.output.export_path.resolved);
+  if (std::filesystem::is_directory(out))
+    return cfg.source + ": output.export: " + out.string() + " is a directory (expected a .safetensors file)";
+  if (std::string e = check_writable_dir(out.has_parent_path() ? out.parent_path() : ".", "output.export"); !e.empty())
+    return cfg.source + ": " + e;
+  std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
+                                                            {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
+                                                            {"model.init_from", cfg.model.init_from.resolved}};
+  for (const auto& f : expand_glob(cfg.data.train.resolved)) taken.push_back({"data.train", f});
+  if (!cfg.data.val.resolved.empty())
+    for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
+  if (!cfg.logging.run_dir.resolved.empty())
+    for (const char* f : {"config.json", "metrics.jsonl", "summary.json"})
+      taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
+  const auto same = [](const std::string& a, const std::string& b) {
+    std::error_code ec;
+    return !b.empty() && std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+  };
+  const auto inside = [](const std::filesystem::path& p, const std::string& dir) {
+    if (dir.empty()) return false;
+    std::error_code ec;
+    const auto rel = std::filesystem::weakly_canonical(p, ec).lexically_relative(std::filesystem::weakly_canonical(dir, ec));
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
+  for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
+                                  {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume}})
+    if (inside(out, dir))
+      return cfg.source + ": output.export: " + out.string() + " is inside " + what + " (" + dir +
+             "); choose a file outside the checkpoints";
+  for (const auto& [what, path] : taken)
+    if (same(out.string(), path))
+      return cfg.source + ": output.export: " + out.string() + " is " + what + " (" + path + "); choose another file";
+  return "";
+}
+
+// The run directory: writable, and not another run's (its config.json).
+std::string check_run_dir(const TrainConfig& cfg) {
+  if (cfg.logging.run_dir.resolved.empty()) return "";
+  if (std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir"); !e.empty())
+    return cfg.source + ": " + e;
+  const std::string e = foreign_run_config(std::filesystem::path(cfg.logging.run_dir.resolved) / "config.json", cfg.source);
+  return e.empty() ? "" : cfg.source + ": logging.run_dir: " + e;
+}
+
 }  // namespace
 
 std::string lock_run_dir(const TrainConfig& cfg) {
@@ -86,112 +200,12 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
         global_tokens > (int64_t(1) << 40))
       return cfg.source + ": world_size x training.grad_accum x training.micro_batch_size x model.seq_len is " +
              "larger than 2^40 tokens per step";
-    auto with_key = [](const std::string& key, const std::function<void()>& check) {
-      try {
-        check();
-      } catch (const std::exception& e) {
-        throw std::runtime_error(key + ": " + e.what());
-      }
-    };
-    with_key("data.train", [&] {
-      validate_shards(cfg.data.train.resolved, cfg.model.vocab_size, global_tokens + 1,
-                      "one global batch (world_size * grad_accum * micro_batch_size * seq_len + 1)");
-    });
-    if (!cfg.data.val.resolved.empty())
-      with_key("data.val", [&] {
-        validate_shards(cfg.data.val.resolved, cfg.model.vocab_size, cfg.model.seq_len + 1, "one sequence (seq_len + 1)");
-      });
-    if (!cfg.data.tokenizer.empty()) {
-      std::unique_ptr<Tokenizer> tok;
-      with_key("data.tokenizer_path", [&] { tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved); });
-      if (tok->vocab_size() != cfg.model.vocab_size)  // samples are decoded with it
-        return cfg.source + ": data.tokenizer_path: " + cfg.data.tokenizer_path.resolved + " has " +
-               std::to_string(tok->vocab_size()) + " tokens but model.vocab_size is " +
-               std::to_string(cfg.model.vocab_size);
-    }
-    if (!cfg.model.init_from.resolved.empty()) {
-      NamedTensors init;
-      with_key("model.init_from", [&] { init = import_hf_gpt2(cfg.model.init_from.resolved, g); });
-      for (const auto& [name, values] : init)  // a NaN/Inf weight would only show up as a diverged step
-        for (size_t i = 0; i < values.size(); ++i)
-          if (!std::isfinite(values[i]))
-            return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": tensor '" + name +
-                   "' holds a non-finite value (" + std::to_string(values[i]) + " at element " + std::to_string(i) + ")";
-      const GPTConfig f = read_hf_gpt2_config(cfg.model.init_from.resolved);
-      if (f.n_head != g.n_head)  // shapes cannot tell heads apart
-        return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
-               std::to_string(f.n_head) + ", model.n_head is " + std::to_string(g.n_head);
-    }
-    const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
-    if (ckpt_root.empty() && (cfg.training.resume == "auto" || cfg.checkpoint.interval > 0))
-      return cfg.source + ": " + (cfg.training.resume == "auto" ? "training.resume \"auto\"" : "checkpoint.interval") +
-             " needs checkpoint.dir or logging.run_dir (where checkpoints live)";
-    if (!cfg.training.resume.empty() && cfg.training.resume != "auto" &&
-        !std::filesystem::is_regular_file(std::filesystem::path(cfg.training.resume) / "manifest.json"))
-      return cfg.source + ": training.resume: " + cfg.training.resume +
-             " is not a complete checkpoint directory (no manifest.json)";
-    if (!eval_only) {  // the outputs must be writable before hours of training, not after
-      if (!ckpt_root.empty() && (cfg.checkpoint.interval > 0 || cfg.checkpoint.at_end)) {
-        std::string e = check_writable_dir(ckpt_root, "checkpoint.dir");
-        if (!e.empty()) return cfg.source + ": " + e;
-        // A fresh run would collide with (and must not replace) another run's checkpoints.
-        // Saving into a directory that holds other checkpoints is only safe when continuing from the
-        // newest of them: a fresh run, or one resumed from elsewhere or from an older step, would
-        // collide with them at save time and prune them by keep_last.
-        const auto existing = list_checkpoints(ckpt_root);
-        std::error_code eq;
-        if (!existing.empty() && cfg.training.resume != "auto" &&
-            (cfg.training.resume.empty() || !std::filesystem::equivalent(cfg.training.resume, existing.back(), eq)))
-          return cfg.source + ": checkpoint.dir: " + ckpt_root + " already holds checkpoints (newest " +
-                 std::filesystem::path(existing.back()).filename().string() + ") that this run" +
-                 (cfg.training.resume.empty() ? "" : " (resumed from " + cfg.training.resume + ")") +
-                 " would overwrite or prune; continue the newest with --set training.resume=auto, or branch into "
-                 "another checkpoint.dir / logging.run_dir";
-      }
-      if (!cfg.logging.run_dir.resolved.empty()) {
-        std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir");
-        if (!e.empty()) return cfg.source + ": " + e;
-        e = foreign_run_config(std::filesystem::path(cfg.logging.run_dir.resolved) / "config.json", cfg.source);
-        if (!e.empty()) return cfg.source + ": logging.run_dir: " + e;
-      }
-      if (!cfg.output.export_path.resolved.empty()) {
-        const std::filesystem::path out(cfg.output.export_path.resolved);
-        if (std::filesystem::is_directory(out))
-          return cfg.source + ": output.export: " + out.string() + " is a directory (expected a .safetensors file)";
-        std::string e = check_writable_dir(out.has_parent_path() ? out.parent_path() : ".", "output.export");
-        if (!e.empty()) return cfg.source + ": " + e;
-        // Never overwrite what the run reads or writes otherwise.
-        std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
-                                                                  {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
-                                                                  {"model.init_from", cfg.model.init_from.resolved}};
-        for (const auto& f : expand_glob(cfg.data.train.resolved)) taken.push_back({"data.train", f});
-        if (!cfg.data.val.resolved.empty())
-          for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
-        if (!cfg.logging.run_dir.resolved.empty())
-          for (const char* f : {"config.json", "metrics.jsonl", "summary.json"})
-            taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
-        const auto same = [](const std::string& a, const std::string& b) {
-          std::error_code ec;
-          return !b.empty() && std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
-        };
-        const auto inside = [](const std::filesystem::path& p, const std::string& dir) {
-          if (dir.empty()) return false;
-          std::error_code ec;
-          const auto a = std::filesystem::weakly_canonical(p, ec), d = std::filesystem::weakly_canonical(dir, ec);
-          const auto rel = a.lexically_relative(d);
-          return !rel.empty() && *rel.begin() != "..";
-        };
-        for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
-                                        {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume}})
-          if (inside(out, dir))
-            return cfg.source + ": output.export: " + out.string() + " is inside " + what + " (" + dir +
-                   "); choose a file outside the checkpoints";
-        for (const auto& [what, path] : taken)
-          if (same(out.string(), path))
-            return cfg.source + ": output.export: " + out.string() + " is " + what + " (" + path +
-                   "); choose another file";
-      }
-    }
+    if (std::string e = check_inputs(cfg, g, global_tokens); !e.empty()) return e;
+    if (std::string e = check_checkpoints(cfg, eval_only); !e.empty()) return e;
+    if (eval_only) return "";
+    // the outputs must be writable before hours of training, not after
+    if (std::string e = check_run_dir(cfg); !e.empty()) return e;
+    if (!cfg.output.export_path.resolved.empty()) return check_export(cfg);
   } catch (const std::exception& e) {
     return e.what();
   }

@@ -269,6 +269,64 @@ class Reader {
   std::string default_where_;
 };
 
+void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {
+  m.n_layer = r.i32("model.n_layer", 1, 1 << 12);  // bounds keep every size product in int64
+  m.n_head = r.i32("model.n_head", 1, 1 << 12);
+  m.n_embd = r.i32("model.n_embd", 1, 1 << 17);
+  if (m.n_embd % m.n_head != 0)
+    r.fail("model.n_embd", "must be divisible by model.n_head (" + std::to_string(m.n_embd) + " % " +
+                               std::to_string(m.n_head) + " = " +
+                               std::to_string(m.n_embd % m.n_head) + ")");
+  m.seq_len = r.i32("model.seq_len", 1, 1 << 20);
+  {
+    const int64_t v = as_int(r.at("model.vocab_size"));
+    if (v < 2) r.fail("model.vocab_size", "must be >= 2, got " + std::to_string(v));
+    if (v > kMaxVocabU32)
+      r.fail("model.vocab_size", std::to_string(v) + " is larger than the shard format allows (max " +
+                                     std::to_string(kMaxVocabU32) + " with 32-bit token shards)");
+    m.vocab_size = v;
+  }
+  m.tie_embeddings = r.flag("model.tie_embeddings");
+  m.init_from = r.path_value("model.init_from", base_dir);
+  m.init_std = r.num("model.init_std", 0.0, 1e3, true);
+}
+
+void read_data(const Reader& r, const std::string& base_dir, int64_t vocab_size, DataSection& d) {
+  d.train = r.path_value("data.train", base_dir);
+  if (d.train.raw.empty())
+    r.fail("data.train", "missing shard glob (set data.train, e.g. \"../data/tiny_shakespeare_char_train.bin\")");
+  d.val = r.path_value("data.val", base_dir);
+  d.tokenizer = r.choice("data.tokenizer", {"", "char", "gpt2"});
+  d.tokenizer_path = r.path_value("data.tokenizer_path", base_dir);
+  if (!d.tokenizer.empty() && d.tokenizer_path.raw.empty())
+    r.fail("data.tokenizer_path", "required when data.tokenizer is \"" + d.tokenizer + "\"");
+  if (d.tokenizer == "gpt2" && vocab_size < 50257)
+    r.fail("model.vocab_size", std::to_string(vocab_size) + " is smaller than the gpt2 tokenizer's 50257 ids");
+  d.shuffle = r.flag("data.shuffle");
+  d.seed = r.i64("data.seed", 0);
+}
+
+void read_optimizer(const Reader& r, EngineOptions& o) {
+  o.muon_lr = r.num("optimizer.muon.lr", 0.0, 1e6);
+  o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
+  o.muon.nesterov = r.flag("optimizer.muon.nesterov");
+  o.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
+  o.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
+  o.muon.scale_rule = parse_muon_scale_rule(r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"}));
+  o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
+  o.adamw_lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
+  o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
+  o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
+  o.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
+  o.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
+  o.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
+  // schedule
+  o.schedule.warmup_steps = r.i64("schedule.warmup_steps", 0);
+  o.schedule.kind = parse_decay_kind(r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"}));
+  o.schedule.floor = r.num("schedule.floor", 0.0, 1.0);
+  o.schedule.decay_fraction = r.num("schedule.decay_fraction", 0.0, 1.0);
+}
+
 }  // namespace
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -378,59 +436,9 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   const Reader r(merged, origin, source);
   TrainConfig c;
   c.source = source;
-  // model
-  c.model.n_layer = r.i32("model.n_layer", 1, 1 << 12);  // bounds keep every size product in int64
-  c.model.n_head = r.i32("model.n_head", 1, 1 << 12);
-  c.model.n_embd = r.i32("model.n_embd", 1, 1 << 17);
-  if (c.model.n_embd % c.model.n_head != 0)
-    r.fail("model.n_embd", "must be divisible by model.n_head (" + std::to_string(c.model.n_embd) + " % " +
-                               std::to_string(c.model.n_head) + " = " +
-                               std::to_string(c.model.n_embd % c.model.n_head) + ")");
-  c.model.seq_len = r.i32("model.seq_len", 1, 1 << 20);
-  {
-    const int64_t v = as_int(r.at("model.vocab_size"));
-    if (v < 2) r.fail("model.vocab_size", "must be >= 2, got " + std::to_string(v));
-    if (v > kMaxVocabU32)
-      r.fail("model.vocab_size", std::to_string(v) + " is larger than the shard format allows (max " +
-                                     std::to_string(kMaxVocabU32) + " with 32-bit token shards)");
-    c.model.vocab_size = v;
-  }
-  c.model.tie_embeddings = r.flag("model.tie_embeddings");
-  c.model.init_from = r.path_value("model.init_from", base_dir);
-  c.model.init_std = r.num("model.init_std", 0.0, 1e3, true);
-  // data
-  c.data.train = r.path_value("data.train", base_dir);
-  if (c.data.train.raw.empty())
-    r.fail("data.train", "missing shard glob (set data.train, e.g. \"../data/tiny_shakespeare_char_train.bin\")");
-  c.data.val = r.path_value("data.val", base_dir);
-  c.data.tokenizer = r.choice("data.tokenizer", {"", "char", "gpt2"});
-  c.data.tokenizer_path = r.path_value("data.tokenizer_path", base_dir);
-  if (!c.data.tokenizer.empty() && c.data.tokenizer_path.raw.empty())
-    r.fail("data.tokenizer_path", "required when data.tokenizer is \"" + c.data.tokenizer + "\"");
-  if (c.data.tokenizer == "gpt2" && c.model.vocab_size < 50257)
-    r.fail("model.vocab_size", std::to_string(c.model.vocab_size) + " is smaller than the gpt2 tokenizer's 50257 ids");
-  c.data.shuffle = r.flag("data.shuffle");
-  c.data.seed = r.i64("data.seed", 0);
-  // optimizer
-  EngineOptions& o = c.optim;
-  o.muon_lr = r.num("optimizer.muon.lr", 0.0, 1e6);
-  o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
-  o.muon.nesterov = r.flag("optimizer.muon.nesterov");
-  o.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
-  o.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
-  o.muon.scale_rule = parse_muon_scale_rule(r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"}));
-  o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
-  o.adamw_lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
-  o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
-  o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
-  o.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
-  o.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
-  o.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
-  // schedule
-  o.schedule.warmup_steps = r.i64("schedule.warmup_steps", 0);
-  o.schedule.kind = parse_decay_kind(r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"}));
-  o.schedule.floor = r.num("schedule.floor", 0.0, 1.0);
-  o.schedule.decay_fraction = r.num("schedule.decay_fraction", 0.0, 1.0);
+  read_model(r, base_dir, c.model);
+  read_data(r, base_dir, c.model.vocab_size, c.data);
+  read_optimizer(r, c.optim);
   // sharding
   c.sharding.placement = parse_placement(r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"}));
   c.sharding.backend = parse_comm_backend(r.choice("sharding.backend", {"mpi", "cuda_staged", "nccl"}));
@@ -441,7 +449,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
     r.fail("sharding.collective_timeout_s", "must be 0 (wait forever) or >= 1 second");
   // training
   c.training.steps = r.i64("training.steps", 1);
-  o.schedule.total_steps = c.training.steps;
+  c.optim.schedule.total_steps = c.training.steps;
   c.training.micro_batch_size = r.i32("training.micro_batch_size", 1, 1 << 20);
   c.training.grad_accum = r.i32("training.grad_accum", 1, 1 << 20);
   c.training.eval_interval = r.i64("training.eval_interval", 0);

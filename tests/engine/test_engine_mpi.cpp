@@ -3,14 +3,19 @@
 // B sequences, under every placement — every parameter, every optimizer-state tensor, every loss
 // and grad norm, and the state fingerprint. Also: one big batch at world 1 agrees within a derived
 // tolerance, gradient accumulation, and the per-phase communication counters.
+// MFSDP_TEST_BACKEND=mpi (default) | cuda_staged | nccl picks the communicator, and so the device
+// of every engine buffer: the same tests then run on CUDA tensors (skipped without a GPU).
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
 #include "comm/mpi_backends.h"
 #include "engine_test_util.h"
+#include "tests/mpi_test_skip.h"
 #include "planner/planner.h"
+#include "runtime/cuda/device_api.h"
 
 using namespace mfsdp;
 using namespace mfsdp::testing;
@@ -22,12 +27,34 @@ constexpr int64_t kT = 16;
 constexpr int kSteps = 5;
 constexpr uint64_t kSeed = 42;
 
+CommBackend test_backend() {
+  const char* b = std::getenv("MFSDP_TEST_BACKEND");
+  return b && *b ? parse_comm_backend(b) : CommBackend::mpi;
+}
+
+[[maybe_unused]] const bool kSkipRegistered = [] {
+  mfsdp::testing::mpi_test_skip_check = []() -> const char* {
+    if (test_backend() == CommBackend::mpi || cuda::device_count() > 0) return nullptr;
+    return "MFSDP_TEST_BACKEND asks for CUDA tensors and no CUDA device is visible";
+  };
+  return true;
+}();
+
+std::unique_ptr<Communicator> make_test_communicator(MPI_Comm comm) {
+  switch (test_backend()) {
+    case CommBackend::cuda_staged: return make_cuda_staged_communicator(comm);
+    case CommBackend::nccl: return make_nccl_communicator(comm);
+    case CommBackend::mpi: break;
+  }
+  return make_mpi_communicator(comm);
+}
+
 Communicator& world() {
-  static std::unique_ptr<Communicator> c = make_mpi_communicator();
+  static std::unique_ptr<Communicator> c = make_test_communicator(MPI_COMM_WORLD);
   return *c;
 }
 Communicator& self() {  // each rank's private world of size 1 (the reference runs)
-  static std::unique_ptr<Communicator> c = make_mpi_communicator(MPI_COMM_SELF);
+  static std::unique_ptr<Communicator> c = make_test_communicator(MPI_COMM_SELF);
   return *c;
 }
 
