@@ -111,7 +111,7 @@ if cmake --build "$BUILD" --target test_cuda_backend mfsdp-bench-cuda -j"$JOBS" 
   step "timings (mfsdp-bench-cuda)"
   BENCH_ARGS=()
   [ "${GPU_CHECK_QUICK:-0}" = 1 ] && BENCH_ARGS=(--quick)
-  timeout 180 "$BUILD/tests/cuda/mfsdp-bench-cuda" "${BENCH_ARGS[@]}" 2>&1 | tee "$LOGS/bench_cuda.log"
+  timeout 180 "$BUILD/bin/mfsdp-bench-cuda" "${BENCH_ARGS[@]}" 2>&1 | tee "$LOGS/bench_cuda.log"
   rc=${PIPESTATUS[0]}
   case $rc in
     0) note "bench: ok (table in $LOGS/bench_cuda.log)" ;;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
+#include "tests/scratch_dir.h"
 #include "runtime/core/dtype.h"
 
 using namespace mfsdp;
@@ -16,19 +17,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    static int n = 0;
-    dir = fs::temp_directory_path() / ("mfsdp_st_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& n) const { return (dir / n).string(); }
+struct Scratch : mfsdp::testing::ScratchDir {
+  Scratch() : ScratchDir("mfsdp_st_test") {}
 };
 
 std::string slurp(const std::string& p) {

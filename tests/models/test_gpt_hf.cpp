@@ -8,6 +8,7 @@
 
 #include "models/gpt_hf.h"
 #include "checkpoint/safetensors.h"
+#include "tests/scratch_dir.h"
 
 using namespace mfsdp;
 using Catch::Matchers::Contains;
@@ -15,18 +16,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    static int n = 0;
-    dir = fs::temp_directory_path() / ("mfsdp_hf_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(dir);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string file(const std::string& n) const { return (dir / n).string(); }
+struct Scratch : mfsdp::testing::ScratchDir {
+  Scratch() : ScratchDir("mfsdp_hf_test") {}
 };
 
 // Random parameters in our layout; padded vocabulary rows are zero (as the model keeps them).

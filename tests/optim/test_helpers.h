@@ -1,6 +1,9 @@
 // Shared helpers for the optim tests: deterministic random buffers and singular values.
 #pragma once
 #include <Eigen/Dense>
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <omp.h>
@@ -8,6 +11,14 @@
 #include <vector>
 
 namespace mfsdp::test {
+
+/// Largest |a[i] - b[i]| (the sizes must match).
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::abs(a[i] - b[i])));
+  return m;
+}
 
 /// n samples of N(0, stddev^2) from a fixed seed.
 inline std::vector<float> randn(int64_t n, uint32_t seed, float stddev = 1.0f) {

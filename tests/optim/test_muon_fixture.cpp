@@ -8,17 +8,12 @@
 
 #include "checkpoint/safetensors.h"
 #include "optim/muon.h"
+#include "test_helpers.h"
 
 using namespace mfsdp;
+using mfsdp::test::max_abs_diff;
 
 namespace {
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::abs(a[i] - b[i])));
-  return m;
-}
 
 }  // namespace
 

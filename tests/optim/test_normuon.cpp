@@ -15,18 +15,12 @@
 #include "test_helpers.h"
 
 using namespace mfsdp;
+using mfsdp::test::max_abs_diff;
 using mfsdp::test::randn;
 using mfsdp::test::same_bits;
 using mfsdp::test::with_threads;
 
 namespace {
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::abs(a[i] - b[i])));
-  return m;
-}
 
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());

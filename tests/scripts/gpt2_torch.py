@@ -444,3 +444,11 @@ def setup_determinism(threads: int = 1) -> None:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     torch.set_default_dtype(torch.float32)
+
+
+def write_fixture(path, tensors, meta):
+    """Writes a fixture, reads it back and checks every tensor is bitwise what was meant."""
+    save_safetensors(path, tensors, meta)
+    back, _ = load_safetensors(path)
+    for k, v in tensors.items():
+        assert torch.equal(back[k], v), k

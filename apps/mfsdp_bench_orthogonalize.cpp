@@ -1,6 +1,6 @@
 // Benchmark (not a test): ms per call of each orthogonalizer at 5 steps on GPT-2 124M's Muon
 // shapes, at the OpenMP thread count of the environment (OMP_NUM_THREADS).
-// usage: bench_orthogonalize [REPS] [--tiny]   (--tiny: one 32x48 call per method, for ctest)
+// usage: mfsdp-bench-orthogonalize [REPS] [--tiny]   (--tiny: one 32x48 call per method, for ctest)
 #include <omp.h>
 
 #include <algorithm>
