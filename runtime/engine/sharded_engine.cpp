@@ -18,17 +18,20 @@ MicroBatch on_device(const MicroBatch& mb, Device d) {
   return {mb.tokens.to(d), mb.targets.to(d)};
 }
 
+// The plan, after checking that it is for the communicator's world size.
+const ShardPlan& plan_for(const ShardPlan& plan, const Communicator& comm) {
+  check_arg(plan.world_size == comm.world_size(), "ShardedEngine",
+            "plan is for world size " + std::to_string(plan.world_size) + ", communicator has " +
+                std::to_string(comm.world_size()));
+  return plan;
+}
+
 }  // namespace
 
 ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts)
-    : model_(model), comm_(comm), plan_(plan), opts_(opts), traits_(placement_traits(plan.placement)),
-      rank_(comm.rank()), world_(comm.world_size()),
-      units_((check_arg(plan.world_size == comm.world_size(), "ShardedEngine",
-                        "plan is for world size " + std::to_string(plan.world_size) + ", communicator has " +
-                            std::to_string(comm.world_size())),
-              model),
-             comm, plan_, traits_),
-      owners_(units_, comm, plan_, traits_, opts_) {}
+    : model_(model), comm_(comm), plan_(plan_for(plan, comm)), opts_(opts),
+      traits_(placement_traits(plan.placement)), rank_(comm.rank()), world_(comm.world_size()),
+      units_(model, comm, plan_, traits_), owners_(units_, comm, plan_, traits_, opts_) {}
 
 ShardedEngine::~ShardedEngine() = default;
 
