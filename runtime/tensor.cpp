@@ -1,13 +1,12 @@
 #include "runtime/tensor.h"
 
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 
 #include "runtime/autograd.h"
+#include "runtime/block_cache.h"
 #include "runtime/cuda/device_api.h"
 #include "runtime/kernels.h"
 
@@ -32,53 +31,6 @@ int64_t shape_numel(const Shape& s) {
 
 // ---------------- Storage ----------------
 
-namespace {
-
-// Host block cache: a training step allocates and frees the same activation and gradient sizes
-// every iteration; handing large blocks back to the OS costs a page fault per 4 KiB on the next
-// first touch. Freed blocks of >= 1 MiB are kept, keyed by exact size, up to 4 GiB in total.
-// The memory tracker counts bytes in use, not cached bytes.
-class HostBlockCache {
- public:
-  static HostBlockCache& instance() {
-    static HostBlockCache* c = new HostBlockCache;  // never destroyed: outlives static tensors
-    return *c;
-  }
-  void* get(size_t bytes) {
-    if (bytes >= kMinBlock) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(bytes);
-      if (it != free_.end()) {
-        void* p = it->second;
-        free_.erase(it);
-        cached_ -= bytes;
-        return p;
-      }
-    }
-    return std::aligned_alloc(64, bytes);
-  }
-  void put(void* p, size_t bytes) {
-    if (bytes >= kMinBlock) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (cached_ + bytes <= kMaxCached) {
-        free_.emplace(bytes, p);
-        cached_ += bytes;
-        return;
-      }
-    }
-    std::free(p);
-  }
-
- private:
-  static constexpr size_t kMinBlock = size_t(1) << 20, kMaxCached = size_t(4) << 30;
-  std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  size_t cached_ = 0;
-};
-
-size_t host_block_bytes(int64_t nbytes) { return static_cast<size_t>((nbytes + 63) / 64 * 64); }
-
-}  // namespace
 
 Storage::Storage(int64_t bytes, Device device, MemCategory category)
     : nbytes_(bytes), device_(device), category_(category) {
@@ -95,19 +47,13 @@ void* Storage::data() const {
 
 void Storage::materialize() {
   if (ptr_ || nbytes_ == 0) return;
-  if (device_ == Device::CPU) {
-    ptr_ = HostBlockCache::instance().get(host_block_bytes(nbytes_));
-    if (!ptr_) throw std::runtime_error("[Storage] out of host memory allocating " + std::to_string(nbytes_) + " bytes");
-  } else {
-    ptr_ = cuda::malloc_device(nbytes_);
-  }
+  ptr_ = block_cache(device_).get(static_cast<size_t>(nbytes_));
   MemoryTracker::instance().on_alloc(device_, category_, nbytes_);
 }
 
 void Storage::release() {
   if (!ptr_) return;
-  if (device_ == Device::CPU) HostBlockCache::instance().put(ptr_, host_block_bytes(nbytes_));
-  else cuda::free_device(ptr_);
+  block_cache(device_).put(ptr_, static_cast<size_t>(nbytes_));
   ptr_ = nullptr;
   MemoryTracker::instance().on_free(device_, category_, nbytes_);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "checkpoint/atomic_file.h"
+#include "runtime/block_cache.h"
 #include "runtime/memory.h"
 
 namespace mfsdp {
@@ -65,7 +66,9 @@ json local_counters(const Communicator& comm, Device device) {
   for (int c = 0; c < static_cast<int>(MemCategory::count); ++c)
     peaks[mem_category_name(static_cast<MemCategory>(c))] =
         MemoryTracker::instance().peak(device, static_cast<MemCategory>(c));
-  return json{{"comm_bytes_sent", comm_sent}, {"peak_bytes", peaks}};
+  const BlockCacheStats blocks = block_cache(device).stats();
+  return json{{"comm_bytes_sent", comm_sent}, {"peak_bytes", peaks},
+              {"raw_allocs", blocks.raw_allocs}, {"cached_bytes", blocks.cached_bytes}};
 }
 
 }  // namespace mfsdp
