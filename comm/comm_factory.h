@@ -44,4 +44,26 @@ struct CudaCommOptions {
 std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts = {},
                                                 CudaCommOptions cuda = {});
 
+/// A communicator of backend `b` over the MPI processes of the world that pass the same `color`
+/// (MPI_Comm_split of MPI_COMM_WORLD; ranks ordered by `key`, then world rank). Collective over
+/// the whole world: every process calls it, each with its own color and key (color >= 0).
+/// Throws std::invalid_argument for a negative color, and what make_communicator throws.
+std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, int key, CommOptions opts = {},
+                                                      CudaCommOptions cuda = {});
+
+/// The two groups of HSDP (replicate x shard) over a world of W = R * S processes: world rank
+/// g = q * S + s is shard rank s of replica q. `shard` holds the S ranks of replica q (rank s),
+/// `replica` the R ranks with shard rank s (rank q). Collective over the world.
+struct HsdpGroups {
+  std::unique_ptr<Communicator> shard, replica;
+  int replicas = 1;  ///< R
+};
+
+/// Splits the world into `replicas` replicas of world/replicas shard ranks (two
+/// make_split_communicator calls). Throws std::invalid_argument when replicas < 1 or does not
+/// divide the world size. Note for NCCL: each group selects the GPU of its own local rank, so the
+/// replica group (one rank per node and shard rank) is only right when every node runs one shard
+/// group; the MPI backend has no such restriction.
+HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts = {}, CudaCommOptions cuda = {});
+
 }  // namespace mfsdp

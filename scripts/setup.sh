@@ -17,6 +17,8 @@ done
 
 packages=(build-essential cmake libopenmpi-dev openmpi-bin libeigen3-dev libdnnl-dev libspdlog-dev libcli11-dev
           nlohmann-json3-dev catch2 libxxhash-dev libpcre2-dev pkg-config clang libclang-rt-dev python3)
+# matplotlib draws the plots of scripts/plot.py (tests and scripts/reproduce_paper.sh only).
+packages+=(python3-matplotlib)
 # PyTorch and numpy generate the test fixtures and check exported models; never used by the product.
 [ "$want_torch" = 1 ] && packages+=(python3-torch python3-numpy)
 

@@ -387,6 +387,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"decay_fraction", optim.schedule.decay_fraction}};
   j["sharding"] = {{"placement", placement_name(sharding.placement)},
                    {"backend", comm_backend_name(sharding.backend)},
+                   {"replicate", sharding.replicate},
                    {"debug_checks", sharding.debug_checks},
                    {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},
                    {"collective_timeout_s", sharding.collective_timeout_s}};
@@ -442,6 +443,9 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   // sharding
   c.sharding.placement = parse_placement(r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"}));
   c.sharding.backend = parse_comm_backend(r.choice("sharding.backend", {"mpi", "cuda_staged", "nccl"}));
+  c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
+  if (c.sharding.replicate > 1 && c.sharding.placement == Placement::ddp)
+    r.fail("sharding.replicate", "ddp is already fully replicated; use matrixfsdp, fsdp2 or zero1 with replicate > 1");
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);

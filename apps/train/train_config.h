@@ -57,6 +57,10 @@ struct ShardingSection {
   /// the communicator backend; its device (mpi: CPU, cuda_staged and nccl: CUDA) is the device
   /// every rank trains on
   CommBackend backend = CommBackend::mpi;
+  /// HSDP: R replicas of world / R shard ranks (1 = plain sharding over the whole world); owners
+  /// are planned within a shard group and gradients chained through the replicas in rank order
+  /// (runtime/engine/placement_traits.h). Not with ddp.
+  int replicate = 1;
   bool debug_checks = false;
   int64_t reduce_chunk_bytes = 4 << 20;  ///< staging chunk of the gradient reduce-scatter
   /// a collective still waiting after this many seconds aborts the job naming rank, operation,

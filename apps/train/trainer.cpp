@@ -88,6 +88,7 @@ class Trainer {
   const TrainConfig& cfg_;
   Communicator& comm_;
   TrainerOptions opts_;
+  const int rank_, world_;  ///< over every replica (HSDP: g = replica * S + shard rank, R * S); else comm_'s
   const int B_, T_, A_;
   const bool lead_;
   std::unique_ptr<TrainableModel> model_;
@@ -112,34 +113,38 @@ class Trainer {
 };
 
 Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts)
-    : cfg_(cfg), comm_(comm), opts_(opts), B_(cfg.training.micro_batch_size), T_(cfg.model.seq_len),
-      A_(cfg.training.grad_accum), lead_(comm.rank() == 0), model_(make_trainable_model(cfg)),
+    : cfg_(cfg), comm_(comm), opts_(opts),
+      rank_(comm.rank() + (opts.replicas ? opts.replicas->rank() * comm.world_size() : 0)),
+      world_(comm.world_size() * (opts.replicas ? opts.replicas->world_size() : 1)),
+      B_(cfg.training.micro_batch_size), T_(cfg.model.seq_len), A_(cfg.training.grad_accum), lead_(rank_ == 0),
+      model_(make_trainable_model(cfg)),
       plan_(make_plan(model_->units().inventory(), comm.world_size(), cfg.sharding.placement,
                       PlannerOptions{cfg.optim.muon.ns_steps, cfg.optim.muon.split_qkv, false})),
-      engine_(model_->units(), comm, plan_, cfg.optim),
-      loader_(cfg.data.train.resolved, B_, T_, comm.rank(), comm.world_size(), A_, cfg.data.shuffle,
+      engine_(model_->units(), comm, plan_, cfg.optim, opts.replicas),
+      loader_(cfg.data.train.resolved, B_, T_, rank_, world_, A_, cfg.data.shuffle,
               static_cast<uint64_t>(cfg.data.seed), cfg.model.vocab_size),
       ckpt_root_(cfg.checkpoint.root(cfg.logging.run_dir.resolved)),
-      log_(cfg.logging.run_dir.resolved, comm.rank() == 0) {
+      log_(cfg.logging.run_dir.resolved, rank_ == 0) {
   if (!cfg.model.init_from.resolved.empty()) engine_.load_full_parameters(model_->import_weights(cfg.model.init_from.resolved));
   else engine_.init_parameters(static_cast<uint64_t>(cfg.training.seed));
   resumed_ = resume_run(cfg, ckpt_root_, engine_, loader_, lead_);
   const auto& st = plan_.stats;
   if (lead_) {
     spdlog::info("MatrixFSDP | {}", model_->describe());
-    spdlog::info("placement {} on {} rank(s), {} backend on {} | Muon: {} matrices ({:.2f}M) | AdamW: {} tensors "
+    spdlog::info("placement {} on {} rank(s) x {} replica(s), {} backend on {} | Muon: {} matrices ({:.2f}M) | AdamW: {} tensors "
                  "({:.2f}M) | optimizer FLOPs max/mean {:.2f}, bytes max/mean {:.2f}, empty segments {}",
-                 placement_name(plan_.placement), comm.world_size(), comm.backend_name(), device_name(comm.device()),
+                 placement_name(plan_.placement), comm.world_size(), world_ / comm.world_size(), comm.backend_name(),
+                 device_name(comm.device()),
                  st.muon_params, st.muon_numel / 1e6, st.adamw_params, st.adamw_numel / 1e6, st.flops_ratio(),
                  st.bytes_ratio(), st.empty_segments);
     spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {}",
-                 comm.world_size(), opts.agreement_seconds,
+                 world_, opts.agreement_seconds,
                  cfg.sharding.collective_timeout_s > 0 ? fmt::format("{:g} s", cfg.sharding.collective_timeout_s) : "off");
   }
   if (!cfg.data.val.resolved.empty()) {
-    val_full_ = std::make_unique<EvalSplit>(cfg.data.val.resolved, T_, comm.rank(), comm.world_size(), cfg.model.vocab_size);
+    val_full_ = std::make_unique<EvalSplit>(cfg.data.val.resolved, T_, rank_, world_, cfg.model.vocab_size);
     if (cfg.training.eval_tokens > 0)
-      val_periodic_ = std::make_unique<EvalSplit>(cfg.data.val.resolved, T_, comm.rank(), comm.world_size(),
+      val_periodic_ = std::make_unique<EvalSplit>(cfg.data.val.resolved, T_, rank_, world_,
                                                   cfg.model.vocab_size, cfg.training.eval_tokens);
   }
 }
@@ -232,7 +237,9 @@ bool Trainer::maybe_evaluate(int64_t step, bool last) {
 
 // A SIGTERM/SIGINT on any rank stops every rank at this step boundary (one scalar collective).
 bool Trainer::any_rank_preempted() {
-  return comm_.all_reduce_scalar(preemption_.requested() ? 1.0 : 0.0, ReduceOp::max, CommPhase::other) > 0;
+  double any = comm_.all_reduce_scalar(preemption_.requested() ? 1.0 : 0.0, ReduceOp::max, CommPhase::other);
+  if (opts_.replicas) any = opts_.replicas->all_reduce_scalar(any, ReduceOp::max, CommPhase::other);
+  return any > 0;
 }
 
 // Validation; its time is kept out of tokens/s, MFU and train_seconds. best_val_loss only counts
@@ -258,7 +265,7 @@ double Trainer::run_eval(int64_t step, const EvalSplit& split) {
 void Trainer::log_progress(int64_t step, const StepStats& s) {
   const double now = now_seconds(), dt = now - window_.t_start;
   const double tok_s = window_.tokens / std::max(dt, 1e-9);
-  const double mfu = model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * comm_.world_size());
+  const double mfu = model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * world_);
   const double avg_step = (now - t_train_) / steps_done_;
   const double loss = window_.loss_sum / window_.steps;
   if (lead_) {
@@ -279,7 +286,8 @@ void Trainer::log_progress(int64_t step, const StepStats& s) {
 }
 
 void Trainer::save(int64_t step) {
-  if (ckpt_root_.empty()) return;
+  // HSDP replicas hold identical state: replica 0's shard group writes the checkpoint.
+  if (ckpt_root_.empty() || (opts_.replicas && opts_.replicas->rank() != 0)) return;
   CheckpointMeta meta{step, tokens_seen_, loader_.state(), cfg_.to_json(), engine_.state_fingerprint()};
   save_run_checkpoint(cfg_, ckpt_root_, engine_, meta, log_);
   last_saved_ = step;
@@ -371,7 +379,8 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
   const double tok_s = (tokens_seen_ - start_tokens_) / std::max(train_seconds, 1e-9);
   const int64_t final_step = start_step_ + steps_done_;
   log_.write_summary({
-      {"world_size", comm_.world_size()},
+      {"world_size", world_},
+      {"replicas", world_ / comm_.world_size()},
       {"placement", placement_name(plan_.placement)},
       {"backend", comm_.backend_name()},
       {"steps", final_step},
@@ -381,7 +390,7 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
       {"train_seconds", train_seconds},
       {"eval_seconds", eval_seconds_},
       {"tokens_per_second", tok_s},
-      {"mfu", model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * comm_.world_size())},
+      {"mfu", model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * world_)},
       {"final_train_loss", nullable(final_train_loss_)},
       {"final_val_loss", nullable(last_val_)},
       {"best_val_loss", nullable(best_val_)},

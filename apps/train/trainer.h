@@ -31,9 +31,14 @@ struct TrainerOptions {
   bool eval_only = false;  ///< only print the validation loss of the (init_from) model
   double program_start = 0;  ///< steady-clock seconds at process start (wall time includes start-up)
   double agreement_seconds = 0;  ///< time the start-up agreement took (reported in the log)
+  /// HSDP (sharding.replicate > 1): the replica group of this rank (comm/comm_factory.h
+  /// make_hsdp_groups); run_training's `comm` is then the shard group. nullptr otherwise.
+  Communicator* replicas = nullptr;
 };
 
-/// Runs training (or evaluation) on every rank of `comm`. Rank 0 prints progress and writes the
+/// Runs training (or evaluation) on every rank of `comm` (and of opts.replicas under HSDP: data,
+/// logging and the export then follow the world rank g = replica * S + shard rank, and only
+/// replica 0 writes checkpoints, which every replica reads on resume). Rank 0 prints progress and writes the
 /// run directory (metrics.jsonl, summary.json) and the export. The summary's comm_bytes and
 /// peak_bytes cover the training steps (and periodic evaluations, whose traffic is "other"), not
 /// the final evaluation, sampling and export; its tokens/s, MFU and train_seconds exclude evaluation. Throws std::runtime_error when the

@@ -1,6 +1,9 @@
 // A placement as the engine sees it: one row of behaviour flags, computed once, so the step
 // schedule asks a question ("are parameters resident?") instead of naming a placement.
 #pragma once
+#include <stdexcept>
+#include <string>
+
 #include "planner/shard_plan.h"
 
 namespace mfsdp {
@@ -13,6 +16,10 @@ namespace mfsdp {
 /// | fsdp2      | no       | reduce-scatter, per mb  | owners     | gathered   | no                |
 /// | zero1      | yes      | reduce-scatter, last mb | owners     | local      | yes               |
 /// | ddp        | yes      | all-reduce, last mb     | every rank | local      | no                |
+///
+/// HSDP (replicate x shard, `replicated`): any row but ddp over a shard group of W/R ranks, with
+/// R replicas of that group; each owner's reduced gradients are also summed over its R replica
+/// owners (a rank-ordered chain, then a broadcast), so replicas stay bitwise identical.
 struct PlacementTraits {
   /// Full parameters and full gradients live on every rank between steps (no gathers); gradients
   /// of the micro-batches accumulate locally and are reduced after the last one only.
@@ -26,15 +33,23 @@ struct PlacementTraits {
   bool gathered_muon_input = false;
   /// Owners' updated segments are all-gathered back into every rank's resident parameters.
   bool gather_after_step = false;
+  /// HSDP: the communicator is one of R > 1 replica shard groups; gradients reduced to an owner
+  /// are chained through the owners of the same segment in the other replicas (see UnitBuffers).
+  bool replicated = false;
 };
 
-/// The row of `p`.
-inline PlacementTraits placement_traits(Placement p) {
+/// The row of `p`, replicated over `replicas` shard groups (HSDP when > 1). Throws
+/// std::invalid_argument when replicas < 1, or replicas > 1 with ddp (already all replicas).
+inline PlacementTraits placement_traits(Placement p, int replicas = 1) {
+  if (replicas < 1 || (replicas > 1 && p == Placement::ddp))
+    throw std::invalid_argument(std::string("placement_traits: ") + placement_name(p) + " cannot be replicated " +
+                                std::to_string(replicas) + " times (HSDP needs R >= 1 and a sharded placement)");
+  const bool rep = replicas > 1;
   switch (p) {
-    case Placement::matrixfsdp: return {false, false, false, false, false};
-    case Placement::fsdp2: return {false, false, false, true, false};
-    case Placement::zero1: return {true, false, false, false, true};
-    case Placement::ddp: return {true, true, true, false, false};
+    case Placement::matrixfsdp: return {false, false, false, false, false, rep};
+    case Placement::fsdp2: return {false, false, false, true, false, rep};
+    case Placement::zero1: return {true, false, false, false, true, rep};
+    case Placement::ddp: return {true, true, true, false, false, false};
   }
   return {};
 }

@@ -28,10 +28,13 @@ const ShardPlan& plan_for(const ShardPlan& plan, const Communicator& comm) {
 
 }  // namespace
 
-ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts)
+ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts,
+                             Communicator* replicas)
     : model_(model), comm_(comm), plan_(plan_for(plan, comm)), opts_(opts),
-      traits_(placement_traits(plan.placement)), rank_(comm.rank()), world_(comm.world_size()),
-      units_(model, comm, plan_, traits_), owners_(units_, comm, plan_, traits_, opts_) {}
+      traits_(placement_traits(plan.placement, replicas ? replicas->world_size() : 1)), rank_(comm.rank()),
+      world_(comm.world_size()), replicas_(traits_.replicated ? replicas : nullptr),
+      replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_),
+      owners_(units_, comm, plan_, traits_, opts_) {}
 
 ShardedEngine::~ShardedEngine() = default;
 
@@ -54,9 +57,9 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
     loss_sum.add(forward_backward(mb, k + 1 == micro.size(), st));
   }
 
-  // 2. the global mean loss: sum-reduced gradients / (world x micro-batches)
-  const double denom = static_cast<double>(world_) * static_cast<double>(micro.size());
-  st.loss = all_reduce_exact(comm_, loss_sum, CommPhase::other).value() / denom;
+  // 2. the global mean loss: sum-reduced gradients / (world x replicas x micro-batches)
+  const double denom = static_cast<double>(world_) * replica_count_ * static_cast<double>(micro.size());
+  st.loss = sum_over_world(loss_sum).value() / denom;
   if (!std::isfinite(st.loss))  // every rank sees the same reduced value, so all throw together
     throw NonFiniteLossError("step " + std::to_string(step) + ": the training loss is " + std::to_string(st.loss) +
                              " (diverged); the optimizer step was skipped");
@@ -85,7 +88,20 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   st.t_reduce = reduced[3];
   st.t_optimizer = reduced[4];
   st.t_total = reduced[5];
+  if (replicas_) reduce_stats_over_replicas(st);
   return st;
+}
+
+ExactSum ShardedEngine::sum_over_world(const ExactSum& local) {
+  ExactSum group = all_reduce_exact(comm_, local, CommPhase::other);
+  return replicas_ ? all_reduce_exact(*replicas_, group, CommPhase::other) : group;
+}
+
+void ShardedEngine::reduce_stats_over_replicas(StepStats& st) {
+  st.tokens = static_cast<int64_t>(
+      replicas_->all_reduce_scalar(static_cast<double>(st.tokens), ReduceOp::sum, CommPhase::other));
+  for (double* t : {&st.t_forward, &st.t_backward, &st.t_reduce, &st.t_optimizer, &st.t_total})
+    *t = replicas_->all_reduce_scalar(*t, ReduceOp::max, CommPhase::other);
 }
 
 float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, StepStats& st) {
@@ -188,8 +204,10 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
     }
     tokens += mb.targets.numel();
   }
-  const double total = all_reduce_exact(comm_, loss_sum, CommPhase::other).value();
+  const double total = sum_over_world(loss_sum).value();
   tokens = static_cast<int64_t>(comm_.all_reduce_scalar(static_cast<double>(tokens), ReduceOp::sum, CommPhase::other));
+  if (replicas_)
+    tokens = static_cast<int64_t>(replicas_->all_reduce_scalar(static_cast<double>(tokens), ReduceOp::sum, CommPhase::other));
   return {total, tokens};
 }
 

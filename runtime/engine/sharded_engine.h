@@ -48,7 +48,14 @@ class ShardedEngine {
   /// engine's device: every buffer, copy and kernel of the engine is there). Throws
   /// std::invalid_argument when the plan does not match the model (names, shapes) or the
   /// communicator's world size.
-  ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts);
+  ///
+  /// HSDP (replicate x shard): `comm` is this rank's shard group (the plan is for its size S) and
+  /// `replicas` groups the R ranks with the same shard rank across replicas (comm/comm_factory.h
+  /// make_hsdp_groups); gradients are summed over all R*S ranks in world-rank order, so every
+  /// replica stays bitwise equal to world-1 training with R*S*A micro-batches (rank g = q*S + s
+  /// feeds global micro-batch k*R*S + g). Throws std::invalid_argument for ddp with R > 1.
+  ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts,
+                Communicator* replicas = nullptr);
   ~ShardedEngine();
   ShardedEngine(const ShardedEngine&) = delete;
   ShardedEngine& operator=(const ShardedEngine&) = delete;
@@ -127,6 +134,10 @@ class ShardedEngine {
   std::vector<StatePiece> state_pieces_of(int r) const;
   /// This rank's owned pieces in the order of state_pieces_of(rank()).
   std::vector<OwnedPiece*> contributed_pieces();
+  /// Exact sum of `local` over every rank of every replica.
+  ExactSum sum_over_world(const ExactSum& local);
+  /// HSDP: token count summed and phase times maxed over the replicas (st already over the shard group).
+  void reduce_stats_over_replicas(StepStats& st);
 
   UnitModel& model_;
   Communicator& comm_;
@@ -134,6 +145,8 @@ class ShardedEngine {
   EngineOptions opts_;
   PlacementTraits traits_;
   int rank_, world_;
+  Communicator* replicas_;  ///< HSDP replica group (R > 1), or nullptr
+  int replica_count_;       ///< R (1 without HSDP)
   UnitBuffers units_;
   OwnerState owners_;
 };

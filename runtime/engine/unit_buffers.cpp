@@ -6,8 +6,10 @@
 
 namespace mfsdp {
 
-UnitBuffers::UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits)
-    : model_(model), comm_(comm), plan_(plan), traits_(traits), device_(comm.device()), rank_(comm.rank()) {
+UnitBuffers::UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits,
+                         Communicator* replicas)
+    : model_(model), comm_(comm), replicas_(traits.replicated ? replicas : nullptr), plan_(plan), traits_(traits), device_(comm.device()), rank_(comm.rank()) {
+  check_arg(!traits.replicated || replicas, "ShardedEngine", "a replicated placement needs a replica communicator");
   const auto& inv = model_.inventory();
   check_arg(plan_.shards.size() == inv.params.size() && plan_.units.size() == inv.unit_names.size(), "ShardedEngine",
             "plan has " + std::to_string(plan_.shards.size()) + " parameters in " + std::to_string(plan_.units.size()) +
@@ -144,14 +146,29 @@ void UnitBuffers::reduce_gradients(int u, bool last_micro) {
   if (traits_.all_reduce_gradients) {
     comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
   } else {
-    // Every rank's contribution is added onto the owner's running gradient shard in rank order, so
-    // each owned element sees the same f32 additions as at world size 1 (micro-batch j = k*W + r).
-    comm_.reduce_scatter_v(unit.full_grad.data_f32(), unit.my_count ? unit.shard_grad.data_f32() : nullptr,
-                           unit.counts, DType::f32, ReduceOp::accumulate, CommPhase::grad_reduce);
+    reduce_to_owners(unit);
   }
   if (traits_.resident) return;  // zeroed at the start of the next step
   unit.full_grad.storage()->release();
   unit.grads_live = false;
+}
+
+// Every rank's contribution is added onto the owner's running gradient shard in rank order, so
+// each owned element sees the same f32 additions as at world size 1 (micro-batch j = k*W + r).
+// HSDP (world rank g = q*S + s): replica q first takes over replica q-1's running sums, adds its
+// S ranks in order, and hands them on to q+1; the last replica's sums are broadcast to all. So the
+// additions run in world-rank order 0..W-1, exactly as without replicas at world size W.
+void UnitBuffers::reduce_to_owners(UnitBuffer& unit) {
+  float* mine = unit.my_count ? unit.shard_grad.data_f32() : nullptr;
+  const int q = replicas_ ? replicas_->rank() : 0, R = replicas_ ? replicas_->world_size() : 1;
+  if (q > 0 && unit.my_count)
+    replicas_->send_recv({{false, q - 1, mine, unit.my_count, DType::f32}}, CommPhase::grad_reduce);
+  comm_.reduce_scatter_v(unit.full_grad.data_f32(), mine, unit.counts, DType::f32, ReduceOp::accumulate,
+                         CommPhase::grad_reduce);
+  if (R == 1) return;
+  if (q + 1 < R && unit.my_count)
+    replicas_->send_recv({{true, q + 1, mine, unit.my_count, DType::f32}}, CommPhase::grad_reduce);
+  replicas_->broadcast(mine, unit.my_count, DType::f32, R - 1, CommPhase::grad_reduce);
 }
 
 void UnitBuffers::zero_gradients() {

@@ -40,9 +40,11 @@ struct UnitBuffer {
 class UnitBuffers {
  public:
   /// Allocates every unit's persistent buffers on comm.device() (transient ones released) and
-  /// binds every parameter of `model` to its view. Throws std::invalid_argument when the plan and
-  /// the model disagree.
-  UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits);
+  /// binds every parameter of `model` to its view. `replicas` (HSDP, traits.replicated) groups
+  /// this rank with the ranks of the same shard rank in the other replicas; nullptr otherwise.
+  /// Throws std::invalid_argument when the plan and the model disagree.
+  UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits,
+              Communicator* replicas = nullptr);
 
   int size() const { return static_cast<int>(units_.size()); }
   UnitBuffer& unit(int u) { return *units_[static_cast<size_t>(u)]; }
@@ -56,7 +58,8 @@ class UnitBuffers {
   /// Materializes and zeroes unit u's full gradient buffers before its backward.
   void ensure_grad_buffers(int u);
   /// Hands unit u's gradients of this micro-batch to the owners (reduce_scatter_v with
-  /// ReduceOp::accumulate onto shard_grad) or to every rank (all_reduce, ddp). Resident
+  /// ReduceOp::accumulate onto shard_grad) or to every rank (all_reduce, ddp); under HSDP the
+  /// owners' running sums are chained through the replicas (reduce_to_owners). Resident
   /// placements only reduce after the last micro-batch; the others free the full gradients after.
   void reduce_gradients(int u, bool last_micro);
   /// Zeroes the gradient shards (and resident full gradients) at the start of a step.
@@ -77,10 +80,12 @@ class UnitBuffers {
  private:
   void build_unit(int ui);
   void unpack_params(UnitBuffer& unit);
+  void reduce_to_owners(UnitBuffer& unit);
   Tensor buffer(int64_t numel, MemCategory cat, bool materialized) const;
 
   UnitModel& model_;
   Communicator& comm_;
+  Communicator* replicas_;  ///< HSDP replica group, or nullptr
   const ShardPlan& plan_;
   PlacementTraits traits_;
   Device device_;

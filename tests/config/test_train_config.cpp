@@ -150,3 +150,18 @@ TEST_CASE("to_json is the effective config and loads back to the same config", "
   CHECK(edit_distance("kitten", "sitting") == 3);
   CHECK(edit_distance("", "abc") == 3);
 }
+
+TEST_CASE("sharding.replicate (HSDP) is parsed, echoed and refused with ddp", "[config][hsdp]") {
+  auto parse = [](const std::string& text) {
+    return parse_train_config(nlohmann::json::parse(text), "hsdp.json", ".");
+  };
+  const std::string train = R"("data": {"train": "x.bin"})";
+  CHECK(parse("{" + train + "}").sharding.replicate == 1);
+  const TrainConfig c = parse("{" + train + R"(, "sharding": {"replicate": 2, "placement": "fsdp2"}})");
+  CHECK(c.sharding.replicate == 2);
+  CHECK(c.to_json()["sharding"]["replicate"] == 2);
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"replicate": 0}})"),
+                    Contains("sharding.replicate: must be >= 1, got 0"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"replicate": 2, "placement": "ddp"}})"),
+                    Contains("sharding.replicate: ddp is already fully replicated"));
+}

@@ -1,0 +1,230 @@
+// mfsdp-project: cluster projection of step time and per-rank memory (planner/projection.h).
+//   mfsdp-project --cluster configs/clusters/a100_80gb_8x.json --model llama-7b [--placements ...]
+//                 [--worlds 8 16 ... 512] [--replicate R] [--ns-steps 5] [--dtype bf16] [--json out.json]
+//   mfsdp-project --cluster C --paper            the paper's setups next to its figures, largest fits
+//   mpirun -np 2 mfsdp-project --calibrate this_machine.json      measure this machine's constants
+//   mfsdp-project --cluster this_machine.json --compare bench.json [--tolerance 5] [--ratio-tolerance 2]
+//                                                predictions vs mfsdp-bench measurements (exit 1 if off)
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <tuple>
+
+#include "apps/bench/calibrate.h"
+#include "comm/mpi_backends.h"
+#include "planner/projection.h"
+
+using namespace mfsdp;
+using nlohmann::json;
+
+namespace {
+
+json sweep(const ProjectionInput& base, const std::vector<std::string>& placements, const ClusterSpec& c,
+           const std::vector<int>& worlds) {
+  json out = json::array();
+  std::printf("%s, %s, NS %d (%s), compute %s, B=%d T=%d per rank%s, replicas %d on %s\n", base.model.name.c_str(),
+              (std::to_string(base.model.num_params() / 1000000) + "M params").c_str(), base.ns_steps,
+              base.ns_dtype.c_str(), base.dtype.c_str(), base.batch, base.seq,
+              base.activation_checkpointing ? ", activation checkpointing" : "", base.replicas, c.name.c_str());
+  std::printf("%6s %-11s %10s %10s %10s %10s %10s %8s\n", "world", "placement", "fwd_ms", "bwd_ms", "reduce_ms",
+              "opt_ms", "step_ms", "mem_GB");
+  for (int w : worlds) {
+    std::map<std::string, Projection> row;
+    for (const std::string& p : placements) {
+      ProjectionInput in = base;
+      in.placement = parse_placement(p);
+      if (w % in.replicas || (in.replicas > 1 && in.placement == Placement::ddp)) continue;
+      const Projection r = project(in, c, w);
+      row[p] = r;
+      std::printf("%6d %-11s %10.1f %10.1f %10.1f %10.1f %10.1f %7.1f%s\n", w, p.c_str(), r.forward_ms, r.backward_ms,
+                  r.reduce_ms, r.optimizer_ms, r.step_ms, r.total_gb, r.oom ? " OOM" : "");
+      json j = r.to_json();
+      j["placement"] = p;
+      j["model"] = base.model.name;
+      out.push_back(j);
+    }
+    if (row.count("fsdp2") && row.count("matrixfsdp"))
+      std::printf("%6d ratio fsdp2/matrixfsdp: optimizer %.2fx, step %.2fx\n", w,
+                  row["fsdp2"].optimizer_ms / row["matrixfsdp"].optimizer_ms, row["fsdp2"].step_ms / row["matrixfsdp"].step_ms);
+  }
+  return out;
+}
+
+// The paper's setups with the published figures next to the predictions; then the largest Llama
+// preset that fits per placement.
+json paper(const ClusterSpec& c) {
+  json out;
+  struct Setup {
+    const char* what;
+    ProjectionInput in;
+    int world;
+    double opt_claim, step_claim;
+  };
+  ProjectionInput l7;
+  l7.model = model_preset("llama-7b");
+  l7.seq = 4096;
+  l7.activation_checkpointing = true;
+  ProjectionInput pub = l7;  // the authors' public runtime: 2 NS steps, 4 GPUs
+  pub.ns_steps = 2;
+  ProjectionInput pub13 = pub;
+  pub13.model = model_preset("llama-13b");
+  std::vector<Setup> setups{{"paper optimizer step, 8 GPUs (llama-7b shape assumed)", l7, 8, 4.2, 0},
+                            {"paper optimizer step, 64 GPUs (llama-7b shape assumed)", l7, 64, 54.6, 0},
+                            {"public runtime, 4 A100-PCIe, 32 layers x 4096, NS 2", pub, 4, 0, 10.43 / 4.22},
+                            {"public runtime, 4 A100-PCIe, 40 layers x 5120, NS 2", pub13, 4, 0, 20.07 / 8.40}};
+  std::printf("\nPaper setups on %s (bf16, NS in bf16, activation checkpointing, B=1 T=4096 per GPU)\n", c.name.c_str());
+  std::printf("%-58s %9s %9s %9s %9s\n", "setup", "opt_pred", "opt_paper", "step_pred", "step_pub");
+  // The public runtime's numbers are from A100-PCIe: no NVLink, so intra-node traffic is capped at
+  // PCIe 4.0 x16 (about 24 GB/s per direction) for those two rows.
+  ClusterSpec pcie = c;
+  pcie.intra_GBps = std::min(c.intra_GBps, 24.0);
+  for (const Setup& s : setups) {
+    const ClusterSpec& cl = s.world == 4 ? pcie : c;
+    ProjectionInput m = s.in, f = s.in;
+    m.placement = Placement::matrixfsdp;
+    f.placement = Placement::fsdp2;
+    const Projection pm = project(m, cl, s.world), pf = project(f, cl, s.world);
+    const double ro = pf.optimizer_ms / pm.optimizer_ms, rs = pf.step_ms / pm.step_ms;
+    std::printf("%-58s %8.2fx %8.1fx %8.2fx %8.2fx\n", s.what, ro, s.opt_claim, rs, s.step_claim);
+    out["setups"].push_back({{"setup", s.what}, {"world", s.world}, {"ns_steps", s.in.ns_steps},
+                             {"optimizer_ratio", ro}, {"optimizer_ratio_paper", s.opt_claim},
+                             {"step_ratio", rs}, {"step_ratio_published", s.step_claim}});
+  }
+  std::printf("\nLargest Llama preset that fits in %.0f GB per GPU (bf16, checkpointing, B=1 T=4096)\n", c.memory_gb);
+  for (int w : {8, 64})
+    for (const char* p : {"matrixfsdp", "fsdp2", "zero1", "ddp"}) {
+      std::string best = "none";
+      double best_params = 0;
+      for (const std::string& name : model_preset_names()) {
+        ProjectionInput in = l7;
+        in.model = model_preset(name);
+        in.placement = parse_placement(p);
+        if (in.model.family != "llama" || project(in, c, w).oom) continue;
+        const double n = static_cast<double>(in.model.num_params());
+        if (n > best_params) best_params = n, best = name;
+      }
+      std::printf("  W=%-3d %-11s %s (%.1fB)\n", w, p, best.c_str(), best_params / 1e9);
+      out["largest_fit"].push_back({{"world", w}, {"placement", p}, {"model", best}, {"params", best_params}});
+    }
+  return out;
+}
+
+// Predictions for each mfsdp-bench result. Returns {largest |log(predicted / measured)| of the
+// times, largest |log| of the placement ratios (time / matrixfsdp's time at the same world size and
+// NS steps, predicted over measured)}: the ratios cancel the machine's speed, which on shared cores
+// varies with the other jobs between calibration and measurement.
+std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench_path, json& out) {
+  std::ifstream f(bench_path);
+  if (!f) throw std::runtime_error(bench_path + ": cannot open");
+  const json b = json::parse(f);
+  double worst = 0, worst_ratio = 0;
+  std::map<std::string, std::pair<double, double>> base_meas, base_pred;  // (world, ns) -> matrixfsdp (opt, step)
+  std::vector<std::tuple<std::string, std::string, double, double, double, double>> rows;
+  std::printf("%-10s %5s %3s %-11s %10s %10s %7s %10s %10s %7s\n", "model", "world", "ns", "placement", "opt_meas",
+              "opt_pred", "factor", "step_meas", "step_pred", "factor");
+  for (const json& r : b.at("results")) {
+    ProjectionInput in;
+    in.model = model_preset(r.at("model").get<std::string>(), r.at("layers").get<int>());
+    in.placement = parse_placement(r.at("placement").get<std::string>());
+    in.ns_steps = r.at("ns_steps");
+    in.dtype = in.ns_dtype = r.at("dtype").get<std::string>();
+    in.batch = r.at("batch");
+    in.seq = r.at("seq");
+    in.replicas = r.value("replicas", 1);
+    const int W = r.at("world");
+    const Projection p = project(in, c, W);
+    const double om = r.at("ms").at("optimizer"), sm = r.at("ms").at("total");
+    const double ro = p.optimizer_ms / om, rs = p.step_ms / sm;
+    worst = std::max({worst, std::fabs(std::log(ro)), std::fabs(std::log(rs))});
+    std::printf("%-10s %5d %3d %-11s %10.1f %10.1f %7.2f %10.1f %10.1f %7.2f\n", in.model.name.c_str(), W, in.ns_steps,
+                placement_name(in.placement), om, p.optimizer_ms, ro, sm, p.step_ms, rs);
+    const std::string key = in.model.name + " W=" + std::to_string(W) + " ns=" + std::to_string(in.ns_steps);
+    if (in.placement == Placement::matrixfsdp) base_meas[key] = {om, sm}, base_pred[key] = {p.optimizer_ms, p.step_ms};
+    rows.emplace_back(key, placement_name(in.placement), om, sm, p.optimizer_ms, p.step_ms);
+    out["cases"].push_back({{"model", in.model.name}, {"world", W}, {"placement", placement_name(in.placement)},
+                            {"ns_steps", in.ns_steps}, {"optimizer_measured_ms", om}, {"optimizer_predicted_ms", p.optimizer_ms},
+                            {"step_measured_ms", sm}, {"step_predicted_ms", p.step_ms}});
+  }
+  std::printf("placement / matrixfsdp, measured vs predicted:\n");
+  for (const auto& [key, pl, om, sm, op, sp] : rows) {
+    if (pl == std::string("matrixfsdp") || !base_meas.count(key)) continue;
+    const double mo = om / base_meas[key].first, ms = sm / base_meas[key].second;
+    const double po = op / base_pred[key].first, ps = sp / base_pred[key].second;
+    worst_ratio = std::max({worst_ratio, std::fabs(std::log(po / mo)), std::fabs(std::log(ps / ms))});
+    std::printf("  %-26s %-6s optimizer %6.2fx measured, %6.2fx predicted; step %6.2fx measured, %6.2fx predicted\n",
+                key.c_str(), pl.c_str(), mo, po, ms, ps);
+    out["ratios"].push_back({{"case", key}, {"placement", pl}, {"optimizer_measured", mo}, {"optimizer_predicted", po},
+                             {"step_measured", ms}, {"step_predicted", ps}});
+  }
+  return {worst, worst_ratio};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mfsdp-project: step time and memory per rank of a placement on a cluster, world 8..512"};
+  std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b";
+  std::vector<std::string> placements{"matrixfsdp", "fsdp2", "zero1", "ddp"};
+  std::vector<int> worlds{8, 16, 32, 64, 128, 256, 512};
+  ProjectionInput in;
+  int layers = 0;
+  bool paper_mode = false;
+  double tolerance = 5.0, ratio_tolerance = 2.0;
+  app.add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)");
+  app.add_option("--calibrate", calibrate_path, "measure this machine (under mpirun) and write its cluster JSON");
+  app.add_option("--compare", compare_path, "mfsdp-bench --json output to predict and compare with");
+  app.add_option("--tolerance", tolerance, "--compare fails when a predicted time is off by more than this factor")
+      ->capture_default_str();
+  app.add_option("--ratio-tolerance", ratio_tolerance,
+                 "--compare fails when a predicted placement / matrixfsdp ratio is off by more than this factor")
+      ->capture_default_str();
+  app.add_option("--model", model, "model preset (planner/model_presets.h)")->capture_default_str();
+  app.add_option("--layers", layers, "override the preset's layer count");
+  app.add_option("--placements", placements, "placements")->capture_default_str();
+  app.add_option("--worlds", worlds, "world sizes")->capture_default_str();
+  app.add_option("--replicate", in.replicas, "HSDP replicas R")->capture_default_str();
+  app.add_option("--ns-steps", in.ns_steps, "Newton-Schulz iterations")->capture_default_str();
+  app.add_option("--dtype", in.dtype, "compute/communication dtype: bf16 | f32")->capture_default_str();
+  app.add_option("--ns-dtype", in.ns_dtype, "Newton-Schulz dtype: bf16 | f32")->capture_default_str();
+  app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str();
+  app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str();
+  app.add_flag("--checkpointing", in.activation_checkpointing, "activation checkpointing");
+  app.add_flag("--paper", paper_mode, "the paper's setups and the largest Llama that fits");
+  app.add_option("--json", json_path, "write the projection as JSON");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (!calibrate_path.empty()) {
+      MpiSession mpi(&argc, &argv);
+      auto comm = make_mpi_communicator();
+      const ClusterSpec c = calibrate_this_machine(*comm);
+      if (comm->rank() == 0) {
+        std::ofstream(calibrate_path) << c.to_json().dump(2) << "\n";
+        std::printf("%s\n", c.to_json().dump(2).c_str());
+      }
+      return 0;
+    }
+    if (cluster_path.empty()) throw std::runtime_error("--cluster is required (or --calibrate)");
+    const ClusterSpec c = ClusterSpec::load(cluster_path);
+    json out{{"cluster", c.to_json()}};
+    if (!compare_path.empty()) {
+      const auto [worst, worst_ratio] = compare(c, compare_path, out["compare"]);
+      std::printf("largest error factor: times %.2f (tolerance %.2f), placement ratios %.2f (tolerance %.2f)\n",
+                  std::exp(worst), tolerance, std::exp(worst_ratio), ratio_tolerance);
+      out["worst_factor"] = std::exp(worst);
+      out["worst_ratio_factor"] = std::exp(worst_ratio);
+      if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+      return std::exp(worst) <= tolerance && std::exp(worst_ratio) <= ratio_tolerance ? 0 : 1;
+    }
+    in.model = model_preset(model, layers);
+    out["projection"] = sweep(in, placements, c, worlds);
+    if (paper_mode) out["paper"] = paper(c);
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mfsdp-project: %s\n", e.what());
+    return 2;
+  }
+}

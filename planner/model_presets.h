@@ -1,0 +1,53 @@
+// Model shapes for benchmarks and cluster projections: the GPT-2 family and Llama-shaped
+// decoders, as data (a table of presets, or a JSON object), each giving a ParamInventory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/param_spec.h"
+
+namespace mfsdp {
+
+/// The shape of a decoder-only transformer; enough to build its parameter inventory and count
+/// its training FLOPs. `family` is "gpt2" (fused QKV [3C, C], GELU MLP [4C, C] / [C, 4C], biases,
+/// learned positions, LayerNorm) or "llama" (q/o [C, C], k/v [n_kv_head*hd, C] with hd = C /
+/// n_head, SwiGLU gate/up [I, C] and down [C, I], RMSNorm [C], no biases, untied head [V, C]).
+struct ModelShape {
+  std::string name, family = "gpt2";
+  int n_layer = 12, n_embd = 768, n_head = 12, n_kv_head = 12;
+  int64_t intermediate = 3072;  ///< MLP hidden width (gpt2: 4C)
+  int64_t vocab = 50257;        ///< gpt2: padded to a multiple of 64 in the inventory
+  int seq_len = 1024;
+  bool tie_embeddings = true;   ///< gpt2 only; llama heads are untied
+
+  /// The FSDP inventory (unit 0 embedding, 1..L blocks, L+1 head); gpt2 = models/gpt_spec.h's
+  /// gpt_inventory. Throws std::invalid_argument on a bad shape (n_head not dividing C, ...).
+  ParamInventory inventory() const;
+  /// Parameter count of inventory().
+  int64_t num_params() const;
+  /// Training FLOPs per token, forward + backward: 6 * N_matmul + 12 * n_layer * n_embd * context
+  /// (PaLM appendix B; N_matmul = matrices and the head, not lookups, norms or biases).
+  double flops_per_token(int context) const;
+  /// Activation bytes per token per layer kept for backward without activation checkpointing, at
+  /// 4-byte values: 2 * (34 * C + 5 * n_head * context) (Korthikanti et al. 2022, "Reducing
+  /// Activation Recomputation in Large Transformer Models", eq. 1, which counts 2-byte values).
+  /// An estimate for OOM verdicts only.
+  double activation_bytes_per_token_layer(int context) const;
+};
+
+/// Preset names, e.g. "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama-7b", "llama-13b",
+/// "llama3-8b", "llama-30b", "llama-65b", "llama3-70b".
+std::vector<std::string> model_preset_names();
+/// The named preset, with n_layer replaced by `layers` when layers > 0. Throws
+/// std::invalid_argument naming the preset and listing the known ones.
+ModelShape model_preset(const std::string& name, int layers = 0);
+/// A shape from JSON: {"name", "family", "n_layer", "n_embd", "n_head", "n_kv_head",
+/// "intermediate", "vocab", "seq_len", "tie_embeddings"}; missing keys take ModelShape's defaults
+/// (for llama, n_kv_head defaults to n_head). Throws nlohmann::json errors on wrong types.
+ModelShape model_shape_from_json(const nlohmann::json& j);
+nlohmann::json to_json(const ModelShape& m);
+
+}  // namespace mfsdp
