@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "models/gpt_spec.h"
+#include "models/model_common.h"
 #include "runtime/engine/unit_model.h"
 #include "runtime/tensor.h"
 
@@ -42,8 +43,8 @@ class GPT : public UnitModel {
   /// them (parameters require grad; gradients are preallocated views) and initializes from `seed`.
   void allocate_local(uint64_t seed, Device device = Device::CPU);
   /// The flat buffers of allocate_local() (undefined otherwise).
-  const Tensor& local_params() const { return local_params_; }
-  const Tensor& local_grads() const { return local_grads_; }
+  const Tensor& local_params() const { return params_.local_params(); }
+  const Tensor& local_grads() const { return params_.local_grads(); }
 
   // ---- unit forwards ----
   /// Unit 0: tokens i32 [B, T] -> x [B, T, C].
@@ -69,9 +70,7 @@ class GPT : public UnitModel {
  private:
   GPTConfig cfg_;
   ParamInventory inv_;
-  std::map<std::string, Tensor> params_;
-  std::map<std::string, Shape> shapes_;
-  Tensor local_params_, local_grads_;
+  BoundParams params_;
 };
 
 /// Samples `n` tokens after `prompt` with temperature and top-k (0 = all), using the whole model

@@ -8,21 +8,13 @@
 #include "optim/adamw.h"
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
+#include "tests/models/rel_error.h"
 
 using namespace mfsdp;
 
 namespace {
 
 const std::string kFixture = std::string(MFSDP_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny.safetensors";
-
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
 
 struct Fixture {
   SafetensorsFile file{kFixture};
