@@ -12,7 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "models/gpt_hf.h"
+#include "apps/train/model_io.h"
+#include "models/hf_checkpoint.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/data/token_shards.h"
@@ -78,8 +79,7 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
     if (eval_only && cfg.data.val.resolved.empty()) return cfg.source + ": --eval-only needs data.val (validation shards)";
     if (eval_only && cfg.model.init_from.resolved.empty())
       return cfg.source + ": --eval-only needs model.init_from (the model to evaluate)";
-    const GPTConfig g = cfg.model.gpt();
-    g.validate();
+    const std::unique_ptr<TrainableModel> model = make_trainable_model(cfg);  // validates the architecture
     int64_t global_tokens = 0;
     if (__builtin_mul_overflow(static_cast<int64_t>(world_size) * cfg.training.grad_accum,
                                static_cast<int64_t>(cfg.training.micro_batch_size) * cfg.model.seq_len, &global_tokens) ||
@@ -111,16 +111,14 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
     }
     if (!cfg.model.init_from.resolved.empty()) {
       NamedTensors init;
-      with_key("model.init_from", [&] { init = import_hf_gpt2(cfg.model.init_from.resolved, g); });
+      with_key("model.init_from", [&] { init = model->import_weights(cfg.model.init_from.resolved); });
       for (const auto& [name, values] : init)  // a NaN/Inf weight would only show up as a diverged step
         for (size_t i = 0; i < values.size(); ++i)
           if (!std::isfinite(values[i]))
             return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": tensor '" + name +
                    "' holds a non-finite value (" + std::to_string(values[i]) + " at element " + std::to_string(i) + ")";
-      const GPTConfig f = read_hf_gpt2_config(cfg.model.init_from.resolved);
-      if (f.n_head != g.n_head)  // shapes cannot tell heads apart
-        return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
-               std::to_string(f.n_head) + ", model.n_head is " + std::to_string(g.n_head);
+      const std::string mismatch = model->init_from_mismatch(cfg.model.init_from.resolved);
+      if (!mismatch.empty()) return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": " + mismatch;
     }
     const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
     if (ckpt_root.empty() && (cfg.training.resume == "auto" || cfg.checkpoint.interval > 0))
@@ -155,10 +153,18 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
         if (!e.empty()) return cfg.source + ": logging.run_dir: " + e;
       }
       if (!cfg.output.export_path.resolved.empty()) {
+        // A path ending in .safetensors is one file; anything else an export directory
+        // (model.safetensors + config.json, Hugging Face's from_pretrained layout).
+        const HfExportPaths files = hf_export_paths(cfg.output.export_path.resolved);
         const std::filesystem::path out(cfg.output.export_path.resolved);
-        if (std::filesystem::is_directory(out))
-          return cfg.source + ": output.export: " + out.string() + " is a directory (expected a .safetensors file)";
-        std::string e = check_writable_dir(out.has_parent_path() ? out.parent_path() : ".", "output.export");
+        if (files.config.empty() && std::filesystem::is_directory(out))
+          return cfg.source + ": output.export: " + out.string() +
+                 " is a directory (a path ending in .safetensors names the exported file)";
+        if (!files.config.empty() && std::filesystem::exists(out) && !std::filesystem::is_directory(out))
+          return cfg.source + ": output.export: " + out.string() +
+                 " is a file (a path not ending in .safetensors names an export directory)";
+        const std::filesystem::path weights(files.weights);
+        std::string e = check_writable_dir(weights.has_parent_path() ? weights.parent_path() : ".", "output.export");
         if (!e.empty()) return cfg.source + ": " + e;
         // Never overwrite what the run reads or writes otherwise.
         std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
@@ -181,15 +187,20 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
           const auto rel = a.lexically_relative(d);
           return !rel.empty() && *rel.begin() != "..";
         };
-        for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
-                                        {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume}})
-          if (inside(out, dir))
-            return cfg.source + ": output.export: " + out.string() + " is inside " + what + " (" + dir +
-                   "); choose a file outside the checkpoints";
-        for (const auto& [what, path] : taken)
-          if (same(out.string(), path))
-            return cfg.source + ": output.export: " + out.string() + " is " + what + " (" + path +
-                   "); choose another file";
+        const std::string init_dir =
+            std::filesystem::is_directory(cfg.model.init_from.resolved) ? cfg.model.init_from.resolved : "";
+        for (const std::string& file : {files.weights, files.config}) {
+          if (file.empty()) continue;
+          for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
+                                          {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume},
+                                          {"model.init_from", init_dir}})
+            if (inside(file, dir))
+              return cfg.source + ": output.export: " + file + " is inside " + what + " (" + dir +
+                     "); choose a path outside it";
+          for (const auto& [what, path] : taken)
+            if (same(file, path))
+              return cfg.source + ": output.export: " + file + " is " + what + " (" + path + "); choose another path";
+        }
       }
     }
   } catch (const std::exception& e) {
