@@ -101,6 +101,9 @@ void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTe
   for (const auto& [name, data] : params)
     if (!expected.count(name)) throw std::invalid_argument(who + "parameter '" + name + "' is not in the GPT-2 inventory");
 
+  // A from_pretrained directory carries GPT2LMHeadModel's names ("transformer." before the body):
+  // transformers loads an untied head only then.
+  const HfExportPaths out = hf_export_paths(path);
   std::vector<NamedArray> tensors;
   for (const ParamSpec& p : inv.params) {
     auto it = params.find(p.name);
@@ -117,17 +120,18 @@ void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTe
     } else {
       v = it->second;
     }
-    tensors.push_back(NamedArray{p.name, fs, std::move(v)});
+    const bool prefixed = !out.config.empty() && p.name != "lm_head.weight";
+    tensors.push_back(NamedArray{prefixed ? "transformer." + p.name : p.name, fs, std::move(v)});
   }
   std::map<std::string, std::string> meta = extra_metadata;
-  meta["format"] = "mfsdp-hf-gpt2";
+  meta["format"] = "pt";  // what transformers requires of a from_pretrained file
+  meta["mfsdp_layout"] = "hf-gpt2";
   meta["n_layer"] = std::to_string(cfg.n_layer);
   meta["n_head"] = std::to_string(cfg.n_head);
   meta["n_embd"] = std::to_string(cfg.n_embd);
   meta["seq_len"] = std::to_string(cfg.seq_len);
   meta["vocab_size"] = std::to_string(cfg.vocab_size);
   meta["tie_embeddings"] = cfg.tie_embeddings ? "true" : "false";
-  const HfExportPaths out = hf_export_paths(path);
   if (!out.config.empty()) std::filesystem::create_directories(path);
   write_f32_safetensors(out.weights, tensors, dtype, meta);
   if (!out.config.empty()) write_hf_config(out.config, hf_gpt2_config_json(cfg));

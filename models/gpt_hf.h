@@ -4,13 +4,15 @@
 //
 // Mapping between our layout (models/gpt_spec.h: gpt_inventory) and the file:
 //   - names are the inventory names (wte.weight, wpe.weight, h.{i}.ln_1.weight, ...,
-//     h.{i}.attn.c_attn.weight, ..., ln_f.weight, lm_head.weight when untied), no "transformer." prefix;
+//     h.{i}.attn.c_attn.weight, ..., ln_f.weight, lm_head.weight when untied): without a prefix in a
+//     single file, with GPT2LMHeadModel's "transformer." before every name but lm_head.weight in a
+//     from_pretrained directory;
 //   - the Linear matrices attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj are stored transposed, as
 //     HF's Conv1D keeps them: ours [fan_out, fan_in] -> file [fan_in, fan_out];
 //   - wte (and lm_head when untied) have Vp = padded_vocab_size() rows in memory and vocab_size rows
 //     in the file (import pads the extra rows with zeros);
 //   - everything else is copied as is.
-// Metadata: "format": "mfsdp-hf-gpt2", and the GPTConfig as strings: n_layer, n_head, n_embd,
+// Metadata: "format": "pt" (transformers refuses other values), "mfsdp_layout": "hf-gpt2", and the GPTConfig as strings: n_layer, n_head, n_embd,
 // seq_len, vocab_size, tie_embeddings ("true"/"false").
 #pragma once
 #include <map>

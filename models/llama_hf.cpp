@@ -104,7 +104,8 @@ void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const Name
     tensors.push_back(NamedArray{p.name, fs, std::vector<float>(it->second.begin(), it->second.begin() + shape_numel(fs))});
   }
   std::map<std::string, std::string> meta = extra_metadata;
-  meta["format"] = "mfsdp-hf-llama";
+  meta["format"] = "pt";  // what transformers requires of a from_pretrained file
+  meta["mfsdp_layout"] = "hf-llama";
   const HfExportPaths out = hf_export_paths(path);
   if (!out.config.empty()) std::filesystem::create_directories(path);
   write_f32_safetensors(out.weights, tensors, dtype, meta);

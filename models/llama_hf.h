@@ -29,7 +29,8 @@ std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaCo
 
 /// Writes `params` (exactly the names of llama_inventory(cfg) with the inventory's element counts)
 /// to `path` as F32 or BF16: a directory gets model.safetensors and config.json, a path ending in
-/// ".safetensors" just that file. Metadata: "format": "mfsdp-hf-llama" plus `extra_metadata`.
+/// ".safetensors" just that file. Metadata: "format": "pt" (transformers refuses other
+/// values), "mfsdp_layout": "hf-llama" plus `extra_metadata`.
 /// Throws std::invalid_argument naming a missing/extra parameter or a wrong element count,
 /// SafetensorsError / std::runtime_error on I/O failure.
 void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const NamedTensors& params,

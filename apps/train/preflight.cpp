@@ -157,15 +157,7 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
         // (model.safetensors + config.json, Hugging Face's from_pretrained layout).
         const HfExportPaths files = hf_export_paths(cfg.output.export_path.resolved);
         const std::filesystem::path out(cfg.output.export_path.resolved);
-        if (files.config.empty() && std::filesystem::is_directory(out))
-          return cfg.source + ": output.export: " + out.string() +
-                 " is a directory (a path ending in .safetensors names the exported file)";
-        if (!files.config.empty() && std::filesystem::exists(out) && !std::filesystem::is_directory(out))
-          return cfg.source + ": output.export: " + out.string() +
-                 " is a file (a path not ending in .safetensors names an export directory)";
         const std::filesystem::path weights(files.weights);
-        std::string e = check_writable_dir(weights.has_parent_path() ? weights.parent_path() : ".", "output.export");
-        if (!e.empty()) return cfg.source + ": " + e;
         // Never overwrite what the run reads or writes otherwise.
         std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
                                                                   {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
@@ -189,7 +181,7 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
         };
         const std::string init_dir =
             std::filesystem::is_directory(cfg.model.init_from.resolved) ? cfg.model.init_from.resolved : "";
-        for (const std::string& file : {files.weights, files.config}) {
+        for (const std::string& file : {out.string(), files.weights, files.config}) {
           if (file.empty()) continue;
           for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
                                           {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume},
@@ -201,6 +193,14 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
             if (same(file, path))
               return cfg.source + ": output.export: " + file + " is " + what + " (" + path + "); choose another path";
         }
+        if (files.config.empty() && std::filesystem::is_directory(out))
+          return cfg.source + ": output.export: " + out.string() +
+                 " is a directory (a path ending in .safetensors names the exported file)";
+        if (!files.config.empty() && std::filesystem::exists(out) && !std::filesystem::is_directory(out))
+          return cfg.source + ": output.export: " + out.string() +
+                 " is a file (a path not ending in .safetensors names an export directory)";
+        std::string e = check_writable_dir(weights.has_parent_path() ? weights.parent_path() : ".", "output.export");
+        if (!e.empty()) return cfg.source + ": " + e;
       }
     }
   } catch (const std::exception& e) {
