@@ -101,7 +101,8 @@ HfCheckpoint::HfCheckpoint(const std::string& path) : path_(path) {
 
 std::vector<std::string> HfCheckpoint::names() const {
   std::vector<std::string> out;
-  for (const auto& [n, i] : where_) out.push_back(n);
+  for (const auto& f : files_)
+    for (const auto& n : f->names()) out.push_back(n);
   return out;
 }
 

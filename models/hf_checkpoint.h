@@ -53,7 +53,8 @@ class HfCheckpoint {
   const std::string& path() const { return path_; }
   /// config.json (null when reading a single file).
   const nlohmann::json& config() const { return config_; }
-  /// Every tensor name, sorted.
+  /// Every tensor name, file by file (shards in the order the index first names them), each file
+  /// in data-block order.
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   /// Header entry; throws SafetensorsError naming the tensor when absent.

@@ -1,10 +1,14 @@
 // The whole Llama against PyTorch (fixture written by tests/fixtures/gen_llama_fixture.py from the
 // Hugging Face Llama math): logits, loss and every parameter gradient; the unit split; sampling.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
 
 #include "checkpoint/safetensors.h"
 #include "models/llama.h"
+#include "models/llama_hf.h"
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
 #include "tests/models/rel_error.h"
@@ -116,4 +120,57 @@ TEST_CASE("Llama sampling is deterministic and greedy at temperature ~0", "[llam
   const float* last = logits.data() + 3 * fx.cfg.padded_vocab_size();
   CHECK(next[0] == std::max_element(last, last + fx.cfg.vocab_size) - last);
   CHECK(sample_tokens(model, ctx, 20, 0.8f, 0, 11) == sample_tokens(model, ctx, 20, 0.8f, 0, 11));
+}
+
+TEST_CASE("Llama HF directory export/import round trip, sharded checkpoints, config mismatches", "[llama]") {
+  namespace fs = std::filesystem;
+  Fixture fx;
+  NamedTensors params;
+  for (const auto& p : llama_inventory(fx.cfg).params) params[p.name] = fx.file.read_f32(p.name);
+  const fs::path dir = fs::temp_directory_path() / ("mfsdp_llama_hf_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  export_hf_llama(dir.string(), fx.cfg, params, DType::f32, {{"step", "7"}});
+  REQUIRE(fs::is_regular_file(dir / "model.safetensors"));
+  REQUIRE(fs::is_regular_file(dir / "config.json"));
+  {
+    const SafetensorsFile f((dir / "model.safetensors").string());
+    CHECK(f.metadata().at("format") == "pt");
+    CHECK(f.info("model.embed_tokens.weight").shape == std::vector<int64_t>{96, 64});  // unpadded rows
+    CHECK(f.info("model.layers.1.self_attn.k_proj.weight").shape == std::vector<int64_t>{32, 64});
+  }
+  const nlohmann::json cfg = hf_llama_config_json(fx.cfg);
+  CHECK(cfg["num_key_value_heads"] == 2);
+  CHECK(cfg["intermediate_size"] == 160);
+  CHECK(cfg["architectures"][0] == "LlamaForCausalLM");
+  CHECK(import_hf_llama(dir.string(), fx.cfg) == params);
+
+  // The same tensors in two shards listed by model.safetensors.index.json.
+  const fs::path sharded = dir / "sharded";
+  fs::create_directories(sharded);
+  std::vector<NamedArray> a, b;
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  const SafetensorsFile whole((dir / "model.safetensors").string());
+  int k = 0;
+  for (const auto& name : whole.names()) {
+    const char* shard = k++ % 2 ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+    (k % 2 ? a : b).push_back(NamedArray{name, whole.info(name).shape, whole.read_f32(name)});
+    index["weight_map"][name] = shard;
+  }
+  write_f32_safetensors((sharded / "model-00001-of-00002.safetensors").string(), a, DType::f32, {{"format", "pt"}});
+  write_f32_safetensors((sharded / "model-00002-of-00002.safetensors").string(), b, DType::f32, {{"format", "pt"}});
+  write_hf_config((sharded / "model.safetensors.index.json").string(), index);
+  write_hf_config((sharded / "config.json").string(), cfg);
+  CHECK(import_hf_llama(sharded.string(), fx.cfg) == params);
+
+  LlamaConfig other = fx.cfg;
+  other.n_kv_head = 4;
+  CHECK_THROWS_WITH(import_hf_llama(sharded.string(), other),
+                    Catch::Contains("num_key_value_heads is 2 but model.n_kv_head is 4"));
+  other = fx.cfg;
+  other.rope_theta = 500000;
+  CHECK(hf_llama_config_mismatch(cfg, other).find("rope_theta") != std::string::npos);
+  CHECK(hf_llama_config_mismatch(cfg, fx.cfg).empty());
+  fs::remove(sharded / "model-00002-of-00002.safetensors");
+  CHECK_THROWS_WITH(import_hf_llama(sharded.string(), fx.cfg), Catch::Contains("model-00002-of-00002.safetensors is missing"));
+  fs::remove_all(dir);
 }
