@@ -15,12 +15,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-GPT::GPT(const GPTConfig& cfg) : cfg_(cfg), inv_(gpt_inventory(cfg)), params_(inv_, "GPT") {}
-
-void GPT::bind(const std::string& name, const Tensor& t) { params_.bind(name, t); }
-
-const Tensor& GPT::param(const std::string& name) const { return params_.get(name); }
-
 void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
   const int64_t n = spec.numel();
   if (spec.role == ParamRole::bias) {
@@ -41,10 +35,6 @@ void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed,
       std::fill(out + static_cast<int64_t>(cfg.vocab_size) * C, out + n, 0.0f);
     }
   }
-}
-
-void GPT::allocate_local(uint64_t seed, Device device) {
-  params_.allocate_local(inv_, [&](const ParamSpec& p, float* out) { init_param(cfg_, p, seed, out); }, device);
 }
 
 Tensor GPT::embed(const Tensor& tokens) const {
@@ -74,37 +64,6 @@ Tensor GPT::logits(const Tensor& x) const {
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
   return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
-}
-
-std::vector<int> GPT::units_needed_by(int u) const {
-  if (u == head_unit() && cfg_.tie_embeddings && u != 0) return {u, 0};
-  return {u};
-}
-
-Tensor GPT::forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const {
-  check_arg(u >= 0 && u <= head_unit(), "GPT::forward_unit", "unit " + std::to_string(u) + " of " +
-                                                                 std::to_string(head_unit() + 1));
-  if (u == 0) return embed(batch.tokens);
-  if (u == head_unit()) return head_loss(x, batch.targets, loss_divisor);
-  return block(u - 1, x);
-}
-
-Tensor GPT::forward_logits(const Tensor& tokens) const {
-  Tensor x = embed(tokens);
-  for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
-  return logits(x);
-}
-
-Tensor GPT::forward_loss(const Tensor& tokens, const Tensor& targets) const {
-  Tensor x = embed(tokens);
-  for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
-  return head_loss(x, targets);
-}
-
-std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> prompt, int n, float temperature,
-                                   int top_k, uint64_t seed) {
-  return sample_from_logits([&](const Tensor& t) { return model.forward_logits(t); }, model.config().seq_len,
-                            model.config().vocab_size, std::move(prompt), n, temperature, top_k, seed);
 }
 
 }  // namespace mfsdp

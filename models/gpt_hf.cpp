@@ -68,16 +68,13 @@ std::string hf_gpt2_config_mismatch(const nlohmann::json& config, const GPTConfi
   const std::string where = "config.json";
   const std::string type = config.value("model_type", "");
   if (type != "gpt2") return where + ": model_type is \"" + type + "\", model.arch is \"gpt2\"";
-  const std::pair<const char*, std::pair<int64_t, const char*>> ints[] = {
-      {"n_layer", {cfg.n_layer, "model.n_layer"}},
-      {"n_head", {cfg.n_head, "model.n_head"}},
-      {"n_embd", {cfg.n_embd, "model.n_embd"}},
-      {"vocab_size", {cfg.vocab_size, "model.vocab_size"}}};
-  for (const auto& [key, want] : ints) {
-    const int64_t v = hf_config_int(config, key, -1, where);
-    if (v != want.first)
-      return where + ": " + key + " is " + std::to_string(v) + " but " + want.second + " is " + std::to_string(want.first);
-  }
+  const std::string e = hf_int_mismatch(config,
+                                        {{"n_layer", cfg.n_layer, "model.n_layer"},
+                                         {"n_head", cfg.n_head, "model.n_head"},
+                                         {"n_embd", cfg.n_embd, "model.n_embd"},
+                                         {"vocab_size", cfg.vocab_size, "model.vocab_size"}},
+                                        where);
+  if (!e.empty()) return e;
   const int64_t n_pos = hf_config_int(config, "n_positions", 1024, where);
   if (n_pos < cfg.seq_len)
     return where + ": n_positions is " + std::to_string(n_pos) + ", smaller than model.seq_len " + std::to_string(cfg.seq_len);
@@ -96,21 +93,13 @@ void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTe
                     const std::map<std::string, std::string>& extra_metadata) {
   const ParamInventory inv = gpt_inventory(cfg);
   const std::string who = "[export_hf_gpt2] " + path + ": ";
-  std::set<std::string> expected;
-  for (const ParamSpec& p : inv.params) expected.insert(p.name);
-  for (const auto& [name, data] : params)
-    if (!expected.count(name)) throw std::invalid_argument(who + "parameter '" + name + "' is not in the GPT-2 inventory");
-
+  check_full_params(inv, params, who, "GPT-2");
   // A from_pretrained directory carries GPT2LMHeadModel's names ("transformer." before the body):
   // transformers loads an untied head only then.
   const HfExportPaths out = hf_export_paths(path);
   std::vector<NamedArray> tensors;
   for (const ParamSpec& p : inv.params) {
-    auto it = params.find(p.name);
-    if (it == params.end()) throw std::invalid_argument(who + "missing parameter '" + p.name + "'");
-    if (static_cast<int64_t>(it->second.size()) != p.numel())
-      throw std::invalid_argument(who + p.name + ": has " + std::to_string(it->second.size()) +
-                                  " elements, shape " + shape_str(p.shape) + " needs " + std::to_string(p.numel()));
+    const auto it = params.find(p.name);
     const std::vector<int64_t> fs = file_shape(p, cfg);
     std::vector<float> v;
     if (hf_gpt2_is_conv1d(p.name)) {

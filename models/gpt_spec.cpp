@@ -53,11 +53,17 @@ ParamInventory gpt_inventory(const GPTConfig& cfg) {
   return inv;
 }
 
-int64_t GPTConfig::num_params() const {
+int64_t inventory_numel(const ParamInventory& inv) {
   int64_t n = 0;
-  for (const auto& p : gpt_inventory(*this).params) n += p.numel();
+  for (const auto& p : inv.params) n += p.numel();
   return n;
 }
+
+double palm_flops_per_token(int64_t n_matmul, int n_layer, int n_embd, int context) {
+  return 6.0 * static_cast<double>(n_matmul) + 12.0 * n_layer * n_embd * static_cast<double>(context);
+}
+
+int64_t GPTConfig::num_params() const { return inventory_numel(gpt_inventory(*this)); }
 
 double GPTConfig::flops_per_token(int context) const {
   int64_t n_matmul = 0;
@@ -68,7 +74,7 @@ double GPTConfig::flops_per_token(int context) const {
     if (p.role == ParamRole::norm || p.role == ParamRole::bias) continue;
     n_matmul += p.numel();
   }
-  return 6.0 * static_cast<double>(n_matmul) + 12.0 * n_layer * n_embd * static_cast<double>(context);
+  return palm_flops_per_token(n_matmul, n_layer, n_embd, context);
 }
 
 }  // namespace mfsdp

@@ -38,4 +38,10 @@ struct GPTConfig {
 /// Matrices are [fan_out, fan_in] (Linear convention), not HF Conv1D's [in, out].
 ParamInventory gpt_inventory(const GPTConfig& cfg);
 
+/// Elements of every parameter of `inv` (the parameter count of a model).
+int64_t inventory_numel(const ParamInventory& inv);
+/// Training FLOPs per token for forward+backward (PaLM appendix B): 6 * n_matmul (the parameters
+/// that multiply activations) + 12 * n_layer * n_embd * context (attention scores and values).
+double palm_flops_per_token(int64_t n_matmul, int n_layer, int n_embd, int context);
+
 }  // namespace mfsdp

@@ -120,6 +120,34 @@ std::map<std::string, std::string> HfCheckpoint::metadata() const {
   return directory_ ? std::map<std::string, std::string>{} : files_[0]->metadata();
 }
 
+std::string hf_int_mismatch(const json& config, const std::vector<HfIntField>& fields, const std::string& where) {
+  for (const HfIntField& f : fields) {
+    const int64_t v = hf_config_int(config, f.hf_key, -1, where);
+    if (v != f.ours)
+      return where + ": " + f.hf_key + " is " + std::to_string(v) + " but " + f.our_key + " is " + std::to_string(f.ours);
+  }
+  return "";
+}
+
+void check_full_params(const ParamInventory& inv, const NamedTensors& params, const std::string& who,
+                       const std::string& family) {
+  std::map<std::string, int64_t> expected;
+  for (const ParamSpec& p : inv.params) expected[p.name] = p.numel();
+  for (const auto& [name, data] : params)
+    if (!expected.count(name))
+      throw std::invalid_argument(who + "parameter '" + name + "' is not in the " + family + " inventory");
+  for (const ParamSpec& p : inv.params) {
+    auto it = params.find(p.name);
+    if (it == params.end()) throw std::invalid_argument(who + "missing parameter '" + p.name + "'");
+    if (static_cast<int64_t>(it->second.size()) != p.numel()) {
+      std::string shape = "[";
+      for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(p.shape[i]);
+      throw std::invalid_argument(who + p.name + ": has " + std::to_string(it->second.size()) + " elements, shape " +
+                                  shape + "] needs " + std::to_string(p.numel()));
+    }
+  }
+}
+
 int64_t hf_config_int(const json& config, const std::string& key, int64_t fallback, const std::string& where) {
   if (!config.contains(key) || config[key].is_null()) return fallback;
   if (!config[key].is_number_integer()) throw std::runtime_error(where + ": " + key + " is not an integer: " + config[key].dump());

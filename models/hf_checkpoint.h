@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "planner/param_spec.h"
 #include "runtime/core/dtype.h"
 
 namespace mfsdp {
@@ -72,6 +73,22 @@ class HfCheckpoint {
   std::map<std::string, size_t> where_;  // tensor -> index into files_
   bool directory_ = false;
 };
+
+/// One integer hyperparameter as config.json (`hf_key`) and our config (`ours`, key `our_key`) hold it.
+struct HfIntField {
+  const char* hf_key;
+  int64_t ours;
+  const char* our_key;
+};
+/// "" when every field of config.json equals ours (an absent field counts as -1), else
+/// "<where>: <hf_key> is <v> but <our_key> is <ours>" for the first that differs.
+std::string hf_int_mismatch(const nlohmann::json& config, const std::vector<HfIntField>& fields, const std::string& where);
+
+/// Checks that `params` holds exactly the names of `inv`, each with the inventory's element
+/// count. Throws std::invalid_argument starting with `who` and naming the first extra or missing
+/// parameter or the wrong count ("<family>" names the inventory in the message).
+void check_full_params(const ParamInventory& inv, const NamedTensors& params, const std::string& who,
+                       const std::string& family);
 
 /// The integer field `key` of a config.json, `fallback` when absent or null. Throws
 /// std::runtime_error naming `where` and the key when it is not an integer.

@@ -6,8 +6,6 @@
 
 namespace mfsdp {
 
-Llama::Llama(const LlamaConfig& cfg) : cfg_(cfg), inv_(llama_inventory(cfg)), params_(inv_, "Llama") {}
-
 void Llama::init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
   const int64_t n = spec.numel();
   if (spec.role == ParamRole::norm) {
@@ -17,10 +15,6 @@ void Llama::init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t s
   normal_init(seed, spec.name, cfg.init_std, out, n);
   if (spec.role == ParamRole::embedding || spec.role == ParamRole::head)  // padded vocabulary rows
     std::fill(out + static_cast<int64_t>(cfg.vocab_size) * spec.shape[1], out + n, 0.0f);
-}
-
-void Llama::allocate_local(uint64_t seed, Device device) {
-  params_.allocate_local(inv_, [&](const ParamSpec& p, float* out) { init_param(cfg_, p, seed, out); }, device);
 }
 
 Tensor Llama::embed(const Tensor& tokens) const {
@@ -53,37 +47,6 @@ Tensor Llama::logits(const Tensor& x) const {
 
 Tensor Llama::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
   return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
-}
-
-std::vector<int> Llama::units_needed_by(int u) const {
-  if (u == head_unit() && cfg_.tie_embeddings) return {u, 0};
-  return {u};
-}
-
-Tensor Llama::forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const {
-  check_arg(u >= 0 && u <= head_unit(), "Llama::forward_unit",
-            "unit " + std::to_string(u) + " of " + std::to_string(head_unit() + 1));
-  if (u == 0) return embed(batch.tokens);
-  if (u == head_unit()) return head_loss(x, batch.targets, loss_divisor);
-  return block(u - 1, x);
-}
-
-Tensor Llama::forward_logits(const Tensor& tokens) const {
-  Tensor x = embed(tokens);
-  for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
-  return logits(x);
-}
-
-Tensor Llama::forward_loss(const Tensor& tokens, const Tensor& targets) const {
-  Tensor x = embed(tokens);
-  for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
-  return head_loss(x, targets);
-}
-
-std::vector<int32_t> sample_tokens(const Llama& model, std::vector<int32_t> prompt, int n, float temperature,
-                                   int top_k, uint64_t seed) {
-  return sample_from_logits([&](const Tensor& t) { return model.forward_logits(t); }, model.config().seq_len,
-                            model.config().vocab_size, std::move(prompt), n, temperature, top_k, seed);
 }
 
 }  // namespace mfsdp

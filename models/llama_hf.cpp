@@ -47,20 +47,17 @@ std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaCo
   const std::string type = config.value("model_type", "");
   if (type != "llama") return where + ": model_type is \"" + type + "\", model.arch is \"llama\"";
   const int64_t heads = hf_config_int(config, "num_attention_heads", -1, where);
-  const std::pair<const char*, std::pair<int64_t, const char*>> ints[] = {
-      {"num_hidden_layers", {cfg.n_layer, "model.n_layer"}},
-      {"num_attention_heads", {cfg.n_head, "model.n_head"}},
-      {"hidden_size", {cfg.n_embd, "model.n_embd"}},
-      {"intermediate_size", {cfg.intermediate_size, "model.intermediate_size"}},
-      {"vocab_size", {cfg.vocab_size, "model.vocab_size"}}};
-  for (const auto& [key, want] : ints) {
-    const int64_t v = hf_config_int(config, key, -1, where);
-    if (v != want.first)
-      return where + ": " + key + " is " + std::to_string(v) + " but " + want.second + " is " + std::to_string(want.first);
-  }
-  const int64_t kv = hf_config_int(config, "num_key_value_heads", heads, where);
-  if (kv != cfg.n_kv_head)
-    return where + ": num_key_value_heads is " + std::to_string(kv) + " but model.n_kv_head is " + std::to_string(cfg.n_kv_head);
+  nlohmann::json c = config;  // num_key_value_heads absent or null: one per attention head
+  if (!c.contains("num_key_value_heads") || c["num_key_value_heads"].is_null()) c["num_key_value_heads"] = heads;
+  const std::string e = hf_int_mismatch(c,
+                                        {{"num_hidden_layers", cfg.n_layer, "model.n_layer"},
+                                         {"num_attention_heads", cfg.n_head, "model.n_head"},
+                                         {"num_key_value_heads", cfg.n_kv_head, "model.n_kv_head"},
+                                         {"hidden_size", cfg.n_embd, "model.n_embd"},
+                                         {"intermediate_size", cfg.intermediate_size, "model.intermediate_size"},
+                                         {"vocab_size", cfg.vocab_size, "model.vocab_size"}},
+                                        where);
+  if (!e.empty()) return e;
   const int64_t hd = hf_config_int(config, "head_dim", cfg.head_dim(), where);
   if (hd != cfg.head_dim())
     return where + ": head_dim is " + std::to_string(hd) + ", only hidden_size / num_attention_heads (" +
@@ -89,19 +86,12 @@ void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const Name
                      const std::map<std::string, std::string>& extra_metadata) {
   const ParamInventory inv = llama_inventory(cfg);
   const std::string who = "[export_hf_llama] " + path + ": ";
-  std::set<std::string> expected;
-  for (const ParamSpec& p : inv.params) expected.insert(p.name);
-  for (const auto& [name, data] : params)
-    if (!expected.count(name)) throw std::invalid_argument(who + "parameter '" + name + "' is not in the Llama inventory");
+  check_full_params(inv, params, who, "Llama");
   std::vector<NamedArray> tensors;
   for (const ParamSpec& p : inv.params) {
-    auto it = params.find(p.name);
-    if (it == params.end()) throw std::invalid_argument(who + "missing parameter '" + p.name + "'");
-    if (static_cast<int64_t>(it->second.size()) != p.numel())
-      throw std::invalid_argument(who + p.name + ": has " + std::to_string(it->second.size()) + " elements, shape " +
-                                  shape_str(p.shape) + " needs " + std::to_string(p.numel()));
+    const std::vector<float>& v = params.at(p.name);
     const std::vector<int64_t> fs = file_shape(p, cfg);
-    tensors.push_back(NamedArray{p.name, fs, std::vector<float>(it->second.begin(), it->second.begin() + shape_numel(fs))});
+    tensors.push_back(NamedArray{p.name, fs, std::vector<float>(v.begin(), v.begin() + shape_numel(fs))});
   }
   std::map<std::string, std::string> meta = extra_metadata;
   meta["format"] = "pt";  // what transformers requires of a from_pretrained file

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "models/gpt_spec.h"  // inventory_numel, palm_flops_per_token
+
 namespace mfsdp {
 
 void LlamaConfig::validate() const {
@@ -55,11 +57,7 @@ ParamInventory llama_inventory(const LlamaConfig& cfg) {
   return inv;
 }
 
-int64_t LlamaConfig::num_params() const {
-  int64_t n = 0;
-  for (const auto& p : llama_inventory(*this).params) n += p.numel();
-  return n;
-}
+int64_t LlamaConfig::num_params() const { return inventory_numel(llama_inventory(*this)); }
 
 double LlamaConfig::flops_per_token(int context) const {
   int64_t n_matmul = 0;
@@ -68,7 +66,7 @@ double LlamaConfig::flops_per_token(int context) const {
     if (p.role == ParamRole::norm || (p.role == ParamRole::embedding && !tie_embeddings)) continue;
     n_matmul += p.numel();
   }
-  return 6.0 * static_cast<double>(n_matmul) + 12.0 * n_layer * n_embd * static_cast<double>(context);
+  return palm_flops_per_token(n_matmul, n_layer, n_embd, context);
 }
 
 }  // namespace mfsdp

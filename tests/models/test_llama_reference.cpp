@@ -11,7 +11,7 @@
 #include "models/llama_hf.h"
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
-#include "tests/models/rel_error.h"
+#include "tests/models/model_test_util.h"
 
 using namespace mfsdp;
 
@@ -39,13 +39,6 @@ struct Fixture {
     B = file.info("tokens").shape[0];
     T = file.info("tokens").shape[1];
   }
-  void load_weights(Llama& model) const {
-    for (const auto& p : model.inventory().params) {
-      auto v = file.read_f32(p.name);
-      REQUIRE(static_cast<int64_t>(v.size()) == p.numel());
-      std::copy(v.begin(), v.end(), model.param(p.name).data_f32());
-    }
-  }
 };
 
 }  // namespace
@@ -55,7 +48,7 @@ TEST_CASE("Llama forward/backward matches PyTorch on the tiny fixture", "[llama]
   REQUIRE(fx.cfg.n_kv_head < fx.cfg.n_head);  // the fixture exercises grouped-query attention
   Llama model(fx.cfg);
   model.allocate_local(1);
-  fx.load_weights(model);
+  load_fixture_weights(fx.file, model);
   Tensor tokens = tokens_tensor(fx.file.read_i32("tokens"), {fx.B, fx.T});
   Tensor targets = tokens_tensor(fx.file.read_i32("targets"), {fx.B, fx.T});
 
@@ -67,10 +60,7 @@ TEST_CASE("Llama forward/backward matches PyTorch on the tiny fixture", "[llama]
   Tensor loss = model.forward_unit(model.head_unit(), x, mb, 0);
 
   const int64_t V = fx.cfg.vocab_size, Vp = fx.cfg.padded_vocab_size();
-  auto all = logits.to_vector();
-  std::vector<float> got;
-  for (int64_t n = 0; n < fx.B * fx.T; ++n) got.insert(got.end(), all.begin() + n * Vp, all.begin() + n * Vp + V);
-  CHECK(rel_error(got, fx.file.read_f32("logits")) <= 1e-4);
+  CHECK(rel_error(unpadded_columns(logits.to_vector(), fx.B * fx.T, V, Vp), fx.file.read_f32("logits")) <= 1e-4);
   const float want_loss = fx.file.read_f32("loss")[0];
   CHECK(std::fabs(loss.item() - want_loss) / want_loss <= 1e-4);
 
@@ -82,13 +72,7 @@ TEST_CASE("Llama forward/backward matches PyTorch on the tiny fixture", "[llama]
 }
 
 TEST_CASE("Llama inventory: HF names, roles, units, GQA shapes", "[llama]") {
-  LlamaConfig cfg;
-  cfg.n_layer = 2;
-  cfg.n_head = 8;
-  cfg.n_kv_head = 2;
-  cfg.n_embd = 64;
-  cfg.intermediate_size = 176;
-  cfg.vocab_size = 100;
+  LlamaConfig cfg{.n_layer = 2, .n_head = 8, .n_kv_head = 2, .n_embd = 64, .intermediate_size = 176, .vocab_size = 100};
   auto inv = llama_inventory(cfg);
   REQUIRE(inv.unit_names == std::vector<std::string>{"embedding", "layers.0", "layers.1", "head"});
   REQUIRE(inv.params.size() == 1 + 2 * 9 + 2);
@@ -104,6 +88,8 @@ TEST_CASE("Llama inventory: HF names, roles, units, GQA shapes", "[llama]") {
   CHECK(inv.params.back().unit == 3);
   // 2 * (q 64*64 + k,v 2*16*64 + o 64*64 + gate,up,down 3*176*64 + 2 norms 64) + embed/head 2*128*64 + norm 64
   CHECK(cfg.num_params() == 2 * (4096 + 2048 + 4096 + 3 * 11264 + 128) + 2 * 8192 + 64);
+  // PaLM FLOPs: every projection and the untied head multiply; the lookup and the norms do not.
+  CHECK(cfg.flops_per_token(64) == 6.0 * (cfg.num_params() - 8192 - (2 * 2 * 64 + 64)) + 12.0 * 2 * 64 * 64);
   cfg.n_kv_head = 3;
   CHECK_THROWS_WITH(cfg.validate(), Catch::Contains("model.n_kv_head"));
 }
@@ -112,7 +98,7 @@ TEST_CASE("Llama sampling is deterministic and greedy at temperature ~0", "[llam
   Fixture fx;
   Llama model(fx.cfg);
   model.allocate_local(1);
-  fx.load_weights(model);
+  load_fixture_weights(fx.file, model);
   std::vector<int32_t> ctx = {3, 14, 15, 92};
   auto next = sample_tokens(model, ctx, 1, 1e-6f, 0, 7);
   NoGradGuard ng;

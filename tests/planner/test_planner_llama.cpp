@@ -12,15 +12,8 @@ using namespace mfsdp::test;
 namespace {
 
 LlamaConfig llama_tiny() {
-  LlamaConfig c;
-  c.n_layer = 2;
-  c.n_head = 8;
-  c.n_kv_head = 2;
-  c.n_embd = 64;
-  c.intermediate_size = 176;
-  c.seq_len = 32;
-  c.vocab_size = 100;
-  return c;
+  return LlamaConfig{.n_layer = 2, .n_head = 8, .n_kv_head = 2, .n_embd = 64, .intermediate_size = 176, .seq_len = 32,
+                     .vocab_size = 100};
 }
 
 }  // namespace
@@ -57,14 +50,8 @@ TEST_CASE("Llama: routing by role, rectangular GQA matrices costed by min/max si
 }
 
 TEST_CASE("Llama-2 7B inventory: parameter count and units", "[llama]") {
-  LlamaConfig c;
-  c.n_layer = 32;
-  c.n_head = 32;
-  c.n_kv_head = 32;
-  c.n_embd = 4096;
-  c.intermediate_size = 11008;
-  c.seq_len = 4096;
-  c.vocab_size = 32000;
+  const LlamaConfig c{.n_layer = 32, .n_head = 32, .n_kv_head = 32, .n_embd = 4096, .intermediate_size = 11008,
+                      .seq_len = 4096, .vocab_size = 32000};
   REQUIRE(c.num_params() == 6738415616LL);  // Llama-2 7B
   const ParamInventory inv = llama_inventory(c);
   REQUIRE(inv.unit_names.size() == 34);
