@@ -4,7 +4,7 @@
 
 namespace mfsdp {
 
-void GPTConfig::validate() const {
+void validate_transformer_dims(int n_layer, int n_head, int n_embd, int seq_len, int vocab_size) {
   auto fail = [](const std::string& field, const std::string& why) {
     throw std::invalid_argument("model." + field + ": " + why);
   };
@@ -12,11 +12,12 @@ void GPTConfig::validate() const {
   if (n_head < 1) fail("n_head", "must be >= 1, got " + std::to_string(n_head));
   if (n_embd < 1) fail("n_embd", "must be >= 1, got " + std::to_string(n_embd));
   if (n_embd % n_head != 0)
-    fail("n_embd", "must be divisible by n_head (" + std::to_string(n_embd) + " % " +
-                       std::to_string(n_head) + " != 0)");
+    fail("n_embd", "must be divisible by n_head (" + std::to_string(n_embd) + " % " + std::to_string(n_head) + " != 0)");
   if (seq_len < 1) fail("seq_len", "must be >= 1, got " + std::to_string(seq_len));
   if (vocab_size < 2) fail("vocab_size", "must be >= 2, got " + std::to_string(vocab_size));
 }
+
+void GPTConfig::validate() const { validate_transformer_dims(n_layer, n_head, n_embd, seq_len, vocab_size); }
 
 ParamInventory gpt_inventory(const GPTConfig& cfg) {
   cfg.validate();

@@ -10,18 +10,12 @@ void LlamaConfig::validate() const {
   auto fail = [](const std::string& field, const std::string& why) {
     throw std::invalid_argument("model." + field + ": " + why);
   };
-  if (n_layer < 1) fail("n_layer", "must be >= 1, got " + std::to_string(n_layer));
-  if (n_head < 1) fail("n_head", "must be >= 1, got " + std::to_string(n_head));
-  if (n_embd < 1) fail("n_embd", "must be >= 1, got " + std::to_string(n_embd));
-  if (n_embd % n_head != 0)
-    fail("n_embd", "must be divisible by n_head (" + std::to_string(n_embd) + " % " + std::to_string(n_head) + " != 0)");
+  validate_transformer_dims(n_layer, n_head, n_embd, seq_len, vocab_size);
   if (head_dim() % 2 != 0)
     fail("n_embd", "n_embd / n_head must be even for rotary embeddings, got " + std::to_string(head_dim()));
   if (n_kv_head < 1 || n_head % n_kv_head != 0)
     fail("n_kv_head", "must be >= 1 and divide n_head=" + std::to_string(n_head) + ", got " + std::to_string(n_kv_head));
   if (intermediate_size < 1) fail("intermediate_size", "must be >= 1, got " + std::to_string(intermediate_size));
-  if (seq_len < 1) fail("seq_len", "must be >= 1, got " + std::to_string(seq_len));
-  if (vocab_size < 2) fail("vocab_size", "must be >= 2, got " + std::to_string(vocab_size));
   if (!(norm_eps > 0)) fail("norm_eps", "must be > 0, got " + std::to_string(norm_eps));
   if (!(rope_theta > 0)) fail("rope_theta", "must be > 0, got " + std::to_string(rope_theta));
 }
