@@ -1,7 +1,8 @@
 // mfsdp-ckpt: inspect owner-shard checkpoints on one process (no MPI launch needed).
 //   mfsdp-ckpt list   <checkpoint root>          steps, world size, placement, size, complete or not
 //   mfsdp-ckpt verify <checkpoint dir>           every piece's file, key, length and checksum
-//   mfsdp-ckpt export <checkpoint dir> <out.safetensors>   consolidated Hugging Face GPT-2 file
+//   mfsdp-ckpt export <checkpoint dir> <out>   consolidated Hugging Face GPT-2 / Llama export (<out>: a
+//                                              .safetensors file, or a from_pretrained directory)
 //   mfsdp-ckpt diff   <checkpoint dir A> <checkpoint dir B> which tensors differ, and by how much
 // Exit codes: 0 fine (diff: identical), 1 problems found (verify) or differences (diff), 2 bad input.
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@
 
 #include "apps/train/train_config.h"
 #include "models/gpt_hf.h"
+#include "models/llama_hf.h"
 #include "checkpoint/owner_checkpoint.h"
 
 namespace {
@@ -70,15 +72,15 @@ int export_hf(const std::string& dir, const std::string& out) {
   const auto rel = fs::weakly_canonical(out, ec).lexically_relative(fs::weakly_canonical(dir, ec));
   if (!rel.empty() && *rel.begin() != "..")
     throw CheckpointError(out + " is inside the checkpoint " + dir + "; choose a file outside it");
-  if (fs::is_directory(out, ec)) throw CheckpointError(out + " is a directory (expected a .safetensors file)");
   const CheckpointManifest m = CheckpointManifest::read(dir);
   const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
-  const GPTConfig g = cfg.model.gpt();
   NamedTensors params;
   for (const auto& t : m.tensors) params[t.name] = read_full_tensor(m, t.name, StateKind::param);
-  export_hf_gpt2(out, g, params, DType::f32, {{"step", std::to_string(m.step)}});
-  std::printf("exported step %lld of %s to %s (Hugging Face GPT-2 layout, f32)\n", static_cast<long long>(m.step),
-              dir.c_str(), out.c_str());
+  const bool llama = cfg.model.arch == "llama";
+  if (llama) export_hf_llama(out, cfg.model.llama(), params, DType::f32, {{"step", std::to_string(m.step)}});
+  else export_hf_gpt2(out, cfg.model.gpt(), params, DType::f32, {{"step", std::to_string(m.step)}});
+  std::printf("exported step %lld of %s to %s (Hugging Face %s layout, f32)\n", static_cast<long long>(m.step),
+              dir.c_str(), out.c_str(), llama ? "Llama" : "GPT-2");
   return 0;
 }
 
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
   l->add_option("root", root, "checkpoint root (checkpoint.dir)")->required();
   auto* v = app.add_subcommand("verify", "check every piece's checksum");
   v->add_option("dir", dir, "checkpoint directory (step_N)")->required();
-  auto* e = app.add_subcommand("export", "write the consolidated Hugging Face safetensors file");
+  auto* e = app.add_subcommand("export", "write the consolidated Hugging Face export (a .safetensors file or a from_pretrained directory)");
   e->add_option("dir", dir, "checkpoint directory (step_N)")->required();
   e->add_option("out", out, "output .safetensors file")->required();
   auto* d = app.add_subcommand("diff", "compare two checkpoints tensor by tensor");

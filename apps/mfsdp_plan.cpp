@@ -12,6 +12,7 @@
 
 #include "apps/train/train_config.h"
 #include "models/gpt_spec.h"
+#include "models/llama_spec.h"
 #include "planner/planner.h"
 #include "planner/report.h"
 
@@ -53,13 +54,14 @@ int main(int argc, char** argv) {
   }
 
   // The same schema and checks as mfsdp-train: bad input exits 2 naming the file and key.
-  GPTConfig model;
+  ModelSection model;
   Placement placement = Placement::matrixfsdp;
   PlannerOptions opt;
   try {
     const TrainConfig cfg = load_train_config(config_path);
-    model = cfg.model.gpt();
-    model.validate();
+    model = cfg.model;
+    if (model.arch == "llama") model.llama().validate();
+    else model.gpt().validate();
     placement = placement_arg.empty() ? cfg.sharding.placement : parse_placement(placement_arg);
     opt.ns_steps = app.count("--ns-steps") ? ns_steps : cfg.optim.muon.ns_steps;
     opt.split_qkv = split_qkv || cfg.optim.muon.split_qkv;
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    const ParamInventory inv = gpt_inventory(model);
+    const ParamInventory inv = model.arch == "llama" ? llama_inventory(model.llama()) : gpt_inventory(model.gpt());
 
     auto t0 = std::chrono::steady_clock::now();
     const ShardPlan plan = make_plan(inv, world, placement, opt);
@@ -95,12 +97,20 @@ int main(int argc, char** argv) {
     }
 
     std::printf("config: %s\n", config_path.c_str());
-    std::printf("model: GPT-2, %d layers, %d heads, width %d, context %d, vocab %d (padded %lld), "
-                "%s embeddings, %s parameters\n",
-                model.n_layer, model.n_head, model.n_embd, model.seq_len, model.vocab_size,
-                static_cast<long long>(model.padded_vocab_size()),
-                model.tie_embeddings ? "tied" : "untied",
-                format_count(model.num_params()).c_str());
+    if (model.arch == "llama") {
+      const LlamaConfig l = model.llama();
+      std::printf("model: Llama, %d layers, %d heads (%d key/value), width %d, SwiGLU %d, context %d, vocab %d "
+                  "(padded %lld), %s embeddings, %s parameters\n",
+                  l.n_layer, l.n_head, l.n_kv_head, l.n_embd, l.intermediate_size, l.seq_len, l.vocab_size,
+                  static_cast<long long>(l.padded_vocab_size()), l.tie_embeddings ? "tied" : "untied",
+                  format_count(l.num_params()).c_str());
+    } else {
+      const GPTConfig g = model.gpt();
+      std::printf("model: GPT-2, %d layers, %d heads, width %d, context %d, vocab %d (padded %lld), "
+                  "%s embeddings, %s parameters\n",
+                  g.n_layer, g.n_head, g.n_embd, g.seq_len, g.vocab_size, static_cast<long long>(g.padded_vocab_size()),
+                  g.tie_embeddings ? "tied" : "untied", format_count(g.num_params()).c_str());
+    }
     std::printf("world size %d, placement %s, ns_steps %d, split_qkv %s; planned in %.2f ms\n\n",
                 world, placement_name(placement), ns_steps, split_qkv ? "on" : "off", plan_ms);
     std::printf("Parameters per optimizer\n%s\n", routing_table(plan).c_str());

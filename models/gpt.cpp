@@ -2,48 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <stdexcept>
 
-#include "runtime/autograd.h"
-#include "runtime/core/rng.h"
 #include "runtime/ops.h"
 
 namespace mfsdp {
 namespace {
-
-uint64_t hash_name(const std::string& s) {  // FNV-1a
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
-
-GPT::GPT(const GPTConfig& cfg) : cfg_(cfg), inv_(gpt_inventory(cfg)) {
-  for (const auto& p : inv_.params) shapes_[p.name] = p.shape;
-}
-
-void GPT::bind(const std::string& name, const Tensor& t) {
-  auto it = shapes_.find(name);
-  check_arg(it != shapes_.end(), "GPT::bind", "unknown parameter '" + name + "'");
-  check_arg(t.shape() == it->second, "GPT::bind",
-            name + ": expected shape " + shape_str(it->second) + ", got " + t.describe());
-  params_[name] = t;
-}
-
-const Tensor& GPT::param(const std::string& name) const {
-  auto it = params_.find(name);
-  if (it == params_.end()) {
-    check_arg(shapes_.count(name) > 0, "GPT::param", "unknown parameter '" + name + "'");
-    throw std::logic_error("[GPT::param] parameter '" + name + "' is not bound");
-  }
-  return it->second;
-}
 
 void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
   const int64_t n = spec.numel();
@@ -58,48 +28,12 @@ void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed,
   double std = cfg.init_std;
   if (ends_with(spec.name, "attn.c_proj.weight") || ends_with(spec.name, "mlp.c_proj.weight"))
     std /= std::sqrt(2.0 * cfg.n_layer);
-  uint64_t state = seed * 0x2545F4914F6CDD1DULL ^ hash_name(spec.name);
-  for (int64_t i = 0; i < n; i += 2) {  // Box-Muller, two normals per draw
-    const double u1 = uniform01(state), u2 = uniform01(state);
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    out[i] = static_cast<float>(std * r * std::cos(2.0 * M_PI * u2));
-    if (i + 1 < n) out[i + 1] = static_cast<float>(std * r * std::sin(2.0 * M_PI * u2));
-  }
+  normal_init(seed, spec.name, std, out, n);
   if (spec.role == ParamRole::embedding || spec.role == ParamRole::head) {
     if (spec.name == "wte.weight" || spec.name == "lm_head.weight") {  // padded vocabulary rows
       const int64_t C = spec.shape[1];
       std::fill(out + static_cast<int64_t>(cfg.vocab_size) * C, out + n, 0.0f);
     }
-  }
-}
-
-void GPT::allocate_local(uint64_t seed, Device device) {
-  int64_t total = 0;
-  for (const auto& p : inv_.params) total += p.numel();
-  {
-    MemCategoryScope s(MemCategory::parameters);
-    local_params_ = Tensor::empty({total}, DType::f32, Device::CPU);
-  }
-  {
-    MemCategoryScope s(MemCategory::gradients);
-    local_grads_ = Tensor::zeros({total}, DType::f32, device);
-  }
-  int64_t off = 0;
-  for (const auto& p : inv_.params) {
-    init_param(cfg_, p, seed, local_params_.data_f32() + off);
-    off += p.numel();
-  }
-  if (device != Device::CPU) {
-    MemCategoryScope s(MemCategory::parameters);
-    local_params_ = local_params_.to(device);
-  }
-  off = 0;
-  for (const auto& p : inv_.params) {
-    Tensor t = local_params_.view(off, p.shape);
-    t.set_requires_grad(true);
-    t.set_grad(local_grads_.view(off, p.shape));
-    bind(p.name, t);
-    off += p.numel();
   }
 }
 
@@ -130,71 +64,6 @@ Tensor GPT::logits(const Tensor& x) const {
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
   return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
-}
-
-std::vector<int> GPT::units_needed_by(int u) const {
-  if (u == head_unit() && cfg_.tie_embeddings && u != 0) return {u, 0};
-  return {u};
-}
-
-Tensor GPT::forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const {
-  check_arg(u >= 0 && u <= head_unit(), "GPT::forward_unit", "unit " + std::to_string(u) + " of " +
-                                                                 std::to_string(head_unit() + 1));
-  if (u == 0) return embed(batch.tokens);
-  if (u == head_unit()) return head_loss(x, batch.targets, loss_divisor);
-  return block(u - 1, x);
-}
-
-Tensor GPT::forward_logits(const Tensor& tokens) const {
-  Tensor x = embed(tokens);
-  for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
-  return logits(x);
-}
-
-Tensor GPT::forward_loss(const Tensor& tokens, const Tensor& targets) const {
-  Tensor x = embed(tokens);
-  for (int l = 0; l < cfg_.n_layer; ++l) x = block(l, x);
-  return head_loss(x, targets);
-}
-
-std::vector<int32_t> sample_tokens(const GPT& model, std::vector<int32_t> prompt, int n, float temperature,
-                                   int top_k, uint64_t seed) {
-  NoGradGuard no_grad;
-  const GPTConfig& cfg = model.config();
-  if (prompt.empty()) prompt.push_back(0);
-  uint64_t state = seed;
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(prompt.size()), cfg.seq_len);
-    std::vector<int32_t> ctx(prompt.end() - T, prompt.end());
-    Tensor logits = model.forward_logits(tokens_tensor(ctx, {1, T})).to(Device::CPU);
-    const float* last = logits.data_f32() + (T - 1) * logits.size(1);
-    std::vector<double> p(cfg.vocab_size);
-    double mx = -INFINITY;
-    for (int v = 0; v < cfg.vocab_size; ++v) mx = std::max(mx, static_cast<double>(last[v]));
-    const double temp = std::max(1e-4f, temperature);
-    if (top_k > 0 && top_k < cfg.vocab_size) {
-      std::vector<float> sorted(last, last + cfg.vocab_size);
-      std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
-      const float kth = sorted[top_k - 1];
-      for (int v = 0; v < cfg.vocab_size; ++v) p[v] = last[v] >= kth ? std::exp((last[v] - mx) / temp) : 0.0;
-    } else {
-      for (int v = 0; v < cfg.vocab_size; ++v) p[v] = std::exp((last[v] - mx) / temp);
-    }
-    const double total = std::accumulate(p.begin(), p.end(), 0.0);
-    double r = uniform01(state) * total;
-    int32_t next = cfg.vocab_size - 1;
-    for (int v = 0; v < cfg.vocab_size; ++v) {
-      r -= p[v];
-      if (r <= 0) {
-        next = v;
-        break;
-      }
-    }
-    prompt.push_back(next);
-    out.push_back(next);
-  }
-  return out;
 }
 
 }  // namespace mfsdp

@@ -1,5 +1,6 @@
 #include "models/gpt_hf.h"
 
+#include <filesystem>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -44,26 +45,61 @@ bool hf_gpt2_is_conv1d(const std::string& name) {
          ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight");
 }
 
+nlohmann::json hf_gpt2_config_json(const GPTConfig& cfg) {
+  nlohmann::json j = {{"architectures", {"GPT2LMHeadModel"}},
+                      {"model_type", "gpt2"},
+                      {"vocab_size", cfg.vocab_size},
+                      {"n_positions", cfg.seq_len},
+                      {"n_ctx", cfg.seq_len},
+                      {"n_embd", cfg.n_embd},
+                      {"n_layer", cfg.n_layer},
+                      {"n_head", cfg.n_head},
+                      {"n_inner", nullptr},
+                      {"activation_function", "gelu_new"},
+                      {"layer_norm_epsilon", 1e-5},
+                      {"initializer_range", cfg.init_std},
+                      {"tie_word_embeddings", cfg.tie_embeddings},
+                      {"torch_dtype", "float32"}};
+  if (cfg.vocab_size > 50256) j["bos_token_id"] = j["eos_token_id"] = 50256;  // <|endoftext|>
+  return j;
+}
+
+std::string hf_gpt2_config_mismatch(const nlohmann::json& config, const GPTConfig& cfg) {
+  const std::string where = "config.json";
+  const std::string type = config.value("model_type", "");
+  if (type != "gpt2") return where + ": model_type is \"" + type + "\", model.arch is \"gpt2\"";
+  const std::string e = hf_int_mismatch(config,
+                                        {{"n_layer", cfg.n_layer, "model.n_layer"},
+                                         {"n_head", cfg.n_head, "model.n_head"},
+                                         {"n_embd", cfg.n_embd, "model.n_embd"},
+                                         {"vocab_size", cfg.vocab_size, "model.vocab_size"}},
+                                        where);
+  if (!e.empty()) return e;
+  const int64_t n_pos = hf_config_int(config, "n_positions", 1024, where);
+  if (n_pos < cfg.seq_len)
+    return where + ": n_positions is " + std::to_string(n_pos) + ", smaller than model.seq_len " + std::to_string(cfg.seq_len);
+  const int64_t inner = hf_config_int(config, "n_inner", 4 * int64_t(cfg.n_embd), where);
+  if (inner != 4 * int64_t(cfg.n_embd)) return where + ": n_inner " + std::to_string(inner) + " is not 4 * n_embd";
+  const std::string act = config.value("activation_function", "gelu_new");
+  if (act != "gelu_new") return where + ": activation_function \"" + act + "\" (only gelu_new, the tanh GELU, is supported)";
+  const bool tied = config.value("tie_word_embeddings", true);
+  if (tied != cfg.tie_embeddings)
+    return where + std::string(": tie_word_embeddings is ") + (tied ? "true" : "false") + " but model.tie_embeddings is " +
+           (cfg.tie_embeddings ? "true" : "false");
+  return "";
+}
+
 void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTensors& params, DType dtype,
                     const std::map<std::string, std::string>& extra_metadata) {
   const ParamInventory inv = gpt_inventory(cfg);
   const std::string who = "[export_hf_gpt2] " + path + ": ";
-  std::set<std::string> expected;
-  for (const ParamSpec& p : inv.params) expected.insert(p.name);
-  for (const auto& [name, data] : params)
-    if (!expected.count(name)) throw std::invalid_argument(who + "parameter '" + name + "' is not in the GPT-2 inventory");
-
-  std::vector<std::vector<float>> f32_store;
-  std::vector<std::vector<uint16_t>> bf16_store;
-  std::vector<TensorView> views;
-  f32_store.reserve(inv.params.size());
-  bf16_store.reserve(inv.params.size());
+  check_full_params(inv, params, who, "GPT-2");
+  // A from_pretrained directory carries GPT2LMHeadModel's names ("transformer." before the body):
+  // transformers loads an untied head only then.
+  const HfExportPaths out = hf_export_paths(path);
+  std::vector<NamedArray> tensors;
   for (const ParamSpec& p : inv.params) {
-    auto it = params.find(p.name);
-    if (it == params.end()) throw std::invalid_argument(who + "missing parameter '" + p.name + "'");
-    if (static_cast<int64_t>(it->second.size()) != p.numel())
-      throw std::invalid_argument(who + p.name + ": has " + std::to_string(it->second.size()) +
-                                  " elements, shape " + shape_str(p.shape) + " needs " + std::to_string(p.numel()));
+    const auto it = params.find(p.name);
     const std::vector<int64_t> fs = file_shape(p, cfg);
     std::vector<float> v;
     if (hf_gpt2_is_conv1d(p.name)) {
@@ -73,71 +109,86 @@ void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTe
     } else {
       v = it->second;
     }
-    if (dtype == DType::bf16) {
-      std::vector<uint16_t> h(v.size());
-      for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_bf16(v[i]).bits;
-      bf16_store.push_back(std::move(h));
-      views.push_back(TensorView{p.name, "BF16", fs, bf16_store.back().data()});
-    } else {
-      f32_store.push_back(std::move(v));
-      views.push_back(TensorView{p.name, "F32", fs, f32_store.back().data()});
-    }
+    const bool prefixed = !out.config.empty() && p.name != "lm_head.weight";
+    tensors.push_back(NamedArray{prefixed ? "transformer." + p.name : p.name, fs, std::move(v)});
   }
   std::map<std::string, std::string> meta = extra_metadata;
-  meta["format"] = "mfsdp-hf-gpt2";
+  meta["format"] = "pt";  // what transformers requires of a from_pretrained file
+  meta["mfsdp_layout"] = "hf-gpt2";
   meta["n_layer"] = std::to_string(cfg.n_layer);
   meta["n_head"] = std::to_string(cfg.n_head);
   meta["n_embd"] = std::to_string(cfg.n_embd);
   meta["seq_len"] = std::to_string(cfg.seq_len);
   meta["vocab_size"] = std::to_string(cfg.vocab_size);
   meta["tie_embeddings"] = cfg.tie_embeddings ? "true" : "false";
-  write_safetensors(path, views, meta);
+  if (!out.config.empty()) std::filesystem::create_directories(path);
+  write_f32_safetensors(out.weights, tensors, dtype, meta);
+  if (!out.config.empty()) write_hf_config(out.config, hf_gpt2_config_json(cfg));
 }
 
 NamedTensors import_hf_gpt2(const std::string& path, const GPTConfig& cfg) {
   const ParamInventory inv = gpt_inventory(cfg);
-  const SafetensorsFile file(path);
+  const HfCheckpoint file(path);
   const std::string who = "[import_hf_gpt2] " + path + ": ";
+  if (!file.config().is_null()) {
+    const std::string e = hf_gpt2_config_mismatch(file.config(), cfg);
+    if (!e.empty()) throw std::runtime_error(who + e);
+  }
+  // transformers' save_pretrained prefixes the body with "transformer."; our exports do not.
+  auto stored = [&](const std::string& name) {
+    return !file.contains(name) && file.contains("transformer." + name) ? "transformer." + name : name;
+  };
   NamedTensors out;
   std::set<std::string> used;
   for (const ParamSpec& p : inv.params) {
-    if (!file.contains(p.name))
+    const std::string fname = stored(p.name);
+    if (!file.contains(fname))
       throw std::runtime_error(who + p.name + ": missing from the file" +
                                (p.name == "lm_head.weight" ? " (was the model exported with tie_embeddings?)" : ""));
-    const TensorInfo& t = file.info(p.name);
-    const std::vector<int64_t> fs = file_shape(p, cfg);
-    if (t.shape != fs)
+    const TensorInfo& t = file.info(fname);
+    std::vector<int64_t> fs = file_shape(p, cfg);
+    const bool longer_wpe = p.name == "wpe.weight" && t.shape.size() == 2 && t.shape[1] == fs[1] && t.shape[0] > fs[0];
+    if (t.shape != fs && !longer_wpe)
       throw std::runtime_error(who + p.name + ": expected shape " + shape_str(fs) + ", file has " + shape_str(t.shape));
     std::vector<float> v;
     try {
-      v = file.read_f32(p.name);
+      v = file.read_f32(fname);
     } catch (const SafetensorsError& e) {
       throw std::runtime_error(who + p.name + ": " + e.what());
     }
     if (hf_gpt2_is_conv1d(p.name)) {
       v = transpose(v, fs[0], fs[1]);
-    } else if (is_vocab_rows(p.name)) {
-      v.resize(static_cast<size_t>(p.numel()), 0.0f);
+    } else if (is_vocab_rows(p.name) || longer_wpe) {
+      v.resize(static_cast<size_t>(p.numel()), 0.0f);  // pad vocabulary rows / keep the first seq_len positions
     }
     out.emplace(p.name, std::move(v));
-    used.insert(p.name);
+    used.insert(fname);
   }
-  static const std::regex mask_buffer(R"(h\.\d+\.attn\.(masked_)?bias)");
+  static const std::regex mask_buffer(R"((transformer\.)?h\.\d+\.attn\.(masked_)?bias)");
   for (const std::string& name : file.names()) {
     if (used.count(name)) continue;
-    if (std::regex_match(name, mask_buffer) && file.info(name).shape.size() > 1) continue;
-    if (std::regex_match(name, mask_buffer) && file.info(name).shape.empty()) continue;  // masked_bias scalar
+    if (std::regex_match(name, mask_buffer) && file.info(name).shape.size() != 1) continue;  // buffers, not biases
     throw std::runtime_error(who + name + ": not a parameter of this config" +
-                             (name == "lm_head.weight" ? " (the config has tie_embeddings = true)" : "") +
-                             (name.rfind("transformer.", 0) == 0 ? " (strip the 'transformer.' prefix)" : ""));
+                             (name == "lm_head.weight" ? " (the config has tie_embeddings = true)" : ""));
   }
   return out;
 }
 
 GPTConfig read_hf_gpt2_config(const std::string& path) {
-  const SafetensorsFile file(path);
-  const auto& m = file.metadata();
+  const HfCheckpoint file(path);
   const std::string who = "[read_hf_gpt2_config] " + path + ": ";
+  if (!file.config().is_null()) {  // a Hugging Face directory: config.json
+    const nlohmann::json& c = file.config();
+    GPTConfig cfg;
+    cfg.n_layer = static_cast<int>(hf_config_int(c, "n_layer", 12, who + "config.json"));
+    cfg.n_head = static_cast<int>(hf_config_int(c, "n_head", 12, who + "config.json"));
+    cfg.n_embd = static_cast<int>(hf_config_int(c, "n_embd", 768, who + "config.json"));
+    cfg.seq_len = static_cast<int>(hf_config_int(c, "n_positions", 1024, who + "config.json"));
+    cfg.vocab_size = static_cast<int>(hf_config_int(c, "vocab_size", 50257, who + "config.json"));
+    cfg.tie_embeddings = c.value("tie_word_embeddings", true);
+    return cfg;
+  }
+  const auto m = file.metadata();
   auto get = [&](const std::string& key) -> const std::string& {
     auto it = m.find(key);
     if (it == m.end()) throw std::runtime_error(who + "metadata has no '" + key + "'");

@@ -4,7 +4,7 @@
 
 namespace mfsdp {
 
-void GPTConfig::validate() const {
+void validate_transformer_dims(int n_layer, int n_head, int n_embd, int seq_len, int vocab_size) {
   auto fail = [](const std::string& field, const std::string& why) {
     throw std::invalid_argument("model." + field + ": " + why);
   };
@@ -12,11 +12,12 @@ void GPTConfig::validate() const {
   if (n_head < 1) fail("n_head", "must be >= 1, got " + std::to_string(n_head));
   if (n_embd < 1) fail("n_embd", "must be >= 1, got " + std::to_string(n_embd));
   if (n_embd % n_head != 0)
-    fail("n_embd", "must be divisible by n_head (" + std::to_string(n_embd) + " % " +
-                       std::to_string(n_head) + " != 0)");
+    fail("n_embd", "must be divisible by n_head (" + std::to_string(n_embd) + " % " + std::to_string(n_head) + " != 0)");
   if (seq_len < 1) fail("seq_len", "must be >= 1, got " + std::to_string(seq_len));
   if (vocab_size < 2) fail("vocab_size", "must be >= 2, got " + std::to_string(vocab_size));
 }
+
+void GPTConfig::validate() const { validate_transformer_dims(n_layer, n_head, n_embd, seq_len, vocab_size); }
 
 ParamInventory gpt_inventory(const GPTConfig& cfg) {
   cfg.validate();
@@ -53,11 +54,17 @@ ParamInventory gpt_inventory(const GPTConfig& cfg) {
   return inv;
 }
 
-int64_t GPTConfig::num_params() const {
+int64_t inventory_numel(const ParamInventory& inv) {
   int64_t n = 0;
-  for (const auto& p : gpt_inventory(*this).params) n += p.numel();
+  for (const auto& p : inv.params) n += p.numel();
   return n;
 }
+
+double palm_flops_per_token(int64_t n_matmul, int n_layer, int n_embd, int context) {
+  return 6.0 * static_cast<double>(n_matmul) + 12.0 * n_layer * n_embd * static_cast<double>(context);
+}
+
+int64_t GPTConfig::num_params() const { return inventory_numel(gpt_inventory(*this)); }
 
 double GPTConfig::flops_per_token(int context) const {
   int64_t n_matmul = 0;
@@ -68,7 +75,7 @@ double GPTConfig::flops_per_token(int context) const {
     if (p.role == ParamRole::norm || p.role == ParamRole::bias) continue;
     n_matmul += p.numel();
   }
-  return 6.0 * static_cast<double>(n_matmul) + 12.0 * n_layer * n_embd * static_cast<double>(context);
+  return palm_flops_per_token(n_matmul, n_layer, n_embd, context);
 }
 
 }  // namespace mfsdp

@@ -38,4 +38,14 @@ struct GPTConfig {
 /// Matrices are [fan_out, fan_in] (Linear convention), not HF Conv1D's [in, out].
 ParamInventory gpt_inventory(const GPTConfig& cfg);
 
+/// The checks both families share: n_layer, n_head, n_embd, seq_len >= 1, n_head divides n_embd,
+/// vocab_size >= 2. Throws std::invalid_argument naming the field ("model.n_embd: ...").
+void validate_transformer_dims(int n_layer, int n_head, int n_embd, int seq_len, int vocab_size);
+
+/// Elements of every parameter of `inv` (the parameter count of a model).
+int64_t inventory_numel(const ParamInventory& inv);
+/// Training FLOPs per token for forward+backward (PaLM appendix B): 6 * n_matmul (the parameters
+/// that multiply activations) + 12 * n_layer * n_embd * context (attention scores and values).
+double palm_flops_per_token(int64_t n_matmul, int n_layer, int n_embd, int context);
+
 }  // namespace mfsdp

@@ -6,6 +6,8 @@
 // shapes are given in elements; all pointers live on the backend's device.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "runtime/core/dtype.h"
 
@@ -47,25 +49,79 @@ class Kernels {
   virtual void gelu_forward(const float* x, float* y, int64_t n) = 0;
   /// dx += gelu'(x) * dy
   virtual void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) = 0;
-  /// out[B*T, C] = wte[tok] + wpe[t]; tokens are int32 on this device.
+  /// out[B*T, C] = wte[tok] + wpe[t] (wpe may be null: no position embedding); tokens are int32
+  /// on this device.
   virtual void embedding_forward(const float* wte, const float* wpe, const int32_t* tokens, float* out,
                                  int64_t B, int64_t T, int64_t C) = 0;
   /// dwte[tok] += dout, dwpe[t] += dout (either may be null). Deterministic order.
   virtual void embedding_backward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe,
                                   int64_t B, int64_t T, int64_t C) = 0;
-  /// Causal multi-head self-attention. qkv [B,T,3C] (q|k|v, heads of C/H); out [B,T,C];
-  /// probs [B,H,T,T] softmax(q k^T / sqrt(C/H)) with the causal mask, saved for backward.
-  virtual void attention_forward(const float* qkv, float* out, float* probs, int64_t B, int64_t T,
-                                 int64_t C, int64_t H) = 0;
+
+  /// Causal multi-head self-attention on fused projections. qkv [B,T,3C] (q|k|v, heads of C/H);
+  /// out [B,T,C]; probs [B,H,T,T] softmax(q k^T / sqrt(C/H)) with the causal mask, saved for
+  /// backward. The H = Hkv case of gqa_attention_forward. Throws std::invalid_argument when H does
+  /// not divide C.
+  void attention_forward(const float* qkv, float* out, float* probs, int64_t B, int64_t T, int64_t C, int64_t H) {
+    const AttentionDims a = fused_dims(B, T, C, H, "attention_forward");
+    gqa_attention_forward(qkv, qkv + C, qkv + 2 * C, out, probs, a);
+  }
   /// dqkv += d(out)/d(qkv)^T dout
-  virtual void attention_backward(const float* dout, const float* qkv, const float* probs, float* dqkv,
-                                  int64_t B, int64_t T, int64_t C, int64_t H) = 0;
+  void attention_backward(const float* dout, const float* qkv, const float* probs, float* dqkv, int64_t B,
+                          int64_t T, int64_t C, int64_t H) {
+    const AttentionDims a = fused_dims(B, T, C, H, "attention_backward");
+    gqa_attention_backward(dout, qkv, qkv + C, qkv + 2 * C, probs, dqkv, dqkv + C, dqkv + 2 * C, a);
+  }
+
+  /// Sizes of a causal grouped-query attention: B samples of T tokens, H query heads and Hkv key/value
+  /// heads (Hkv divides H) of d features each. Row t of sample b of q starts at q + (b*T + t)*ldq
+  /// (head h at columns h*d..h*d+d), of k and v at k/v + (b*T + t)*ldkv.
+  struct AttentionDims {
+    int64_t B, T, H, Hkv, d, ldq, ldkv;
+  };
+  /// Causal grouped-query attention (Ainslie et al. 2023): query head h attends with key/value head
+  /// h / (H/Hkv) (Hugging Face's repeat_kv order). out [B,T,H*d] contiguous; probs [B,H,T,T] =
+  /// softmax(q_h k^T / sqrt(d)) with the causal mask, saved for backward.
+  virtual void gqa_attention_forward(const float* q, const float* k, const float* v, float* out, float* probs,
+                                     const AttentionDims& a) = 0;
+  /// dq += ..., dk += ..., dv += ... (strided like q, k, v). dk/dv of a shared head add the query
+  /// heads of its group in increasing order (deterministic).
+  virtual void gqa_attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                                      const float* probs, float* dq, float* dk, float* dv,
+                                      const AttentionDims& a) = 0;
+
+  // ---- Llama building blocks ----
+  /// RMSNorm (Zhang & Sennrich 2019; Hugging Face LlamaRMSNorm): y = x * rstd * w per row with
+  /// rstd = 1/sqrt(mean(x^2) + eps); saves rstd[rows].
+  virtual void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                               float eps) = 0;
+  /// dx += ..., dw += ... (either may be null).
+  virtual void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
+                                float* dw, int64_t rows, int64_t cols) = 0;
+  /// Rotary position embedding (Su et al. 2021) in Hugging Face's rotate_half layout on x [B,T,heads*d]
+  /// (d even, position t of each sample): with h = d/2, f_i = 1/theta^(2i/d) (f32 as HF computes it)
+  /// and angle a = t*f_i, y[i] = x[i] cos a - x[i+h] sin a, y[i+h] = x[i+h] cos a + x[i] sin a.
+  /// transpose = false: y = R x (overwrites y); transpose = true: y += R^T x (the backward).
+  virtual void rope(const float* x, float* y, int64_t B, int64_t T, int64_t heads, int64_t d, float theta,
+                    bool transpose) = 0;
+  /// SwiGLU gate (Shazeer 2020): y = silu(g) * u = g * sigmoid(g) * u, elementwise over n.
+  virtual void swiglu_forward(const float* g, const float* u, float* y, int64_t n) = 0;
+  /// dg += dy * u * silu'(g), du += dy * silu(g) (either may be null).
+  virtual void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) = 0;
+
   /// losses[n] = logsumexp(logits[n, :V]) - logits[n, target[n]]; columns V..Vp-1 are padding.
   virtual void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses,
                                      int64_t N, int64_t V, int64_t Vp) = 0;
   /// dlogits[n, :] += dloss * (softmax(logits[n, :V]) - onehot(target)); padding columns get 0.
   virtual void cross_entropy_backward(const float* logits, const int32_t* targets, float dloss,
                                       float* dlogits, int64_t N, int64_t V, int64_t Vp) = 0;
+
+ private:
+  static AttentionDims fused_dims(int64_t B, int64_t T, int64_t C, int64_t H, const char* op) {
+    if (H <= 0 || C % H != 0)
+      throw std::invalid_argument(std::string("[") + op + "] C=" + std::to_string(C) + " not divisible by H=" +
+                                  std::to_string(H));
+    return AttentionDims{B, T, H, H, C / H, 3 * C, 3 * C};
+  }
 };
 
 /// The backend for `device`. Throws std::runtime_error for CUDA when built without CUDA.

@@ -223,9 +223,13 @@ class CpuKernels final : public Kernels {
 #pragma omp parallel for schedule(static) if (B * T * C > kChunk)
     for (int64_t i = 0; i < B * T; ++i) {
       const float* e = wte + static_cast<int64_t>(tokens[i]) * C;
-      const float* p = wpe + (i % T) * C;
       float* o = out + i * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      if (wpe) {
+        const float* p = wpe + (i % T) * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      } else {
+        std::memcpy(o, e, static_cast<size_t>(C) * sizeof(float));
+      }
     }
   }
 
@@ -246,61 +250,160 @@ class CpuKernels final : public Kernels {
     });
   }
 
-  void attention_forward(const float* qkv, float* out, float* probs, int64_t B, int64_t T, int64_t C,
-                         int64_t H) override {
-    const int64_t d = C / H;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-#pragma omp parallel for schedule(static) if (B * H > 1)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float* base = qkv + b * T * 3 * C + h * d;
-      CSMap q(base, T, d, Stride(3 * C)), k(base + C, T, d, Stride(3 * C)), v(base + 2 * C, T, d, Stride(3 * C));
-      MapMat p(probs + bh * T * T, T, T);
-      p.noalias() = q * k.transpose();
-      for (int64_t i = 0; i < T; ++i) {
-        float* row = p.data() + i * T;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * scale);
-        float sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          row[j] = std::exp(row[j] * scale - mx);
-          sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-        for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+  // Causal softmax in place on p [T, T] (row i holds q_i k^T): softmax(scale * row[0..i]), zeros after i.
+  static void causal_softmax(float* p, int64_t T, float scale) {
+    for (int64_t i = 0; i < T; ++i) {
+      float* row = p + i * T;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * scale);
+      float sum = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        row[j] = std::exp(row[j] * scale - mx);
+        sum += row[j];
       }
-      SMap o(out + b * T * C + h * d, T, d, Stride(C));
-      o.noalias() = p * v;
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
     }
   }
 
-  void attention_backward(const float* dout, const float* qkv, const float* probs, float* dqkv, int64_t B,
-                          int64_t T, int64_t C, int64_t H) override {
-    const int64_t d = C / H;
+  void gqa_attention_forward(const float* q, const float* k, const float* v, float* out, float* probs,
+                             const AttentionDims& a) override {
+    const int64_t B = a.B, T = a.T, H = a.H, d = a.d, g = a.H / a.Hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
 #pragma omp parallel for schedule(static) if (B * H > 1)
     for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float* base = qkv + b * T * 3 * C + h * d;
-      float* dbase = dqkv + b * T * 3 * C + h * d;
-      CSMap q(base, T, d, Stride(3 * C)), k(base + C, T, d, Stride(3 * C)), v(base + 2 * C, T, d, Stride(3 * C));
-      SMap dq(dbase, T, d, Stride(3 * C)), dk(dbase + C, T, d, Stride(3 * C)), dv(dbase + 2 * C, T, d, Stride(3 * C));
-      CSMap dO(dout + b * T * C + h * d, T, d, Stride(C));
-      CMapMat p(probs + bh * T * T, T, T);
-      RowMat dp = dO * v.transpose();  // [T, T]
-      dv.noalias() += p.transpose() * dO;
-      // softmax backward: ds = p * (dp - sum_j p dp), then the 1/sqrt(d) scale of the logits
-      for (int64_t i = 0; i < T; ++i) {
-        const float* pr = p.data() + i * T;
-        float* r = dp.data() + i * T;
-        float dot = 0;
-        for (int64_t j = 0; j <= i; ++j) dot += pr[j] * r[j];
-        for (int64_t j = 0; j <= i; ++j) r[j] = pr[j] * (r[j] - dot) * scale;
-        for (int64_t j = i + 1; j < T; ++j) r[j] = 0.0f;
+      const int64_t b = bh / H, h = bh % H, kv = (h / g) * d;
+      CSMap qh(q + b * T * a.ldq + h * d, T, d, Stride(a.ldq));
+      CSMap kh(k + b * T * a.ldkv + kv, T, d, Stride(a.ldkv)), vh(v + b * T * a.ldkv + kv, T, d, Stride(a.ldkv));
+      MapMat p(probs + bh * T * T, T, T);
+      p.noalias() = qh * kh.transpose();
+      causal_softmax(p.data(), T, scale);
+      SMap o(out + b * T * H * d + h * d, T, d, Stride(H * d));
+      o.noalias() = p * vh;
+    }
+  }
+
+  // Parallel over (sample, key/value head); the query heads of a group run in order, so the shared
+  // dk/dv sums are deterministic and no two threads write the same element.
+  void gqa_attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* probs,
+                              float* dq, float* dk, float* dv, const AttentionDims& a) override {
+    const int64_t B = a.B, T = a.T, H = a.H, Hkv = a.Hkv, d = a.d, g = a.H / a.Hkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel for schedule(static) if (B * Hkv > 1)
+    for (int64_t bj = 0; bj < B * Hkv; ++bj) {
+      const int64_t b = bj / Hkv, kv = (bj % Hkv) * d;
+      CSMap kh(k + b * T * a.ldkv + kv, T, d, Stride(a.ldkv)), vh(v + b * T * a.ldkv + kv, T, d, Stride(a.ldkv));
+      SMap dkh(dk + b * T * a.ldkv + kv, T, d, Stride(a.ldkv)), dvh(dv + b * T * a.ldkv + kv, T, d, Stride(a.ldkv));
+      RowMat dp(T, T);
+      for (int64_t h = (bj % Hkv) * g; h < (bj % Hkv + 1) * g; ++h) {
+        CSMap qh(q + b * T * a.ldq + h * d, T, d, Stride(a.ldq));
+        SMap dqh(dq + b * T * a.ldq + h * d, T, d, Stride(a.ldq));
+        CSMap dO(dout + b * T * H * d + h * d, T, d, Stride(H * d));
+        CMapMat p(probs + (b * H + h) * T * T, T, T);
+        dp.noalias() = dO * vh.transpose();
+        dvh.noalias() += p.transpose() * dO;
+        // softmax backward: ds = p * (dp - sum_j p dp), then the 1/sqrt(d) scale of the logits
+        for (int64_t i = 0; i < T; ++i) {
+          const float* pr = p.data() + i * T;
+          float* r = dp.data() + i * T;
+          float dot = 0;
+          for (int64_t j = 0; j <= i; ++j) dot += pr[j] * r[j];
+          for (int64_t j = 0; j <= i; ++j) r[j] = pr[j] * (r[j] - dot) * scale;
+          for (int64_t j = i + 1; j < T; ++j) r[j] = 0.0f;
+        }
+        dqh.noalias() += dp * kh;
+        dkh.noalias() += dp.transpose() * qh;
       }
-      dq.noalias() += dp * k;
-      dk.noalias() += dp.transpose() * q;
+    }
+  }
+
+  void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                       float eps) override {
+#pragma omp parallel for schedule(static) if (rows * cols > kChunk)
+    for (int64_t r = 0; r < rows; ++r) {
+      Eigen::Map<const Eigen::ArrayXf> xr(x + r * cols, cols), wr(w, cols);
+      const float s = 1.0f / std::sqrt(xr.square().mean() + eps);
+      Eigen::Map<Eigen::ArrayXf>(y + r * cols, cols) = (xr * s) * wr;
+      rstd[r] = s;
+    }
+  }
+
+  void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                        int64_t rows, int64_t cols) override {
+    if (dx) {
+#pragma omp parallel for schedule(static) if (rows * cols > kChunk)
+      for (int64_t r = 0; r < rows; ++r) {
+        Eigen::Map<const Eigen::ArrayXf> xr(x + r * cols, cols), dyr(dy + r * cols, cols), wr(w, cols);
+        const float s = rstd[r];
+        const Eigen::ArrayXf dn = dyr * wr;
+        const float mean_dn_n = (dn * xr).mean() * s;  // mean(dn * n) with n = x * rstd
+        Eigen::Map<Eigen::ArrayXf>(dx + r * cols, cols) += s * (dn - xr * (s * mean_dn_n));
+      }
+    }
+    if (dw) {
+      parallel_ranges(cols, 32, [&](int64_t c0, int64_t c1) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* xr = x + r * cols;
+          const float* dyr = dy + r * cols;
+          for (int64_t c = c0; c < c1; ++c) dw[c] += dyr[c] * (xr[c] * rstd[r]);
+        }
+      });
+    }
+  }
+
+  void rope(const float* x, float* y, int64_t B, int64_t T, int64_t heads, int64_t d, float theta,
+            bool transpose) override {
+    const int64_t half = d / 2, C = heads * d;
+    std::vector<float> cs(static_cast<size_t>(T * half)), sn(cs.size());
+    for (int64_t i = 0; i < half; ++i) {
+      const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(d));
+      for (int64_t t = 0; t < T; ++t) {
+        const float ang = static_cast<float>(t) * inv_freq;
+        cs[t * half + i] = std::cos(ang);
+        sn[t * half + i] = std::sin(ang);
+      }
+    }
+#pragma omp parallel for schedule(static) if (B * T * C > kChunk)
+    for (int64_t row = 0; row < B * T; ++row) {
+      const float* c = cs.data() + (row % T) * half;
+      const float* s = sn.data() + (row % T) * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* xr = x + row * C + h * d;
+        float* yr = y + row * C + h * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = xr[i], b = xr[i + half];
+          if (transpose) {
+            yr[i] += a * c[i] + b * s[i];
+            yr[i + half] += b * c[i] - a * s[i];
+          } else {
+            yr[i] = a * c[i] - b * s[i];
+            yr[i + half] = b * c[i] + a * s[i];
+          }
+        }
+      }
+    }
+  }
+
+  void swiglu_forward(const float* g, const float* u, float* y, int64_t n) override {
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t b = c * kChunk, len = std::min(kChunk, n - b);
+      Eigen::Map<const Eigen::ArrayXf> gv(g + b, len), uv(u + b, len);
+      Eigen::Map<Eigen::ArrayXf>(y + b, len) = gv / (1.0f + (-gv).exp()) * uv;
+    }
+  }
+
+  void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) override {
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t b = c * kChunk, len = std::min(kChunk, n - b);
+      Eigen::Map<const Eigen::ArrayXf> gv(g + b, len), uv(u + b, len), dyv(dy + b, len);
+      const Eigen::ArrayXf sig = 1.0f / (1.0f + (-gv).exp());
+      if (dg) Eigen::Map<Eigen::ArrayXf>(dg + b, len) += dyv * uv * (sig * (1.0f + gv * (1.0f - sig)));
+      if (du) Eigen::Map<Eigen::ArrayXf>(du + b, len) += dyv * (gv * sig);
     }
   }
 

@@ -113,13 +113,16 @@ Tensor gelu(const Tensor& x) {
 Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens) {
   const char* op = "embedding";
   check_f32(wte, op, "wte");
-  check_f32(wpe, op, "wpe");
   check_arg(tokens.defined() && tokens.dtype() == DType::i32 && tokens.dim() == 2, op,
             "tokens must be i32 [B, T], got " + tokens.describe());
-  check_arg(wte.dim() == 2 && wpe.dim() == 2 && wte.size(1) == wpe.size(1), op,
-            "wte " + wte.describe() + " and wpe " + wpe.describe() + " must be [V, C] and [T, C]");
+  check_arg(wte.dim() == 2, op, "wte must be [V, C], got " + wte.describe());
   const int64_t B = tokens.size(0), T = tokens.size(1), C = wte.size(1), V = wte.size(0);
-  check_arg(T <= wpe.size(0), op, "sequence length " + std::to_string(T) + " exceeds wpe rows " + std::to_string(wpe.size(0)));
+  if (wpe.defined()) {
+    check_f32(wpe, op, "wpe");
+    check_arg(wpe.dim() == 2 && wte.size(1) == wpe.size(1), op,
+              "wte " + wte.describe() + " and wpe " + wpe.describe() + " must be [V, C] and [T, C]");
+    check_arg(T <= wpe.size(0), op, "sequence length " + std::to_string(T) + " exceeds wpe rows " + std::to_string(wpe.size(0)));
+  }
   check_same_device(wte, wpe, op);
   check_same_device(wte, tokens, op);
   if (tokens.device() == Device::CPU) {
@@ -129,11 +132,11 @@ Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens) {
                                                   std::to_string(i) + " is outside [0, " + std::to_string(V) + ")");
   }
   Tensor y = Tensor::empty({B, T, C}, DType::f32, wte.device());
-  kernels(wte.device()).embedding_forward(wte.data_f32(), wpe.data_f32(), tokens.data<int32_t>(), y.data_f32(), B, T, C);
+  kernels(wte.device()).embedding_forward(wte.data_f32(), ptr_or_null(wpe), tokens.data<int32_t>(), y.data_f32(), B, T, C);
   if (needs_grad({&wte, &wpe})) {
     record(y, op, {wte, wpe}, [wte, wpe, tokens, B, T, C](const Tensor& dy) {
       float* dwte = wte.requires_grad() ? grad_buffer(wte).data_f32() : nullptr;
-      float* dwpe = wpe.requires_grad() ? grad_buffer(wpe).data_f32() : nullptr;
+      float* dwpe = wpe.defined() && wpe.requires_grad() ? grad_buffer(wpe).data_f32() : nullptr;
       kernels(dy.device()).embedding_backward(dy.data_f32(), tokens.data<int32_t>(), dwte, dwpe, B, T, C);
     });
   }
@@ -153,6 +156,95 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head) {
     record(y, op, {qkv}, [qkv, probs, B, T, C, n_head](const Tensor& dy) {
       kernels(dy.device()).attention_backward(dy.data_f32(), qkv.data_f32(), probs.data_f32(),
                                               grad_buffer(qkv).data_f32(), B, T, C, n_head);
+    });
+  }
+  return y;
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head) {
+  const char* op = "causal_attention";
+  check_f32(q, op, "q");
+  check_f32(k, op, "k");
+  check_f32(v, op, "v");
+  check_arg(q.dim() == 3 && k.dim() == 3 && k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == q.size(1),
+            op, "q [B, T, H*d], k and v [B, T, Hkv*d] expected, got " + q.describe() + ", " + k.describe() + ", " +
+                    v.describe());
+  check_arg(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0, op,
+            "n_kv_head=" + std::to_string(n_kv_head) + " must divide n_head=" + std::to_string(n_head));
+  check_arg(q.size(2) % n_head == 0 && k.size(2) * n_head == q.size(2) * n_kv_head, op,
+            "q " + q.describe() + " / k " + k.describe() + " do not split into " + std::to_string(n_head) + " and " +
+                std::to_string(n_kv_head) + " heads of one size");
+  check_same_device(q, k, op);
+  check_same_device(q, v, op);
+  const int64_t B = q.size(0), T = q.size(1), d = q.size(2) / n_head;
+  const Kernels::AttentionDims a{B, T, n_head, n_kv_head, d, q.size(2), k.size(2)};
+  Tensor y = Tensor::empty(q.shape(), DType::f32, q.device());
+  Tensor probs = Tensor::empty({B, n_head, T, T}, DType::f32, q.device());
+  kernels(q.device()).gqa_attention_forward(q.data_f32(), k.data_f32(), v.data_f32(), y.data_f32(), probs.data_f32(), a);
+  if (needs_grad({&q, &k, &v})) {
+    record(y, op, {q, k, v}, [q, k, v, probs, a](const Tensor& dy) {
+      // The kernel adds into all three gradients; inputs without one get a scratch buffer.
+      auto grad_or_scratch = [](const Tensor& t) {
+        return t.requires_grad() ? grad_buffer(t) : Tensor::zeros(t.shape(), DType::f32, t.device());
+      };
+      Tensor dq = grad_or_scratch(q), dk = grad_or_scratch(k), dv = grad_or_scratch(v);
+      kernels(dy.device()).gqa_attention_backward(dy.data_f32(), q.data_f32(), k.data_f32(), v.data_f32(),
+                                                  probs.data_f32(), dq.data_f32(), dk.data_f32(), dv.data_f32(), a);
+    });
+  }
+  return y;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
+  const char* op = "rms_norm";
+  check_f32(x, op, "input");
+  check_f32(w, op, "weight");
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  check_arg(w.shape() == Shape{C}, op, "weight " + w.describe() + " for input " + x.describe());
+  check_same_device(x, w, op);
+  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
+  Tensor rstd = Tensor::empty({N}, DType::f32, x.device());
+  kernels(x.device()).rmsnorm_forward(x.data_f32(), w.data_f32(), y.data_f32(), rstd.data_f32(), N, C, eps);
+  if (needs_grad({&x, &w})) {
+    record(y, op, {x, w}, [x, w, rstd, N, C](const Tensor& dy) {
+      float* dx = x.requires_grad() ? grad_buffer(x).data_f32() : nullptr;
+      float* dw = w.requires_grad() ? grad_buffer(w).data_f32() : nullptr;
+      kernels(dy.device()).rmsnorm_backward(dy.data_f32(), x.data_f32(), w.data_f32(), rstd.data_f32(), dx, dw, N, C);
+    });
+  }
+  return y;
+}
+
+Tensor rotary_embedding(const Tensor& x, int64_t n_head, float theta) {
+  const char* op = "rotary_embedding";
+  check_f32(x, op, "input");
+  check_arg(x.dim() == 3 && n_head > 0 && x.size(2) % n_head == 0 && (x.size(2) / n_head) % 2 == 0, op,
+            "input must be [B, T, n_head*d] with d even, got " + x.describe() + " for n_head=" + std::to_string(n_head));
+  check_arg(theta > 0, op, "theta must be > 0, got " + std::to_string(theta));
+  const int64_t B = x.size(0), T = x.size(1), d = x.size(2) / n_head;
+  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
+  kernels(x.device()).rope(x.data_f32(), y.data_f32(), B, T, n_head, d, theta, false);
+  if (needs_grad({&x})) {
+    record(y, op, {x}, [x, B, T, n_head, d, theta](const Tensor& dy) {
+      kernels(dy.device()).rope(dy.data_f32(), grad_buffer(x).data_f32(), B, T, n_head, d, theta, true);
+    });
+  }
+  return y;
+}
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu";
+  check_f32(gate, op, "gate");
+  check_f32(up, op, "up");
+  check_arg(gate.shape() == up.shape(), op, "shapes differ: " + gate.describe() + " and " + up.describe());
+  check_same_device(gate, up, op);
+  Tensor y = Tensor::empty(gate.shape(), DType::f32, gate.device());
+  kernels(gate.device()).swiglu_forward(gate.data_f32(), up.data_f32(), y.data_f32(), gate.numel());
+  if (needs_grad({&gate, &up})) {
+    record(y, op, {gate, up}, [gate, up](const Tensor& dy) {
+      float* dg = gate.requires_grad() ? grad_buffer(gate).data_f32() : nullptr;
+      float* du = up.requires_grad() ? grad_buffer(up).data_f32() : nullptr;
+      kernels(dy.device()).swiglu_backward(gate.data_f32(), up.data_f32(), dy.data_f32(), dg, du, gate.numel());
     });
   }
   return y;

@@ -15,12 +15,27 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 /// GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2's "gelu_new").
 Tensor gelu(const Tensor& x);
-/// Token + position embedding: wte [Vp, C], wpe [Tmax, C], tokens i32 [B, T] with T <= Tmax and
-/// ids < Vp (ids are checked on CPU). Returns [B, T, C] = wte[tokens] + wpe[0..T).
+/// Token + position embedding: wte [Vp, C], wpe [Tmax, C] or undefined (token embedding only, as
+/// Llama), tokens i32 [B, T] with T <= Tmax and ids < Vp (ids are checked on CPU).
+/// Returns [B, T, C] = wte[tokens] + wpe[0..T).
 Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens);
 /// Causal multi-head self-attention on fused projections: qkv [B, T, 3C] laid out q|k|v with
 /// n_head heads of C/n_head each; softmax(q k^T / sqrt(C/H)) v with a causal mask. Returns [B, T, C].
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
+/// Causal grouped-query attention (Ainslie et al. 2023) on separate projections: q [B, T, H*d],
+/// k and v [B, T, Hkv*d] with H = n_head, Hkv = n_kv_head dividing n_head; query head h uses
+/// key/value head h / (H/Hkv) (Hugging Face's repeat_kv). softmax(q k^T / sqrt(d)) v with a causal
+/// mask. Returns [B, T, H*d]. n_kv_head == n_head is plain multi-head attention.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head);
+/// RMSNorm over the last dimension (Zhang & Sennrich 2019; Hugging Face LlamaRMSNorm):
+/// x [..., C], weight [C]; y = x / sqrt(mean(x^2) + eps) * weight.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-5f);
+/// Rotary position embedding (Su et al. 2021) in Hugging Face's rotate_half convention, positions
+/// 0..T-1: x [B, T, n_head*d] with d even; pair (i, i + d/2) of each head rotates by t / theta^(2i/d).
+/// Returns the same shape.
+Tensor rotary_embedding(const Tensor& x, int64_t n_head, float theta = 10000.0f);
+/// SwiGLU gate (Shazeer 2020; Llama's MLP): silu(gate) * up, elementwise, same shapes.
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 /// Fused softmax cross-entropy over a padded vocabulary: logits [N, Vp], targets i32 [N] < vocab_size.
 /// Columns vocab_size..Vp-1 are padding and never receive probability. Returns a scalar:
 /// sum of per-token losses / divisor (divisor <= 0 means N, i.e. the mean).

@@ -98,7 +98,13 @@ std::map<std::string, std::string> run_facts(const TrainConfig& cfg) {
       add_files(tok, facts);
     }
   }
-  if (!cfg.model.init_from.resolved.empty()) add_files(cfg.model.init_from.resolved, facts);
+  const std::string& init = cfg.model.init_from.resolved;
+  if (!init.empty() && std::filesystem::is_directory(init)) {  // a Hugging Face checkpoint directory
+    for (const char* name : {"config.json", "*.safetensors", "model.safetensors.index.json"})
+      add_files((std::filesystem::path(init) / name).string(), facts);
+  } else if (!init.empty()) {
+    add_files(init, facts);
+  }
   if (!cfg.training.resume.empty() && cfg.training.resume != "auto")
     add_files((std::filesystem::path(cfg.training.resume) / "manifest.json").string(), facts);
   return facts;

@@ -26,9 +26,16 @@ class TrainableModel {
   /// Training FLOPs per token (forward + backward) at the configured context, for MFU.
   virtual double flops_per_token() const = 0;
   virtual int64_t num_params() const = 0;
-  /// Reads model.init_from into full tensors. Throws std::runtime_error naming the file.
+  /// Reads model.init_from (a Hugging Face checkpoint directory of the family, or one exported
+  /// safetensors file) into full tensors. Throws std::runtime_error naming the path and the first
+  /// mismatch with the config.
   virtual TensorMap import_weights(const std::string& path) const = 0;
-  /// Writes the full tensors as the family's Hugging Face layout (one safetensors file, f32).
+  /// "" when model.init_from at `path` was made for this config as far as its recorded
+  /// hyperparameters tell (what tensor shapes cannot, e.g. the head count), else why not.
+  virtual std::string init_from_mismatch(const std::string& path) const = 0;
+  /// Writes the full tensors in the family's Hugging Face layout, f32: a directory in
+  /// from_pretrained layout (model.safetensors + config.json) or, for a path ending in
+  /// ".safetensors", that one file (models/hf_checkpoint.h: hf_export_paths).
   virtual void export_weights(const std::string& path, const TensorMap& params,
                               const std::map<std::string, std::string>& metadata) const = 0;
   /// Samples n tokens after `prompt` (every parameter must be bound to its full value).
@@ -40,7 +47,8 @@ class TrainableModel {
   virtual const char* export_layout() const = 0;
 };
 
-/// The model of `cfg` (GPT-2 for now).
+/// The model of `cfg`: model.arch "gpt2" (models/gpt.h) or "llama" (models/llama.h). Throws
+/// std::invalid_argument naming the model.* field when the architecture is invalid.
 std::unique_ptr<TrainableModel> make_trainable_model(const TrainConfig& cfg);
 
 }  // namespace mfsdp

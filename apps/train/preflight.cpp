@@ -12,7 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "models/gpt_hf.h"
+#include "apps/train/model_io.h"
+#include "models/hf_checkpoint.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/data/token_shards.h"
@@ -64,7 +65,7 @@ void with_key(const std::string& key, const std::function<void()>& check) {
 }
 
 // The input files: shards, tokenizer, model.init_from.
-std::string check_inputs(const TrainConfig& cfg, const GPTConfig& g, int64_t global_tokens) {
+std::string check_inputs(const TrainConfig& cfg, const TrainableModel& model, int64_t global_tokens) {
   with_key("data.train", [&] {
     validate_shards(cfg.data.train.resolved, cfg.model.vocab_size, global_tokens + 1,
                     "one global batch (world_size * grad_accum * micro_batch_size * seq_len + 1)");
@@ -82,17 +83,14 @@ std::string check_inputs(const TrainConfig& cfg, const GPTConfig& g, int64_t glo
   }
   if (cfg.model.init_from.resolved.empty()) return "";
   NamedTensors init;
-  with_key("model.init_from", [&] { init = import_hf_gpt2(cfg.model.init_from.resolved, g); });
+  with_key("model.init_from", [&] { init = model.import_weights(cfg.model.init_from.resolved); });
   for (const auto& [name, values] : init)  // a NaN/Inf weight would only show up as a diverged step
     for (size_t i = 0; i < values.size(); ++i)
       if (!std::isfinite(values[i]))
         return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": tensor '" + name +
                "' holds a non-finite value (" + std::to_string(values[i]) + " at element " + std::to_string(i) + ")";
-  const GPTConfig f = read_hf_gpt2_config(cfg.model.init_from.resolved);
-  if (f.n_head != g.n_head)  // shapes cannot tell heads apart
-    return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + " was trained with n_head " +
-           std::to_string(f.n_head) + ", model.n_head is " + std::to_string(g.n_head);
-  return "";
+  const std::string mismatch = model.init_from_mismatch(cfg.model.init_from.resolved);
+  return mismatch.empty() ? "" : cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": " + mismatch;
 }
 
 // training.resume and the checkpoint directory. Saving into a directory that holds other
@@ -121,13 +119,13 @@ std::string check_checkpoints(const TrainConfig& cfg, bool eval_only) {
   return "";
 }
 
-// output.export must be a writable file that the run does not read or write otherwise.
+// output.export: a path ending in .safetensors is one file; anything else an export directory
+// (model.safetensors + config.json, Hugging Face's from_pretrained layout). It must be writable and
+// never a file the run reads or writes otherwise.
 std::string check_export(const TrainConfig& cfg) {
+  const HfExportPaths files = hf_export_paths(cfg.output.export_path.resolved);
   const std::filesystem::path out(cfg.output.export_path.resolved);
-  if (std::filesystem::is_directory(out))
-    return cfg.source + ": output.export: " + out.string() + " is a directory (expected a .safetensors file)";
-  if (std::string e = check_writable_dir(out.has_parent_path() ? out.parent_path() : ".", "output.export"); !e.empty())
-    return cfg.source + ": " + e;
+  const std::filesystem::path weights(files.weights);
   std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
                                                             {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
                                                             {"model.init_from", cfg.model.init_from.resolved}};
@@ -148,15 +146,26 @@ std::string check_export(const TrainConfig& cfg) {
     return !rel.empty() && *rel.begin() != "..";
   };
   const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
-  for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
-                                  {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume}})
-    if (inside(out, dir))
-      return cfg.source + ": output.export: " + out.string() + " is inside " + what + " (" + dir +
-             "); choose a file outside the checkpoints";
-  for (const auto& [what, path] : taken)
-    if (same(out.string(), path))
-      return cfg.source + ": output.export: " + out.string() + " is " + what + " (" + path + "); choose another file";
-  return "";
+  const std::string init_dir = std::filesystem::is_directory(cfg.model.init_from.resolved) ? cfg.model.init_from.resolved : "";
+  for (const std::string& file : {out.string(), files.weights, files.config}) {
+    if (file.empty()) continue;
+    for (const auto& [what, dir] : {std::pair<std::string, std::string>{"checkpoint.dir", ckpt_root},
+                                    {"training.resume", cfg.training.resume == "auto" ? "" : cfg.training.resume},
+                                    {"model.init_from", init_dir}})
+      if (inside(file, dir))
+        return cfg.source + ": output.export: " + file + " is inside " + what + " (" + dir + "); choose a path outside it";
+    for (const auto& [what, path] : taken)
+      if (same(file, path))
+        return cfg.source + ": output.export: " + file + " is " + what + " (" + path + "); choose another path";
+  }
+  if (files.config.empty() && std::filesystem::is_directory(out))
+    return cfg.source + ": output.export: " + out.string() +
+           " is a directory (a path ending in .safetensors names the exported file)";
+  if (!files.config.empty() && std::filesystem::exists(out) && !std::filesystem::is_directory(out))
+    return cfg.source + ": output.export: " + out.string() +
+           " is a file (a path not ending in .safetensors names an export directory)";
+  std::string e = check_writable_dir(weights.has_parent_path() ? weights.parent_path() : ".", "output.export");
+  return e.empty() ? "" : cfg.source + ": " + e;
 }
 
 // The run directory: writable, and not another run's (its config.json).
@@ -192,15 +201,14 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
     if (eval_only && cfg.data.val.resolved.empty()) return cfg.source + ": --eval-only needs data.val (validation shards)";
     if (eval_only && cfg.model.init_from.resolved.empty())
       return cfg.source + ": --eval-only needs model.init_from (the model to evaluate)";
-    const GPTConfig g = cfg.model.gpt();
-    g.validate();
+    const std::unique_ptr<TrainableModel> model = make_trainable_model(cfg);  // validates the architecture
     int64_t global_tokens = 0;
     if (__builtin_mul_overflow(static_cast<int64_t>(world_size) * cfg.training.grad_accum,
                                static_cast<int64_t>(cfg.training.micro_batch_size) * cfg.model.seq_len, &global_tokens) ||
         global_tokens > (int64_t(1) << 40))
       return cfg.source + ": world_size x training.grad_accum x training.micro_batch_size x model.seq_len is " +
              "larger than 2^40 tokens per step";
-    if (std::string e = check_inputs(cfg, g, global_tokens); !e.empty()) return e;
+    if (std::string e = check_inputs(cfg, *model, global_tokens); !e.empty()) return e;
     if (std::string e = check_checkpoints(cfg, eval_only); !e.empty()) return e;
     if (eval_only) return "";
     // the outputs must be writable before hours of training, not after

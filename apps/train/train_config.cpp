@@ -238,6 +238,8 @@ class Reader {
     return v;
   }
   bool flag(const std::string& path) const { return at(path).get<bool>(); }
+  /// True when the config file or a --set override wrote `path` (not just the default).
+  bool given(const std::string& path) const { return origin_.count(path) != 0; }
   std::string str(const std::string& path) const { return at(path).get<std::string>(); }
   std::string choice(const std::string& path, const std::vector<std::string>& allowed) const {
     const std::string v = str(path);
@@ -286,9 +288,34 @@ void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {
                                      std::to_string(kMaxVocabU32) + " with 32-bit token shards)");
     m.vocab_size = v;
   }
-  m.tie_embeddings = r.flag("model.tie_embeddings");
   m.init_from = r.path_value("model.init_from", base_dir);
   m.init_std = r.num("model.init_std", 0.0, 1e3, true);
+  m.arch = r.choice("model.arch", {"gpt2", "llama"});
+  if (m.arch == "llama") {
+    // Llama's head is untied unless the config says otherwise.
+    m.tie_embeddings = r.given("model.tie_embeddings") && r.flag("model.tie_embeddings");
+    m.n_kv_head = r.i32("model.n_kv_head", 0, 1 << 12);
+    if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
+    if (m.n_head % m.n_kv_head != 0)
+      r.fail("model.n_kv_head", "must divide model.n_head (" + std::to_string(m.n_head) + " % " +
+                                    std::to_string(m.n_kv_head) + " != 0)");
+    if ((m.n_embd / m.n_head) % 2 != 0)
+      r.fail("model.n_embd", "model.n_embd / model.n_head must be even for rotary embeddings, got " +
+                                 std::to_string(m.n_embd / m.n_head));
+    m.intermediate_size = r.i32("model.intermediate_size", 0, 1 << 20);
+    m.intermediate_size = m.llama().intermediate_size;
+    m.norm_eps = r.num("model.norm_eps", 0.0, 1.0, true);
+    m.rope_theta = r.num("model.rope_theta", 0.0, 1e12, true);
+  } else {
+    m.tie_embeddings = r.flag("model.tie_embeddings");
+    const ModelSection d;
+    const std::pair<const char*, json> llama_only[] = {{"model.n_kv_head", d.n_kv_head},
+                                                       {"model.intermediate_size", d.intermediate_size},
+                                                       {"model.norm_eps", d.norm_eps},
+                                                       {"model.rope_theta", d.rope_theta}};
+    for (const auto& [k, def] : llama_only)
+      if (r.at(k) != def) r.fail(k, "only applies to model.arch \"llama\" (model.arch is \"gpt2\")");
+  }
 }
 
 void read_data(const Reader& r, const std::string& base_dir, int64_t vocab_size, DataSection& d) {
@@ -347,6 +374,22 @@ std::string CheckpointSection::root(const std::string& run_dir) const {
   return (std::filesystem::path(run_dir) / "checkpoints").string();
 }
 
+LlamaConfig ModelSection::llama() const {
+  LlamaConfig l;
+  l.n_layer = n_layer;
+  l.n_head = n_head;
+  l.n_kv_head = n_kv_head > 0 ? n_kv_head : n_head;
+  l.n_embd = n_embd;
+  l.intermediate_size = intermediate_size > 0 ? intermediate_size : (8 * n_embd / 3 + 255) / 256 * 256;
+  l.seq_len = seq_len;
+  l.vocab_size = static_cast<int>(vocab_size);
+  l.tie_embeddings = tie_embeddings;
+  l.init_std = init_std;
+  l.norm_eps = norm_eps;
+  l.rope_theta = rope_theta;
+  return l;
+}
+
 GPTConfig ModelSection::gpt() const {
   GPTConfig g;
   g.n_layer = n_layer;
@@ -362,10 +405,13 @@ GPTConfig ModelSection::gpt() const {
 json TrainConfig::to_json(bool resolved_paths) const {
   auto p = [&](const ConfigPath& c) { return resolved_paths ? c.resolved : c.raw; };
   json j;
-  j["model"] = {{"n_layer", model.n_layer},       {"n_head", model.n_head},
+  j["model"] = {{"arch", model.arch},
+                {"n_layer", model.n_layer},       {"n_head", model.n_head},
                 {"n_embd", model.n_embd},         {"seq_len", model.seq_len},
                 {"vocab_size", model.vocab_size}, {"tie_embeddings", model.tie_embeddings},
-                {"init_from", p(model.init_from)}, {"init_std", model.init_std}};
+                {"init_from", p(model.init_from)}, {"init_std", model.init_std},
+                {"n_kv_head", model.n_kv_head},   {"intermediate_size", model.intermediate_size},
+                {"norm_eps", model.norm_eps},     {"rope_theta", model.rope_theta}};
   j["data"] = {{"train", p(data.train)},         {"val", p(data.val)},         {"tokenizer", data.tokenizer},
                {"tokenizer_path", p(data.tokenizer_path)}, {"shuffle", data.shuffle}, {"seed", data.seed}};
   const MuonOptions& mu = optim.muon;

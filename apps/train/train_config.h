@@ -10,6 +10,7 @@
 
 #include "comm/comm_backend.h"
 #include "models/gpt_spec.h"
+#include "models/llama_spec.h"
 #include "planner/shard_plan.h"
 #include "runtime/engine/engine_options.h"
 
@@ -31,16 +32,27 @@ struct ConfigPath {
 };
 
 struct ModelSection {
+  std::string arch = "gpt2";  ///< "gpt2" or "llama"
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
   int seq_len = 64;
   int64_t vocab_size = 65;
   bool tie_embeddings = true;
-  ConfigPath init_from;    ///< "" or an exported safetensors file (HF GPT-2 layout)
+  /// "" , a Hugging Face checkpoint directory (config.json + model.safetensors or sharded
+  /// model-0000x-of-0000y.safetensors with model.safetensors.index.json) of model.arch, or one
+  /// exported .safetensors file
+  ConfigPath init_from;
   double init_std = 0.02;  ///< std of the normal init of matrices and embeddings
-  /// The model architecture as models/gpt_spec.h expects it.
+  // Llama only (model.arch "llama"); after parsing they hold the resolved values.
+  int n_kv_head = 0;             ///< key/value heads; 0 = n_head
+  int intermediate_size = 0;     ///< SwiGLU width; 0 = 8/3 n_embd rounded up to a multiple of 256
+  double norm_eps = 1e-5;        ///< RMSNorm epsilon
+  double rope_theta = 10000.0;   ///< RoPE base
+  /// The model architecture as models/gpt_spec.h expects it (model.arch "gpt2").
   GPTConfig gpt() const;
+  /// The model architecture as models/llama_spec.h expects it (model.arch "llama").
+  LlamaConfig llama() const;
 };
 
 struct DataSection {

@@ -21,58 +21,22 @@
 
 #include "runtime/core/cuda_check.h"
 #include "runtime/cuda/device_api.h"
+#include "runtime/cuda/cuda_common.cuh"
+#include "runtime/cuda/llama_kernels.h"
 #include "runtime/kernels.h"
 
 namespace mfsdp {
 namespace {
 
-constexpr int kThreads = 256;        // threads per block of the elementwise / row kernels
-constexpr int kMaxGrid = 65535 * 8;  // cap of grid-stride launches (any larger n loops)
-constexpr int64_t kColChunk = 64;    // rows per partial sum of the column reductions
+using namespace cuda_detail;
 
-int grid_for(int64_t n, int threads = kThreads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return static_cast<int>(std::clamp<int64_t>(blocks, 1, kMaxGrid));
-}
+constexpr int64_t kColChunk = 64;    // rows per partial sum of the column reductions
 
 int to_int(int64_t v, const char* op, const char* what) {
   if (v < 0 || v > INT_MAX)
     throw std::invalid_argument(std::string("[") + op + "] " + what + "=" + std::to_string(v) +
                                 " outside the int range cuBLAS accepts");
   return static_cast<int>(v);
-}
-
-// ---------------- reductions inside a block (fixed tree: deterministic) ----------------
-
-template <class T>
-__device__ T warp_sum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Sum over the block (blockDim.x == kThreads); every thread gets the result. `sh` holds kThreads/32.
-template <class T>
-__device__ T block_sum(T v, T* sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // sh may still be read from a previous call
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  T r = lane < kThreads / 32 ? sh[lane] : T(0);
-  return warp_sum(r);
-}
-__device__ float block_max(float v, float* sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  float r = lane < kThreads / 32 ? sh[lane] : -INFINITY;
-  return warp_max(r);
 }
 
 // ---------------- elementwise ----------------
@@ -118,6 +82,13 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t 
 struct BiasTerm {
   const float* dy;
   __device__ float operator()(int64_t r, int64_t c, int64_t cols) const { return dy[r * cols + c]; }
+};
+struct RmsWeightTerm {  // dy * x * rstd
+  const float *dy, *x, *rstd;
+  __device__ float operator()(int64_t r, int64_t c, int64_t cols) const {
+    const int64_t i = r * cols + c;
+    return dy[i] * (x[i] * rstd[r]);
+  }
 };
 struct LnWeightTerm {  // dy * (x - mean) * rstd
   const float *dy, *x, *mean, *rstd;
@@ -219,7 +190,7 @@ __global__ void embedding_forward_kernel(const float* __restrict__ wte, const fl
   const int64_t n = BT * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / C, c = i % C;
-    out[i] = wte[static_cast<int64_t>(tokens[row]) * C + c] + wpe[(row % T) * C + c];
+    out[i] = wte[static_cast<int64_t>(tokens[row]) * C + c] + (wpe ? wpe[(row % T) * C + c] : 0.0f);
   }
 }
 // dwpe[t, c] += dout[b*T + t, c] for b = 0..B-1 in order (the CPU's order for that element).
@@ -481,51 +452,74 @@ class CudaKernels final : public Kernels {
     CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
   }
 
-  void attention_forward(const float* qkv, float* out, float* probs, int64_t B, int64_t T, int64_t C,
-                         int64_t H) override {
-    if (B <= 0 || T <= 0 || C <= 0) return;
-    check_heads(C, H, "attention_forward");
-    const int64_t d = C / H;
+  // Query head h = j*g + r uses key/value head j (g = H/Hkv): for each r, one strided batch over j.
+  void gqa_attention_forward(const float* q, const float* k, const float* v, float* out, float* probs,
+                             const AttentionDims& a) override {
+    if (a.B <= 0 || a.T <= 0 || a.d <= 0) return;
+    const int64_t T = a.T, H = a.H, d = a.d, g = a.H / a.Hkv, C = H * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-    for (int64_t b = 0; b < B; ++b) {  // batched over the H heads of sample b
-      const float* base = qkv + b * T * 3 * C;
-      float* p = probs + b * H * T * T;
-      // scores[h] = q_h k_h^T  ([T, T], row stride T)
-      gemm_batched(false, true, T, T, d, 1.0f, base, 3 * C, d, base + C, 3 * C, d, 0.0f, p, T, T * T, H);
-    }
-    const int64_t rows = B * H * T;
+    for (int64_t b = 0; b < a.B; ++b)  // scores[h] = q_h k_j^T  ([T, T], row stride T)
+      for (int64_t r = 0; r < g; ++r)
+        gemm_batched(false, true, T, T, d, 1.0f, q + b * T * a.ldq + r * d, a.ldq, g * d, k + b * T * a.ldkv, a.ldkv,
+                     d, 0.0f, probs + (b * H + r) * T * T, T, g * T * T, a.Hkv);
+    const int64_t rows = a.B * H * T;
     causal_softmax_kernel<<<grid_rows(rows), kThreads>>>(probs, rows, T, scale);
     CUDA_CHECK_LAUNCH("causal_softmax_kernel");
-    for (int64_t b = 0; b < B; ++b) {  // out_h = P_h v_h, written into columns h*d.. of out [T, C]
-      const float* base = qkv + b * T * 3 * C;
-      gemm_batched(false, false, T, d, T, 1.0f, probs + b * H * T * T, T, T * T, base + 2 * C, 3 * C, d, 0.0f,
-                   out + b * T * C, C, d, H);
-    }
+    for (int64_t b = 0; b < a.B; ++b)  // out_h = P_h v_j, written into columns h*d.. of out [T, C]
+      for (int64_t r = 0; r < g; ++r)
+        gemm_batched(false, false, T, d, T, 1.0f, probs + (b * H + r) * T * T, T, g * T * T, v + b * T * a.ldkv, a.ldkv,
+                     d, 0.0f, out + b * T * C + r * d, C, g * d, a.Hkv);
   }
 
-  void attention_backward(const float* dout, const float* qkv, const float* probs, float* dqkv, int64_t B, int64_t T,
-                          int64_t C, int64_t H) override {
-    if (B <= 0 || T <= 0 || C <= 0) return;
-    check_heads(C, H, "attention_backward");
-    const int64_t d = C / H;
+  // dk_j / dv_j add their g query heads in increasing order (r = 0..g-1), as the CPU backend.
+  void gqa_attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* probs,
+                              float* dq, float* dk, float* dv, const AttentionDims& a) override {
+    if (a.B <= 0 || a.T <= 0 || a.d <= 0) return;
+    const int64_t T = a.T, H = a.H, d = a.d, g = a.H / a.Hkv, C = H * d, J = a.Hkv;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     std::lock_guard<std::mutex> lock(mu_);
     float* ds = s_a_.as<float>(H * T * T);  // one sample's [H, T, T] score gradients at a time
-    for (int64_t b = 0; b < B; ++b) {
-      const float* base = qkv + b * T * 3 * C;
-      float* dbase = dqkv + b * T * 3 * C;
-      const float* dO = dout + b * T * C;
+    for (int64_t b = 0; b < a.B; ++b) {
+      const float *qb = q + b * T * a.ldq, *kb = k + b * T * a.ldkv, *vb = v + b * T * a.ldkv, *dO = dout + b * T * C;
       const float* p = probs + b * H * T * T;
-      // dP_h = dO_h v_h^T
-      gemm_batched(false, true, T, T, d, 1.0f, dO, C, d, base + 2 * C, 3 * C, d, 0.0f, ds, T, T * T, H);
-      // dv_h += P_h^T dO_h
-      gemm_batched(true, false, T, d, T, 1.0f, p, T, T * T, dO, C, d, 1.0f, dbase + 2 * C, 3 * C, d, H);
+      float *dqb = dq + b * T * a.ldq, *dkb = dk + b * T * a.ldkv, *dvb = dv + b * T * a.ldkv;
+      for (int64_t r = 0; r < g; ++r) {
+        // dP_h = dO_h v_j^T ; dv_j += P_h^T dO_h
+        gemm_batched(false, true, T, T, d, 1.0f, dO + r * d, C, g * d, vb, a.ldkv, d, 0.0f, ds + r * T * T, T, g * T * T, J);
+        gemm_batched(true, false, T, d, T, 1.0f, p + r * T * T, T, g * T * T, dO + r * d, C, g * d, 1.0f, dvb, a.ldkv, d, J);
+      }
       causal_softmax_backward_kernel<<<grid_rows(H * T), kThreads>>>(p, ds, H * T, T, scale);
       CUDA_CHECK_LAUNCH("causal_softmax_backward_kernel");
-      // dq_h += dS_h k_h ; dk_h += dS_h^T q_h
-      gemm_batched(false, false, T, d, T, 1.0f, ds, T, T * T, base + C, 3 * C, d, 1.0f, dbase, 3 * C, d, H);
-      gemm_batched(true, false, T, d, T, 1.0f, ds, T, T * T, base, 3 * C, d, 1.0f, dbase + C, 3 * C, d, H);
+      for (int64_t r = 0; r < g; ++r) {
+        // dq_h += dS_h k_j ; dk_j += dS_h^T q_h
+        gemm_batched(false, false, T, d, T, 1.0f, ds + r * T * T, T, g * T * T, kb, a.ldkv, d, 1.0f, dqb + r * d, a.ldq,
+                     g * d, J);
+        gemm_batched(true, false, T, d, T, 1.0f, ds + r * T * T, T, g * T * T, qb + r * d, a.ldq, g * d, 1.0f, dkb, a.ldkv,
+                     d, J);
+      }
     }
+  }
+
+  void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
+                       float eps) override {
+    cuda_llama::rmsnorm_forward(x, w, y, rstd, rows, cols, eps);
+  }
+  void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
+                        int64_t rows, int64_t cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    if (dx) cuda_llama::rmsnorm_backward_dx(dy, x, w, rstd, dx, rows, cols);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (dw) column_sum(RmsWeightTerm{dy, x, rstd}, dw, rows, cols, s_a_);
+  }
+  void rope(const float* x, float* y, int64_t B, int64_t T, int64_t heads, int64_t d, float theta,
+            bool transpose) override {
+    cuda_llama::rope(x, y, B, T, heads, d, theta, transpose);
+  }
+  void swiglu_forward(const float* g, const float* u, float* y, int64_t n) override {
+    cuda_llama::swiglu_forward(g, u, y, n);
+  }
+  void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) override {
+    cuda_llama::swiglu_backward(g, u, dy, dg, du, n);
   }
 
   void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, int64_t N, int64_t V,
@@ -604,12 +598,6 @@ class CudaKernels final : public Kernels {
       throw std::invalid_argument(std::string("[") + op + "] " + what + "=" + std::to_string(rows) +
                                   " exceeds the grid limit " + std::to_string(INT_MAX));
   }
-  static void check_heads(int64_t C, int64_t H, const char* op) {
-    if (H <= 0 || C % H != 0)
-      throw std::invalid_argument(std::string("[") + op + "] C=" + std::to_string(C) + " not divisible by H=" +
-                                  std::to_string(H));
-  }
-
   std::mutex mu_;
   Scratch s_a_, s_b_, s_c_;  // reduction partials / attention score gradients, LN db partials, embedding CSR
 };

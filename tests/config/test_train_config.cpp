@@ -165,3 +165,36 @@ TEST_CASE("sharding.replicate (HSDP) is parsed, echoed and refused with ddp", "[
   CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"replicate": 2, "placement": "ddp"}})"),
                     Contains("sharding.replicate: ddp is already fully replicated"));
 }
+
+TEST_CASE("model.arch llama: defaults, derived widths, errors naming the key", "[config]") {
+  auto parse = [](const std::string& model) {
+    return parse_train_config(nlohmann::json::parse(R"({"data": {"train": "x.bin"}, "model": )" + model + "}"),
+                              "mem.json", ".");
+  };
+  const TrainConfig d = parse(R"({"arch": "llama", "n_head": 8, "n_embd": 256})");
+  CHECK(d.model.arch == "llama");
+  CHECK(!d.model.tie_embeddings);         // untied unless set
+  CHECK(d.model.n_kv_head == 8);          // 0 = n_head
+  CHECK(d.model.intermediate_size == 768);  // 8/3 * 256 = 682 rounded up to a multiple of 256
+  CHECK(d.model.norm_eps == 1e-5);
+  CHECK(d.model.rope_theta == 10000.0);
+  const LlamaConfig l = d.model.llama();
+  CHECK(l.head_dim() == 32);
+  CHECK(parse(R"({"arch": "llama", "n_embd": 4096, "n_head": 32})").model.intermediate_size == 11008);
+  CHECK(parse(R"({"arch": "llama", "tie_embeddings": true})").model.tie_embeddings);
+  CHECK(parse(R"({"arch": "llama", "n_head": 4, "n_kv_head": 2, "intermediate_size": 100, "rope_theta": 5e5})")
+            .model.llama().n_kv_head == 2);
+  CHECK(parse("{}").model.tie_embeddings);  // gpt2 stays tied by default
+  CHECK_THROWS_WITH(parse(R"({"arch": "mamba"})"), Contains("model.arch: unknown value \"mamba\""));
+  CHECK_THROWS_WITH(parse(R"({"arch": "llama", "n_head": 4, "n_kv_head": 3})"), Contains("model.n_kv_head: must divide"));
+  CHECK_THROWS_WITH(parse(R"({"arch": "llama", "n_head": 4, "n_embd": 12})"), Contains("must be even for rotary"));
+  CHECK_THROWS_WITH(parse(R"({"arch": "llama", "norm_eps": 0})"), Contains("model.norm_eps: must be > 0"));
+  CHECK_THROWS_WITH(parse(R"({"n_kv_head": 2})"), Contains("model.n_kv_head: only applies to model.arch \"llama\""));
+  CHECK_THROWS_WITH(parse(R"({"rope_theta": 500000})"), Contains("model.rope_theta: only applies"));
+  // the effective config of a llama run loads back unchanged
+  const nlohmann::json j = d.to_json(false);
+  CHECK(parse_train_config(j, "dump.json", ".").to_json(false) == j);
+  const TrainConfig shipped = load_train_config(kSrc + "/configs/llama_shakespeare_char.json");
+  CHECK(shipped.model.llama().num_params() > 0);
+  CHECK(shipped.output.export_path.raw == "../runs/llama_shakespeare_char/hf");
+}

@@ -450,3 +450,57 @@ TEST_CASE("cuda: a differentiable op chain matches the CPU forward and backward"
   CHECK(g2.loss == g.loss);
   for (size_t i = 0; i < g.grads.size(); ++i) CHECK(g2.grads[i] == g.grads[i]);
 }
+
+TEST_CASE("cuda: grouped-query attention on strided q/k/v vs CPU", "[cuda][attention]") {
+  REQUIRE_GPU();
+  struct Dims { int64_t B, T, H, Hkv, d; };
+  for (Dims s : {Dims{2, 33, 4, 2, 12}, Dims{1, 17, 6, 1, 8}, Dims{2, 64, 4, 4, 16}}) {
+    INFO("B=" << s.B << " T=" << s.T << " H=" << s.H << " Hkv=" << s.Hkv << " d=" << s.d);
+    const Kernels::AttentionDims a{s.B, s.T, s.H, s.Hkv, s.d, s.H * s.d, s.Hkv * s.d};
+    const int64_t nq = s.B * s.T * a.ldq, nkv = s.B * s.T * a.ldkv, np = s.B * s.H * s.T * s.T;
+    Pair q(randn(nq, 70)), k(randn(nkv, 71)), v(randn(nkv, 72)), out(fvec(nq)), probs(fvec(np, 7.0f));
+    GK().gqa_attention_forward(q.g(), k.g(), v.g(), out.g(), probs.g(), a);
+    CK().gqa_attention_forward(q.c(), k.c(), v.c(), out.c(), probs.c(), a);
+    CHECK(norm_err(probs) <= 1e-5);
+    CHECK(norm_err(out) <= 1e-4);
+    Pair dout(randn(nq, 73)), dq(randn(nq, 74)), dk(randn(nkv, 75)), dv(randn(nkv, 76));
+    GK().gqa_attention_backward(dout.g(), q.g(), k.g(), v.g(), probs.g(), dq.g(), dk.g(), dv.g(), a);
+    CK().gqa_attention_backward(dout.c(), q.c(), k.c(), v.c(), probs.c(), dq.c(), dk.c(), dv.c(), a);
+    CHECK(norm_err(dq) <= 1e-4);
+    CHECK(norm_err(dk) <= 1e-4);
+    CHECK(norm_err(dv) <= 1e-4);
+  }
+}
+
+TEST_CASE("cuda: RMSNorm, RoPE and SwiGLU vs CPU", "[cuda][llama]") {
+  REQUIRE_GPU();
+  const int64_t rows = 37, cols = 300, B = 2, T = 19, heads = 3, d = 16;
+  Pair x(randn(rows * cols, 80)), w(randn(cols, 81, 0.2f, 1.0f)), y(fvec(rows * cols)), rstd(fvec(rows));
+  GK().rmsnorm_forward(x.g(), w.g(), y.g(), rstd.g(), rows, cols, 1e-5f);
+  CK().rmsnorm_forward(x.c(), w.c(), y.c(), rstd.c(), rows, cols, 1e-5f);
+  CHECK(norm_err(y) <= 1e-5);
+  CHECK(norm_err(rstd) <= 1e-5);
+  Pair dy(randn(rows * cols, 82)), dx(randn(rows * cols, 83)), dw(randn(cols, 84));
+  GK().rmsnorm_backward(dy.g(), x.g(), w.g(), rstd.g(), dx.g(), dw.g(), rows, cols);
+  CK().rmsnorm_backward(dy.c(), x.c(), w.c(), rstd.c(), dx.c(), dw.c(), rows, cols);
+  CHECK(norm_err(dx) <= 1e-5);
+  CHECK(norm_err(dw) <= 1e-5);
+
+  const int64_t n = B * T * heads * d;
+  Pair rx(randn(n, 85)), ry(fvec(n)), rdx(randn(n, 86));
+  GK().rope(rx.g(), ry.g(), B, T, heads, d, 10000.0f, false);
+  CK().rope(rx.c(), ry.c(), B, T, heads, d, 10000.0f, false);
+  CHECK(norm_err(ry) <= 1e-5);
+  GK().rope(ry.g(), rdx.g(), B, T, heads, d, 10000.0f, true);
+  CK().rope(ry.c(), rdx.c(), B, T, heads, d, 10000.0f, true);
+  CHECK(norm_err(rdx) <= 1e-5);
+
+  Pair g(randn(n, 87, 2.0f)), u(randn(n, 88)), sy(fvec(n)), sdy(randn(n, 89)), dg(randn(n, 90)), du(randn(n, 91));
+  GK().swiglu_forward(g.g(), u.g(), sy.g(), n);
+  CK().swiglu_forward(g.c(), u.c(), sy.c(), n);
+  CHECK(norm_err(sy) <= 1e-5);
+  GK().swiglu_backward(g.g(), u.g(), sdy.g(), dg.g(), du.g(), n);
+  CK().swiglu_backward(g.c(), u.c(), sdy.c(), dg.c(), du.c(), n);
+  CHECK(norm_err(dg) <= 1e-5);
+  CHECK(norm_err(du) <= 1e-5);
+}

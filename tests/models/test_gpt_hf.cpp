@@ -49,7 +49,8 @@ TEST_CASE("export writes the HF GPT-2 layout", "[hf_gpt2]") {
   const std::string p = s.file("m.safetensors");
   export_hf_gpt2(p, cfg, params);
   SafetensorsFile f(p);
-  CHECK(f.metadata().at("format") == "mfsdp-hf-gpt2");
+  CHECK(f.metadata().at("format") == "pt");
+  CHECK(f.metadata().at("mfsdp_layout") == "hf-gpt2");
   CHECK(f.metadata().at("n_layer") == "2");
   CHECK(f.metadata().at("vocab_size") == "65");
   CHECK(f.metadata().at("tie_embeddings") == "true");

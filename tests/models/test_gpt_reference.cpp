@@ -8,21 +8,13 @@
 #include "optim/adamw.h"
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
+#include "tests/models/model_test_util.h"
 
 using namespace mfsdp;
 
 namespace {
 
 const std::string kFixture = std::string(MFSDP_SOURCE_DIR) + "/tests/fixtures/gpt2_tiny.safetensors";
-
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
 
 struct Fixture {
   SafetensorsFile file{kFixture};
@@ -40,13 +32,6 @@ struct Fixture {
     B = file.info("tokens").shape[0];
     T = file.info("tokens").shape[1];
   }
-  void load_weights(GPT& model) const {
-    for (const auto& p : model.inventory().params) {
-      auto v = file.read_f32(p.name);
-      REQUIRE(static_cast<int64_t>(v.size()) == p.numel());
-      std::copy(v.begin(), v.end(), model.param(p.name).data_f32());
-    }
-  }
 };
 
 }  // namespace
@@ -55,7 +40,7 @@ TEST_CASE("GPT-2 forward/backward matches PyTorch on the tiny fixture", "[model]
   Fixture fx;
   GPT model(fx.cfg);
   model.allocate_local(1);
-  fx.load_weights(model);
+  load_fixture_weights(fx.file, model);
   Tensor tokens = tokens_tensor(fx.file.read_i32("tokens"), {fx.B, fx.T});
   Tensor targets = tokens_tensor(fx.file.read_i32("targets"), {fx.B, fx.T});
 
@@ -66,10 +51,7 @@ TEST_CASE("GPT-2 forward/backward matches PyTorch on the tiny fixture", "[model]
 
   // logits: fixture holds the unpadded [B, T, V] columns
   const int64_t V = fx.cfg.vocab_size, Vp = fx.cfg.padded_vocab_size();
-  auto all = logits.to_vector();
-  std::vector<float> got;
-  for (int64_t n = 0; n < fx.B * fx.T; ++n) got.insert(got.end(), all.begin() + n * Vp, all.begin() + n * Vp + V);
-  CHECK(rel_error(got, fx.file.read_f32("logits")) <= 1e-4);
+  CHECK(rel_error(unpadded_columns(logits.to_vector(), fx.B * fx.T, V, Vp), fx.file.read_f32("logits")) <= 1e-4);
   const float want_loss = fx.file.read_f32("loss")[0];
   CHECK(std::fabs(loss.item() - want_loss) / want_loss <= 1e-4);
 
@@ -97,7 +79,7 @@ TEST_CASE("GPT-2 with AdamW reproduces PyTorch's 5 losses", "[model][pytorch]") 
   Fixture fx;
   GPT model(fx.cfg);
   model.allocate_local(1);
-  fx.load_weights(model);
+  load_fixture_weights(fx.file, model);
   Tensor tokens = tokens_tensor(fx.file.read_i32("tokens"), {fx.B, fx.T});
   Tensor targets = tokens_tensor(fx.file.read_i32("targets"), {fx.B, fx.T});
   auto want = fx.file.read_f32("adamw_losses");
@@ -131,7 +113,7 @@ TEST_CASE("greedy sampling follows the whole model's argmax", "[model][sampling]
   Fixture fx;
   GPT model(fx.cfg);
   model.allocate_local(1);
-  fx.load_weights(model);
+  load_fixture_weights(fx.file, model);
   std::vector<int32_t> ctx = {3, 17, 42, 8};
   auto next = sample_tokens(model, ctx, 1, 1e-6f, 0, 7);  // temperature ~0: greedy
   NoGradGuard ng;

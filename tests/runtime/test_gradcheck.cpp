@@ -132,3 +132,80 @@ TEST_CASE("cross-entropy over a padded vocabulary: gradients and padding", "[gra
   Tensor flat = Tensor::zeros({3, 8});
   CHECK(cross_entropy(flat, tokens_tensor({0, 1, 2}, {3}), 5).item() == Approx(std::log(5.0)).epsilon(1e-6));
 }
+
+// ---- Llama ops ----
+
+TEST_CASE("token embedding without positions: gradients and values", "[gradcheck]") {
+  std::mt19937 rng(9);
+  Tensor tok = tokens_tensor({1, 3, 1, 0, 2, 3}, {2, 3});
+  gradcheck([tok](const std::vector<Tensor>& in) { return embedding(in[0], Tensor(), tok); }, {randn({4, 5}, rng)},
+            1e-2f, 1e-3);
+  Tensor wte = randn({4, 5}, rng);
+  auto y = embedding(wte, Tensor(), tok).to_vector();
+  auto w = wte.to_vector();
+  for (int c = 0; c < 5; ++c) CHECK(y[1 * 5 + c] == w[3 * 5 + c]);  // position 1 holds token 3
+}
+
+TEST_CASE("rms_norm gradients match finite differences; values are x/rms(x)*w", "[gradcheck]") {
+  std::mt19937 rng(10);
+  gradcheck([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1], 1e-5f); },
+            {randn({6, 8}, rng), randn({8}, rng)}, 1e-2f, 5e-3);
+  Tensor x = Tensor::from_vector({3, 4}, {1, 2}), w = Tensor::from_vector({1, 2}, {2});
+  auto y = rms_norm(x, w, 0.0f).to_vector();  // rms = sqrt((9+16)/2)
+  CHECK(y[0] == Approx(3 / std::sqrt(12.5)).epsilon(1e-6));
+  CHECK(y[1] == Approx(8 / std::sqrt(12.5)).epsilon(1e-6));
+}
+
+TEST_CASE("rotary_embedding gradients match finite differences; rotate_half values", "[gradcheck]") {
+  std::mt19937 rng(11);
+  gradcheck([](const std::vector<Tensor>& in) { return rotary_embedding(in[0], 2, 100.0f); },
+            {randn({2, 5, 8}, rng)}, 1e-2f, 2e-3);
+  // One head of d = 4, theta = 100: pairs (0, 2) at frequency 1 and (1, 3) at 1/10.
+  Tensor x = Tensor::from_vector({1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4}, {1, 3, 4});
+  auto y = rotary_embedding(x, 1, 100.0f).to_vector();
+  for (int i = 0; i < 4; ++i) CHECK(y[i] == Approx(i + 1.0));  // position 0 is the identity
+  for (int t = 1; t < 3; ++t) {
+    const double a0 = t * 1.0, a1 = t * 0.1;
+    CHECK(y[t * 4 + 0] == Approx(1 * std::cos(a0) - 3 * std::sin(a0)).epsilon(1e-5));
+    CHECK(y[t * 4 + 2] == Approx(3 * std::cos(a0) + 1 * std::sin(a0)).epsilon(1e-5));
+    CHECK(y[t * 4 + 1] == Approx(2 * std::cos(a1) - 4 * std::sin(a1)).epsilon(1e-5));
+    CHECK(y[t * 4 + 3] == Approx(4 * std::cos(a1) + 2 * std::sin(a1)).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("swiglu gradients match finite differences; values are silu(g)*u", "[gradcheck]") {
+  std::mt19937 rng(12);
+  gradcheck([](const std::vector<Tensor>& in) { return swiglu(in[0], in[1]); }, {randn({3, 7}, rng), randn({3, 7}, rng)},
+            1e-2f, 2e-3);
+  auto y = swiglu(Tensor::from_vector({1.5f, -2.0f}, {2}), Tensor::from_vector({2.0f, 3.0f}, {2})).to_vector();
+  CHECK(y[0] == Approx(1.5 / (1 + std::exp(-1.5)) * 2).epsilon(1e-6));
+  CHECK(y[1] == Approx(-2.0 / (1 + std::exp(2.0)) * 3).epsilon(1e-6));
+}
+
+TEST_CASE("grouped-query attention gradients match finite differences", "[gradcheck]") {
+  std::mt19937 rng(13);
+  // B=2, T=5, 4 query heads and 2 key/value heads of d=3
+  gradcheck([](const std::vector<Tensor>& in) { return causal_attention(in[0], in[1], in[2], 4, 2); },
+            {randn({2, 5, 12}, rng), randn({2, 5, 6}, rng), randn({2, 5, 6}, rng)}, 1e-2f, 5e-3, 60);
+}
+
+TEST_CASE("grouped-query attention equals multi-head attention on repeated key/value heads", "[ops]") {
+  std::mt19937 rng(14);
+  const int64_t B = 2, T = 4, H = 4, Hkv = 2, d = 3, C = H * d;
+  Tensor q = randn({B, T, C}, rng), k = randn({B, T, Hkv * d}, rng), v = randn({B, T, Hkv * d}, rng);
+  // Fused q|k|v with key/value head j repeated for query heads 2j and 2j+1 (HF's repeat_kv).
+  std::vector<float> qkv(B * T * 3 * C);
+  auto qv = q.to_vector(), kv = k.to_vector(), vv = v.to_vector();
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < d; ++i) {
+        qkv[r * 3 * C + h * d + i] = qv[r * C + h * d + i];
+        qkv[r * 3 * C + C + h * d + i] = kv[r * Hkv * d + (h / 2) * d + i];
+        qkv[r * 3 * C + 2 * C + h * d + i] = vv[r * Hkv * d + (h / 2) * d + i];
+      }
+  auto a = causal_attention(q, k, v, H, Hkv).to_vector();
+  auto b = causal_self_attention(Tensor::from_vector(qkv, {B, T, 3 * C}), H).to_vector();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).margin(1e-6));
+  CHECK_THROWS_AS(causal_attention(q, k, v, 4, 3), std::invalid_argument);
+}

@@ -4,7 +4,7 @@
 usage: selftest.py {safetensors|regen|reference|muon|hf|all}
 
   safetensors  writer/reader round trip, header padding, bounds checks on corrupt files
-  regen        re-running both generators reproduces the committed fixtures (bitwise on the
+  regen        re-running the generators reproduces the committed fixtures (bitwise on the
                machine that wrote them, else within fp32 tolerance)
   reference    the committed gpt2 fixture against an independent fp64 re-implementation
                (explicit LayerNorm/GELU/attention/log-softmax formulas, hand-written AdamW)
@@ -129,10 +129,12 @@ def compare_files(new, old, name):
 def test_regen(tmp):
     import gen_gpt2_fixture
     import gen_muon_fixture
+    import gen_llama_fixture
     import gen_normuon_fixture
     for mod, fname in ((gen_gpt2_fixture, "gpt2_tiny.safetensors"),
                        (gen_muon_fixture, "muon_reference.safetensors"),
-                       (gen_normuon_fixture, "normuon_reference.safetensors")):
+                       (gen_normuon_fixture, "normuon_reference.safetensors"),
+                       (gen_llama_fixture, "llama_tiny.safetensors")):
         out = os.path.join(tmp, fname)
         tensors, meta = mod.build()
         g.save_safetensors(out, tensors, meta)

@@ -110,8 +110,13 @@ def case_bad_outputs(bin_dir, tmp):
     rc, out = train(bin_dir, 2, TINY, f"data.train={train_copy}", f"output.export={train_copy}", expect=2)
     check(rc == 2 and "output.export" in out and "data.train" in out, f"export over the training shard: rc {rc}: {out[-400:]}")
     check(open(train_copy, "rb").read(64) == before, "the training shard was modified")
-    rc, out = train(bin_dir, 2, TINY, f"output.export={tmp}", expect=2)
-    check(rc == 2 and "is a directory" in out, f"export to a directory: rc {rc}: {out[-400:]}")
+    # a path ending in .safetensors names a file; any other path an export directory
+    file_named_dir = os.path.join(tmp, "dir.safetensors")
+    os.makedirs(file_named_dir)
+    rc, out = train(bin_dir, 2, TINY, f"output.export={file_named_dir}", expect=2)
+    check(rc == 2 and "is a directory" in out, f"export to a directory named .safetensors: rc {rc}: {out[-400:]}")
+    rc, out = train(bin_dir, 2, TINY, f"output.export={os.path.join(tmp, 'train.bin', 'hf')}", expect=2)
+    check(rc == 2 and "output.export" in out, f"export directory under a file: rc {rc}: {out[-400:]}")
     rc, out = train(bin_dir, 2, TINY, "model.vocab_size=80", expect=2)
     check(rc == 2 and "data.tokenizer_path" in out and "80" in out, f"tokenizer/vocab mismatch: rc {rc}: {out[-400:]}")
     # a stale summary from an earlier run in the same directory never survives a new run

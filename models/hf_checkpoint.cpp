@@ -1,0 +1,163 @@
+#include "models/hf_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "checkpoint/atomic_file.h"
+
+namespace mfsdp {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+json read_json(const fs::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path.string() + ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw std::runtime_error(path.string() + ": not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+void write_f32_safetensors(const std::string& path, const std::vector<NamedArray>& tensors, DType dtype,
+                           const std::map<std::string, std::string>& metadata) {
+  std::vector<std::vector<uint16_t>> bf16_store;
+  bf16_store.reserve(tensors.size());
+  std::vector<TensorView> views;
+  for (const NamedArray& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    if (n != static_cast<int64_t>(t.values.size()))
+      throw SafetensorsError(path + ": " + t.name + ": " + std::to_string(t.values.size()) +
+                             " values for a shape of " + std::to_string(n) + " elements");
+    if (dtype == DType::bf16) {
+      std::vector<uint16_t> h(t.values.size());
+      for (size_t i = 0; i < h.size(); ++i) h[i] = float_to_bf16(t.values[i]).bits;
+      bf16_store.push_back(std::move(h));
+      views.push_back(TensorView{t.name, "BF16", t.shape, bf16_store.back().data()});
+    } else {
+      views.push_back(TensorView{t.name, "F32", t.shape, t.values.data()});
+    }
+  }
+  write_safetensors(path, views, metadata);
+}
+
+HfExportPaths hf_export_paths(const std::string& path) {
+  if (ends_with(path, ".safetensors")) return {path, ""};
+  return {(fs::path(path) / "model.safetensors").string(), (fs::path(path) / "config.json").string()};
+}
+
+void write_hf_config(const std::string& path, const json& config) { write_file_atomic(path, config.dump(2) + "\n"); }
+
+HfCheckpoint::HfCheckpoint(const std::string& path) : path_(path) {
+  const fs::path p(path);
+  if (!fs::is_directory(p)) {
+    files_.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const auto& n : files_[0]->names()) where_[n] = 0;
+    return;
+  }
+  directory_ = true;
+  const fs::path cfg = p / "config.json", single = p / "model.safetensors", index = p / "model.safetensors.index.json";
+  if (!fs::is_regular_file(cfg)) throw std::runtime_error(path + ": no config.json (not a Hugging Face checkpoint directory)");
+  config_ = read_json(cfg);
+  if (fs::is_regular_file(single)) {
+    files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
+    for (const auto& n : files_[0]->names()) where_[n] = 0;
+    return;
+  }
+  if (!fs::is_regular_file(index))
+    throw std::runtime_error(path + ": neither model.safetensors nor model.safetensors.index.json");
+  const json idx = read_json(index);
+  if (!idx.contains("weight_map") || !idx["weight_map"].is_object())
+    throw std::runtime_error(index.string() + ": no \"weight_map\" object");
+  std::map<std::string, size_t> shard_index;
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) throw std::runtime_error(index.string() + ": weight_map[\"" + it.key() + "\"] is not a file name");
+    const std::string shard = it.value().get<std::string>();
+    if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
+      throw std::runtime_error(index.string() + ": shard name '" + shard + "' must be a file in the directory");
+    if (!shard_index.count(shard)) {
+      if (!fs::is_regular_file(p / shard)) throw std::runtime_error(index.string() + ": shard " + shard + " is missing");
+      shard_index[shard] = files_.size();
+      files_.push_back(std::make_unique<SafetensorsFile>((p / shard).string()));
+    }
+  }
+  for (const auto& [shard, i] : shard_index)
+    for (const auto& n : files_[i]->names()) {
+      if (where_.count(n)) throw std::runtime_error(path + ": tensor '" + n + "' appears in two shards");
+      where_[n] = i;
+    }
+}
+
+std::vector<std::string> HfCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& f : files_)
+    for (const auto& n : f->names()) out.push_back(n);
+  return out;
+}
+
+const SafetensorsFile& HfCheckpoint::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) throw SafetensorsError(path_ + ": no tensor '" + name + "'");
+  return *files_[it->second];
+}
+
+const TensorInfo& HfCheckpoint::info(const std::string& name) const { return file_of(name).info(name); }
+
+std::vector<float> HfCheckpoint::read_f32(const std::string& name) const { return file_of(name).read_f32(name); }
+
+std::map<std::string, std::string> HfCheckpoint::metadata() const {
+  return directory_ ? std::map<std::string, std::string>{} : files_[0]->metadata();
+}
+
+std::string hf_int_mismatch(const json& config, const std::vector<HfIntField>& fields, const std::string& where) {
+  for (const HfIntField& f : fields) {
+    const int64_t v = hf_config_int(config, f.hf_key, -1, where);
+    if (v != f.ours)
+      return where + ": " + f.hf_key + " is " + std::to_string(v) + " but " + f.our_key + " is " + std::to_string(f.ours);
+  }
+  return "";
+}
+
+void check_full_params(const ParamInventory& inv, const NamedTensors& params, const std::string& who,
+                       const std::string& family) {
+  std::map<std::string, int64_t> expected;
+  for (const ParamSpec& p : inv.params) expected[p.name] = p.numel();
+  for (const auto& [name, data] : params)
+    if (!expected.count(name))
+      throw std::invalid_argument(who + "parameter '" + name + "' is not in the " + family + " inventory");
+  for (const ParamSpec& p : inv.params) {
+    auto it = params.find(p.name);
+    if (it == params.end()) throw std::invalid_argument(who + "missing parameter '" + p.name + "'");
+    if (static_cast<int64_t>(it->second.size()) != p.numel()) {
+      std::string shape = "[";
+      for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(p.shape[i]);
+      throw std::invalid_argument(who + p.name + ": has " + std::to_string(it->second.size()) + " elements, shape " +
+                                  shape + "] needs " + std::to_string(p.numel()));
+    }
+  }
+}
+
+int64_t hf_config_int(const json& config, const std::string& key, int64_t fallback, const std::string& where) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config[key].is_number_integer()) throw std::runtime_error(where + ": " + key + " is not an integer: " + config[key].dump());
+  return config[key].get<int64_t>();
+}
+
+double hf_config_num(const json& config, const std::string& key, double fallback, const std::string& where) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config[key].is_number()) throw std::runtime_error(where + ": " + key + " is not a number: " + config[key].dump());
+  return config[key].get<double>();
+}
+
+}  // namespace mfsdp

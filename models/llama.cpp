@@ -1,0 +1,52 @@
+#include "models/llama.h"
+
+#include <algorithm>
+
+#include "runtime/ops.h"
+
+namespace mfsdp {
+
+void Llama::init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
+  const int64_t n = spec.numel();
+  if (spec.role == ParamRole::norm) {
+    std::fill(out, out + n, 1.0f);
+    return;
+  }
+  normal_init(seed, spec.name, cfg.init_std, out, n);
+  if (spec.role == ParamRole::embedding || spec.role == ParamRole::head)  // padded vocabulary rows
+    std::fill(out + static_cast<int64_t>(cfg.vocab_size) * spec.shape[1], out + n, 0.0f);
+}
+
+Tensor Llama::embed(const Tensor& tokens) const {
+  check_arg(tokens.dim() == 2 && tokens.size(1) <= cfg_.seq_len, "Llama::embed",
+            "tokens must be [B, T<=" + std::to_string(cfg_.seq_len) + "], got " + tokens.describe());
+  return embedding(param("model.embed_tokens.weight"), Tensor(), tokens);
+}
+
+Tensor Llama::block(int layer, const Tensor& x) const {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  auto P = [&](const char* n) -> const Tensor& { return param(p + n); };
+  const float eps = static_cast<float>(cfg_.norm_eps), theta = static_cast<float>(cfg_.rope_theta);
+  Tensor h = rms_norm(x, P("input_layernorm.weight"), eps);
+  Tensor q = rotary_embedding(linear(h, P("self_attn.q_proj.weight")), cfg_.n_head, theta);
+  Tensor k = rotary_embedding(linear(h, P("self_attn.k_proj.weight")), cfg_.n_kv_head, theta);
+  Tensor v = linear(h, P("self_attn.v_proj.weight"));
+  Tensor a = causal_attention(q, k, v, cfg_.n_head, cfg_.n_kv_head);
+  Tensor x1 = add(x, linear(a, P("self_attn.o_proj.weight")));
+  Tensor h2 = rms_norm(x1, P("post_attention_layernorm.weight"), eps);
+  Tensor m = swiglu(linear(h2, P("mlp.gate_proj.weight")), linear(h2, P("mlp.up_proj.weight")));
+  return add(x1, linear(m, P("mlp.down_proj.weight")));
+}
+
+Tensor Llama::logits(const Tensor& x) const {
+  Tensor h = rms_norm(x, param("model.norm.weight"), static_cast<float>(cfg_.norm_eps));
+  const Tensor& W = cfg_.tie_embeddings ? param("model.embed_tokens.weight") : param("lm_head.weight");
+  const int64_t C = cfg_.n_embd;
+  return linear(h.reshape({h.numel() / C, C}), W);
+}
+
+Tensor Llama::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
+  return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
+}
+
+}  // namespace mfsdp

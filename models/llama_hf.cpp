@@ -1,0 +1,142 @@
+#include "models/llama_hf.h"
+
+#include <cmath>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <stdexcept>
+
+#include "runtime/tensor.h"
+
+namespace mfsdp {
+namespace {
+
+bool is_vocab_rows(const std::string& name) { return name == "model.embed_tokens.weight" || name == "lm_head.weight"; }
+
+std::vector<int64_t> file_shape(const ParamSpec& p, const LlamaConfig& cfg) {
+  if (is_vocab_rows(p.name)) return {cfg.vocab_size, p.shape[1]};
+  return p.shape;
+}
+
+}  // namespace
+
+nlohmann::json hf_llama_config_json(const LlamaConfig& cfg) {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", cfg.vocab_size},
+          {"hidden_size", cfg.n_embd},
+          {"intermediate_size", cfg.intermediate_size},
+          {"num_hidden_layers", cfg.n_layer},
+          {"num_attention_heads", cfg.n_head},
+          {"num_key_value_heads", cfg.n_kv_head},
+          {"head_dim", cfg.head_dim()},
+          {"max_position_embeddings", cfg.seq_len},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", cfg.norm_eps},
+          {"rope_theta", cfg.rope_theta},
+          {"rope_scaling", nullptr},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"initializer_range", cfg.init_std},
+          {"tie_word_embeddings", cfg.tie_embeddings},
+          {"torch_dtype", "float32"}};
+}
+
+std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaConfig& cfg) {
+  const std::string where = "config.json";
+  const std::string type = config.value("model_type", "");
+  if (type != "llama") return where + ": model_type is \"" + type + "\", model.arch is \"llama\"";
+  const int64_t heads = hf_config_int(config, "num_attention_heads", -1, where);
+  nlohmann::json c = config;  // num_key_value_heads absent or null: one per attention head
+  if (!c.contains("num_key_value_heads") || c["num_key_value_heads"].is_null()) c["num_key_value_heads"] = heads;
+  const std::string e = hf_int_mismatch(c,
+                                        {{"num_hidden_layers", cfg.n_layer, "model.n_layer"},
+                                         {"num_attention_heads", cfg.n_head, "model.n_head"},
+                                         {"num_key_value_heads", cfg.n_kv_head, "model.n_kv_head"},
+                                         {"hidden_size", cfg.n_embd, "model.n_embd"},
+                                         {"intermediate_size", cfg.intermediate_size, "model.intermediate_size"},
+                                         {"vocab_size", cfg.vocab_size, "model.vocab_size"}},
+                                        where);
+  if (!e.empty()) return e;
+  const int64_t hd = hf_config_int(config, "head_dim", cfg.head_dim(), where);
+  if (hd != cfg.head_dim())
+    return where + ": head_dim is " + std::to_string(hd) + ", only hidden_size / num_attention_heads (" +
+           std::to_string(cfg.head_dim()) + ") is supported";
+  const std::pair<const char*, std::pair<double, const char*>> nums[] = {
+      {"rms_norm_eps", {cfg.norm_eps, "model.norm_eps"}}, {"rope_theta", {cfg.rope_theta, "model.rope_theta"}}};
+  for (const auto& [key, want] : nums) {
+    const double v = hf_config_num(config, key, key == std::string("rope_theta") ? 10000.0 : 1e-6, where);
+    if (std::fabs(v - want.first) > 1e-9 * std::fabs(want.first))
+      return where + ": " + key + " is " + nlohmann::json(v).dump() + " but " + want.second + " is " +
+             nlohmann::json(want.first).dump();
+  }
+  if (config.contains("rope_scaling") && !config["rope_scaling"].is_null())
+    return where + ": rope_scaling " + config["rope_scaling"].dump() + " is not supported (only the default rope)";
+  if (config.value("hidden_act", "silu") != "silu") return where + ": hidden_act must be \"silu\"";
+  if (config.value("attention_bias", false) || config.value("mlp_bias", false))
+    return where + ": attention_bias / mlp_bias are not supported";
+  const bool tied = config.value("tie_word_embeddings", false);
+  if (tied != cfg.tie_embeddings)
+    return where + std::string(": tie_word_embeddings is ") + (tied ? "true" : "false") + " but model.tie_embeddings is " +
+           (cfg.tie_embeddings ? "true" : "false");
+  return "";
+}
+
+void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const NamedTensors& params, DType dtype,
+                     const std::map<std::string, std::string>& extra_metadata) {
+  const ParamInventory inv = llama_inventory(cfg);
+  const std::string who = "[export_hf_llama] " + path + ": ";
+  check_full_params(inv, params, who, "Llama");
+  std::vector<NamedArray> tensors;
+  for (const ParamSpec& p : inv.params) {
+    const std::vector<float>& v = params.at(p.name);
+    const std::vector<int64_t> fs = file_shape(p, cfg);
+    tensors.push_back(NamedArray{p.name, fs, std::vector<float>(v.begin(), v.begin() + shape_numel(fs))});
+  }
+  std::map<std::string, std::string> meta = extra_metadata;
+  meta["format"] = "pt";  // what transformers requires of a from_pretrained file
+  meta["mfsdp_layout"] = "hf-llama";
+  const HfExportPaths out = hf_export_paths(path);
+  if (!out.config.empty()) std::filesystem::create_directories(path);
+  write_f32_safetensors(out.weights, tensors, dtype, meta);
+  if (!out.config.empty()) write_hf_config(out.config, hf_llama_config_json(cfg));
+}
+
+NamedTensors import_hf_llama(const std::string& path, const LlamaConfig& cfg) {
+  const ParamInventory inv = llama_inventory(cfg);
+  const HfCheckpoint file(path);
+  const std::string who = "[import_hf_llama] " + path + ": ";
+  if (!file.config().is_null()) {
+    const std::string e = hf_llama_config_mismatch(file.config(), cfg);
+    if (!e.empty()) throw std::runtime_error(who + e);
+  }
+  NamedTensors out;
+  std::set<std::string> used;
+  for (const ParamSpec& p : inv.params) {
+    if (!file.contains(p.name))
+      throw std::runtime_error(who + p.name + ": missing from the checkpoint" +
+                               (p.name == "lm_head.weight" ? " (was it saved with tie_word_embeddings?)" : ""));
+    const TensorInfo& t = file.info(p.name);
+    const std::vector<int64_t> fs = file_shape(p, cfg);
+    if (t.shape != fs)
+      throw std::runtime_error(who + p.name + ": expected shape " + shape_str(fs) + ", file has " + shape_str(t.shape));
+    std::vector<float> v;
+    try {
+      v = file.read_f32(p.name);
+    } catch (const SafetensorsError& e) {
+      throw std::runtime_error(who + p.name + ": " + e.what());
+    }
+    v.resize(static_cast<size_t>(p.numel()), 0.0f);  // padded vocabulary rows
+    out.emplace(p.name, std::move(v));
+    used.insert(p.name);
+  }
+  static const std::regex inv_freq(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
+  for (const std::string& name : file.names()) {
+    if (used.count(name) || std::regex_match(name, inv_freq) || (cfg.tie_embeddings && name == "lm_head.weight")) continue;
+    throw std::runtime_error(who + name + ": not a parameter of this config" +
+                             (name == "lm_head.weight" ? " (model.tie_embeddings is true)" : ""));
+  }
+  return out;
+}
+
+}  // namespace mfsdp
