@@ -35,6 +35,13 @@ class GPT : public UnitModel {
   Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const override;
   /// init_param(config(), spec, seed, out).
   void init_param(const ParamSpec& spec, uint64_t seed, float* out) const override { init_param(cfg_, spec, seed, out); }
+  /// n_embd / n_head: the rows of one head in c_attn's q, k and v blocks.
+  int64_t attention_head_dim() const override { return cfg_.n_embd / cfg_.n_head; }
+  /// n_layer * n_head heads, layer-major; head h of layer l: rows [h d, (h+1) d) (query) and
+  /// [C + h d, C + (h+1) d) (key) of h.l.attn.c_attn.weight and of h.l.attn.c_attn.bias.
+  std::vector<AttentionHead> attention_heads() const override;
+  void record_attention_logits(bool on) override;
+  std::vector<float> take_attention_logit_maxima() override;
   /// The tensor bound to `name`; throws when unbound or unknown.
   const Tensor& param(const std::string& name) const;
 
@@ -72,6 +79,8 @@ class GPT : public UnitModel {
   std::map<std::string, Tensor> params_;
   std::map<std::string, Shape> shapes_;
   Tensor local_params_, local_grads_;
+  bool record_logits_ = false;
+  mutable std::vector<float> logit_max_;  ///< [n_layer * n_head] since the last take
 };
 
 /// Samples `n` tokens after `prompt` with temperature and top-k (0 = all), using the whole model
