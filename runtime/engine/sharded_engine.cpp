@@ -38,6 +38,15 @@ EngineOptions resolve_options(const EngineOptions& in, const UnitModel& model) {
 
 }  // namespace
 
+PlannerOptions planner_options(const EngineOptions& o, const UnitModel& model) {
+  PlannerOptions p;
+  p.ns_steps = o.muon.ns_steps;
+  p.split_qkv = o.muon.split_qkv;
+  p.orthogonalizer = o.muon.orthogonalizer;
+  p.head_dim = o.muon.split_heads ? model.attention_head_dim() : 0;
+  return p;
+}
+
 ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts)
     : model_(model), comm_(comm), plan_(plan), opts_(resolve_options(opts, model)), traits_(placement_traits(plan.placement)),
       rank_(comm.rank()), world_(comm.world_size()),

@@ -21,6 +21,11 @@
 
 namespace mfsdp {
 
+/// The planner options that match engine options `o` on `model`: Newton-Schulz steps, split_qkv,
+/// the orthogonalizer, and (split_heads) the model's attention_head_dim, so the owners are
+/// balanced on the FLOPs the engine will run.
+PlannerOptions planner_options(const EngineOptions& o, const UnitModel& model);
+
 /// Trains a UnitModel whose parameters are laid out by a ShardPlan across the communicator's ranks.
 ///
 /// Placements (planner/shard_plan.h):
