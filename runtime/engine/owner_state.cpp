@@ -148,8 +148,7 @@ Tensor OwnerState::orthogonalized(OwnedPiece& o, bool commit) {
   const Device dev = units_.device();
   // The momentum goes into o.m (commit) or into a copy of it: the same f32 operations either way.
   auto momentum = [&](const Tensor& U) {
-    if (!commit) U.copy_from(o.m);
-    muon_momentum(grad(o), commit ? o.m : U, U, opts_.muon);
+    muon_momentum(grad(o), commit ? o.m : o.m.clone(), U, opts_.muon);
   };
   if (!traits_.gathered_muon_input) {
     MemCategoryScope scope(MemCategory::other);

@@ -383,6 +383,9 @@ TEST_CASE("overlap_backward: bitwise equal to the step after the backward, under
         INFO(muon_variant_name(v) << " " << placement_name(p) << " at world " << W << ", A = " << A);
         const int64_t B = kGlobalSeqs / (static_cast<int64_t>(W) * A);
         const Run a = train(world(), p, A, B, overlap);
+        double overlapped = 0;  // the orthogonalizations did run during backward
+        for (const StepStats& st : a.stats) overlapped += st.t_overlap;
+        CHECK(overlapped > 0);
         check_bitwise(a, train(world(), p, A, B, plain));
         if (A > 1 && (p == Placement::zero1 || p == Placement::ddp)) continue;
         check_bitwise(a, world1_reference(W * A, B, plain, std::string("noclip-") + muon_variant_name(v)));
