@@ -269,6 +269,38 @@ class Reader {
   std::string default_where_;
 };
 
+// optimizer.* and training.grad_clip (EngineOptions), with the checks that span both sections.
+void read_optimizer(const Reader& r, EngineOptions& o) {
+  o.muon_lr = r.num("optimizer.muon.lr", 0.0, 1e6);
+  o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
+  o.muon.nesterov = r.flag("optimizer.muon.nesterov");
+  o.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
+  o.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
+  o.muon.scale_rule = parse_muon_scale_rule(r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"}));
+  o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
+  o.muon.orthogonalizer = parse_orthogonalizer(
+      r.choice("optimizer.muon.orthogonalizer", {"newton_schulz5", "polar_express", "gram_newton_schulz"}));
+  o.muon.variant = parse_muon_variant(r.choice("optimizer.muon.variant", {"muon", "normuon"}));
+  o.muon.beta2 = r.num("optimizer.muon.beta2", 0.0, 1.0, false, true);
+  o.muon.split_heads = r.flag("optimizer.muon.split_heads");  // head_dim comes from the model
+  o.qk_clip = r.num("optimizer.muon.qk_clip", 0.0, 1e6);
+  o.overlap_backward = r.flag("optimizer.muon.overlap_backward");
+  o.adamw_lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
+  o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
+  o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
+  o.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
+  o.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
+  o.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
+  if (o.overlap_backward && o.grad_clip > 0) {
+    std::ostringstream gc;
+    gc << o.grad_clip;
+    r.fail("optimizer.muon.overlap_backward",
+           "needs training.grad_clip = 0 (got " + gc.str() +
+               "): clipping scales every gradient by the global norm, known only after the whole backward, "
+               "so a unit's Muon input is not final when its reduction lands");
+  }
+}
+
 }  // namespace
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -419,34 +451,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.data.seed = r.i64("data.seed", 0);
   // optimizer
   EngineOptions& o = c.optim;
-  o.muon_lr = r.num("optimizer.muon.lr", 0.0, 1e6);
-  o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
-  o.muon.nesterov = r.flag("optimizer.muon.nesterov");
-  o.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
-  o.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
-  o.muon.scale_rule = parse_muon_scale_rule(r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"}));
-  o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
-  o.muon.orthogonalizer = parse_orthogonalizer(
-      r.choice("optimizer.muon.orthogonalizer", {"newton_schulz5", "polar_express", "gram_newton_schulz"}));
-  o.muon.variant = parse_muon_variant(r.choice("optimizer.muon.variant", {"muon", "normuon"}));
-  o.muon.beta2 = r.num("optimizer.muon.beta2", 0.0, 1.0, false, true);
-  o.muon.split_heads = r.flag("optimizer.muon.split_heads");  // head_dim comes from the model
-  o.qk_clip = r.num("optimizer.muon.qk_clip", 0.0, 1e6);
-  o.overlap_backward = r.flag("optimizer.muon.overlap_backward");
-  o.adamw_lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
-  o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
-  o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
-  o.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
-  o.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
-  o.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
-  if (o.overlap_backward && o.grad_clip > 0) {
-    std::ostringstream gc;
-    gc << o.grad_clip;
-    r.fail("optimizer.muon.overlap_backward",
-           "needs training.grad_clip = 0 (got " + gc.str() +
-               "): clipping scales every gradient by the global norm, known only after the whole backward, "
-               "so a unit's Muon input is not final when its reduction lands");
-  }
+  read_optimizer(r, o);
   // schedule
   o.schedule.warmup_steps = r.i64("schedule.warmup_steps", 0);
   o.schedule.kind = parse_decay_kind(r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"}));

@@ -30,11 +30,12 @@ OwnerState::OwnerState(UnitBuffers& units, Communicator& comm, const ShardPlan& 
     for (int si : plan_.shards_in_unit(u)) {
       const MatrixShard& s = plan_.shards[si];
       if (traits_.every_rank_updates_all) {
-        for (const ShardPiece& p : s.pieces) pieces_.push_back({u, si, p.segment_offset, p.param_offset, p.numel, {}, {}});
+        for (const ShardPiece& p : s.pieces)
+          pieces_.push_back({u, si, p.segment_offset, p.param_offset, p.numel, {}, {}, {}});
       } else if (const ShardPiece* p = s.piece_on(rank)) {
-        pieces_.push_back({u, si, p->segment_offset, p->param_offset, p->numel, {}, {}});
+        pieces_.push_back({u, si, p->segment_offset, p->param_offset, p->numel, {}, {}, {}});
       } else if (traits_.gathered_muon_input && s.optimizer == OptimizerKind::muon) {
-        pieces_.push_back({u, si, 0, 0, 0, {}, {}});  // joins the step's all-gather of the Muon input
+        pieces_.push_back({u, si, 0, 0, 0, {}, {}, {}});  // joins the step's all-gather of the Muon input
       }
     }
   MemCategoryScope scope(MemCategory::optimizer_state);

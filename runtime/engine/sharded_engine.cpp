@@ -56,6 +56,13 @@ ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPl
               model),
              comm, plan_, traits_),
       owners_(units_, comm, plan_, traits_, opts_) {
+  if (comm.device() != Device::CPU) {  // the CUDA kernels implement Keller Jordan's Muon only
+    check_arg(opts_.muon.orthogonalizer == Orthogonalizer::newton_schulz5, "ShardedEngine",
+              std::string("optimizer.muon.orthogonalizer ") + orthogonalizer_name(opts_.muon.orthogonalizer) +
+                  " runs on the CPU only; this engine is on " + device_name(comm.device()));
+    check_arg(opts_.muon.variant == MuonVariant::muon, "ShardedEngine",
+              "optimizer.muon.variant normuon runs on the CPU only; this engine is on " + std::string(device_name(comm.device())));
+  }
   if (opts_.qk_clip > 0) {
     for (const AttentionHead& h : model_.attention_heads()) {
       std::vector<RowScale> rows;
