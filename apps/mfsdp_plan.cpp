@@ -65,6 +65,8 @@ int main(int argc, char** argv) {
     placement = placement_arg.empty() ? cfg.sharding.placement : parse_placement(placement_arg);
     opt.ns_steps = app.count("--ns-steps") ? ns_steps : cfg.optim.muon.ns_steps;
     opt.split_qkv = split_qkv || cfg.optim.muon.split_qkv;
+    opt.orthogonalizer = cfg.optim.muon.orthogonalizer;
+    if (cfg.optim.muon.split_heads) opt.head_dim = model.n_embd / model.n_head;  // as GPT::attention_head_dim
   } catch (const std::exception& e) {
     std::cerr << "mfsdp-plan: " << e.what() << "\n";
     return 2;

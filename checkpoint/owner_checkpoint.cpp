@@ -318,11 +318,10 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
     for (int k = 0; k < 3; ++k) {
       const std::string kind = state_kind_name(static_cast<StateKind>(k));
       const std::string pw = where + ".pieces." + kind;
-      const bool needed = k < 2 || out.optimizer == "adamw";
-      if (!needed) {
-        if (pieces.is_object() && pieces.contains(kind)) f.fail(pw, "a Muon tensor has no second moment");
-        continue;
-      }
+      // a Muon tensor has a v only under variant normuon: one value per row (per output neuron)
+      const bool row_state = k == 2 && out.optimizer == "muon";
+      if (row_state && !(pieces.is_object() && pieces.contains(kind))) continue;
+      if (row_state && out.shape.size() != 2) f.fail(pw, "a Muon tensor's per-row state needs a 2-D shape");
       const json& list = f.at(pieces, kind, pw);
       if (!list.is_array()) f.fail(pw, "expected an array");
       int64_t expect = 0;
@@ -345,8 +344,9 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
         expect += p.numel;
         out.pieces[k].push_back(std::move(p));
       }
-      if (expect != numel)
-        f.fail(pw, "the pieces cover " + std::to_string(expect) + " of " + std::to_string(numel) + " elements of '" +
+      const int64_t want = row_state ? out.shape[0] : numel;
+      if (expect != want)
+        f.fail(pw, "the pieces cover " + std::to_string(expect) + " of " + std::to_string(want) + " elements of '" +
                        clip_for_message(out.name) + "'");
     }
     m.tensors.push_back(std::move(out));
@@ -408,6 +408,7 @@ std::vector<float> read_full_tensor(const CheckpointManifest& m, const std::stri
   if (!t) throw CheckpointError((fs::path(m.dir) / kManifest).string() + ": no tensor '" + clip_for_message(name) + "'");
   int64_t numel = 1;
   for (int64_t d : t->shape) numel *= d;
+  if (kind == StateKind::v && t->optimizer == "muon") numel = t->pieces[2].empty() ? 0 : t->shape[0];  // NorMuon rows
   std::vector<float> out(static_cast<size_t>(numel));
   PieceReader reader(m);
   for (const CheckpointPiece& p : t->pieces[static_cast<int>(kind)]) {
@@ -451,6 +452,9 @@ void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& m) {
     const std::string opt = s.optimizer == OptimizerKind::muon ? "muon" : "adamw";
     if (t->optimizer != opt)
       throw CheckpointError(where + ": tensor '" + s.name + "' was trained with " + t->optimizer + ", the run routes it to " + opt);
+    if (opt == "muon" && engine.options().muon.variant == MuonVariant::normuon && t->pieces[2].empty())
+      throw CheckpointError(where + ": tensor '" + s.name + "' has no NorMuon per-row state (saved with "
+                            "optimizer.muon.variant=muon); the run uses variant normuon");
   }
   for (const auto& t : m.tensors)
     if (!model_names.count(t.name))

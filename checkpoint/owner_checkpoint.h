@@ -54,7 +54,8 @@ struct CheckpointManifest {
     std::string name;
     std::vector<int64_t> shape;
     std::string optimizer;  ///< "muon" or "adamw"
-    /// pieces[kind]: sorted by offset, tiling [0, numel) exactly (kind v only for adamw).
+    /// pieces[kind]: sorted by offset, tiling [0, numel) exactly; kind v: AdamW tensors, and Muon
+    /// tensors saved under variant normuon, whose v tiles [0, rows) (one value per row).
     std::vector<CheckpointPiece> pieces[3];
   };
   std::vector<Tensor> tensors;
@@ -84,7 +85,8 @@ std::string resolve_resume(const std::string& resume, const std::string& root, s
 /// collective). Throws CheckpointError naming the file and tensor.
 void load_checkpoint(ShardedEngine& engine, const CheckpointManifest& manifest);
 
-/// The full logical tensor `name` (kind param, m or v) assembled from its pieces, checksums
+/// The full logical tensor `name` (kind param, m or v; a Muon v is NorMuon's [rows] state, empty when
+/// not saved) assembled from its pieces, checksums
 /// verified. Throws CheckpointError naming the file and tensor.
 std::vector<float> read_full_tensor(const CheckpointManifest& manifest, const std::string& name, StateKind kind);
 

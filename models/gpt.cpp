@@ -48,6 +48,13 @@ Tensor GPT::block(int layer, const Tensor& x) const {
   auto P = [&](const char* n) -> const Tensor& { return param(p + n); };
   Tensor h = layer_norm(x, P("ln_1.weight"), P("ln_1.bias"));
   Tensor qkv = linear(h, P("attn.c_attn.weight"), P("attn.c_attn.bias"));
+  if (record_logits_ && grad_mode_enabled()) {  // QK-Clip's statistic of training forwards
+    const std::vector<float> mx = attention_max_logits(qkv, cfg_.n_head);
+    for (int h = 0; h < cfg_.n_head; ++h) {
+      float& slot = logit_max_[static_cast<size_t>(layer) * cfg_.n_head + h];
+      slot = std::max(slot, mx[h]);
+    }
+  }
   Tensor a = causal_self_attention(qkv, cfg_.n_head);
   Tensor x1 = add(x, linear(a, P("attn.c_proj.weight"), P("attn.c_proj.bias")));
   Tensor h2 = layer_norm(x1, P("ln_2.weight"), P("ln_2.bias"));
@@ -64,6 +71,33 @@ Tensor GPT::logits(const Tensor& x) const {
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
   return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
+}
+
+std::vector<AttentionHead> GPT::attention_heads() const {
+  const int64_t C = cfg_.n_embd, d = attention_head_dim();
+  std::vector<AttentionHead> heads;
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".attn.c_attn.";
+    for (int h = 0; h < cfg_.n_head; ++h) {
+      AttentionHead head;
+      for (const char* t : {"weight", "bias"})
+        for (int64_t block : {int64_t{0}, C})  // the query rows, then the key rows
+          head.qk_rows.push_back({p + t, block + h * d, d});
+      heads.push_back(std::move(head));
+    }
+  }
+  return heads;
+}
+
+void GPT::record_attention_logits(bool on) {
+  record_logits_ = on;
+  logit_max_.assign(static_cast<size_t>(cfg_.n_layer) * cfg_.n_head, -INFINITY);
+}
+
+std::vector<float> GPT::take_attention_logit_maxima() {
+  std::vector<float> out = logit_max_;
+  std::fill(logit_max_.begin(), logit_max_.end(), -INFINITY);
+  return out;
 }
 
 }  // namespace mfsdp

@@ -22,6 +22,15 @@ class GPT : public SequentialModel<GPT, GPTConfig> {
   explicit GPT(const GPTConfig& cfg) : SequentialModel(cfg, gpt_inventory(cfg), "GPT") {}
   using SequentialModel::init_param;
 
+  // ---- attention heads (per-head Muon split, QK-Clip) ----
+  /// n_embd / n_head: the rows of one head in c_attn's q, k and v blocks.
+  int64_t attention_head_dim() const override { return cfg_.n_embd / cfg_.n_head; }
+  /// n_layer * n_head heads, layer-major; head h of layer l: rows [h d, (h+1) d) (query) and
+  /// [C + h d, C + (h+1) d) (key) of h.l.attn.c_attn.weight and of h.l.attn.c_attn.bias.
+  std::vector<AttentionHead> attention_heads() const override;
+  void record_attention_logits(bool on) override;
+  std::vector<float> take_attention_logit_maxima() override;
+
   // ---- unit forwards ----
   /// Unit 0: tokens i32 [B, T<=seq_len] -> x [B, T, C].
   Tensor embed(const Tensor& tokens) const;
@@ -38,6 +47,10 @@ class GPT : public SequentialModel<GPT, GPTConfig> {
   /// biases 0, LayerNorm gains 1, padded embedding rows 0. The values depend only on
   /// (seed, parameter name), so every rank produces the same tensor. out has spec.numel() floats.
   static void init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+
+ private:
+  bool record_logits_ = false;
+  mutable std::vector<float> logit_max_;  ///< [n_layer * n_head] since the last take
 };
 
 }  // namespace mfsdp

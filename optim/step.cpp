@@ -37,6 +37,13 @@ MuonCudaWorkspace& workspace() {
 }
 #endif
 
+// The CUDA kernels implement Keller Jordan's Newton-Schulz only.
+void check_cuda_orthogonalizer(const MuonOptions& opt, const char* op) {
+  check_arg(opt.orthogonalizer == Orthogonalizer::newton_schulz5, op,
+            std::string("orthogonalizer ") + orthogonalizer_name(opt.orthogonalizer) +
+                " is implemented on the CPU only; CUDA tensors run newton_schulz5");
+}
+
 }  // namespace
 
 void muon_momentum(const Tensor& G, const Tensor& M, const Tensor& U, const MuonOptions& opt) {
@@ -57,20 +64,32 @@ void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t 
   check_arg(blocks >= 1 && rows % blocks == 0, "muon_orthogonalize",
             std::to_string(rows) + " rows in " + std::to_string(blocks) + " blocks");
   const Device d = common_device("muon_orthogonalize", {{&U, rows * cols}, {&O, rows * cols}});
-  const int64_t brows = rows / blocks, bnumel = brows * cols;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float* in = U.data_f32() + b * bnumel;
-    float* out = O.data_f32() + b * bnumel;
-    if (d == Device::CPU) {
-      newton_schulz_cpu(in, out, brows, cols, opt.ns_steps);
-      continue;
-    }
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-    newton_schulz_cuda(in, out, brows, cols, opt.ns_steps, stream(), handle(), &workspace());
-#else
-    no_cuda("muon_orthogonalize");
-#endif
+  const int64_t brows = rows / blocks;
+  if (d == Device::CPU) {
+    orthogonalize_strided_cpu(U.data_f32(), O.data_f32(), blocks, brows, cols, opt.ns_steps, opt.orthogonalizer);
+    return;
   }
+  check_cuda_orthogonalizer(opt, "muon_orthogonalize");
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+  for (int64_t b = 0; b < blocks; ++b)
+    newton_schulz_cuda(U.data_f32() + b * brows * cols, O.data_f32() + b * brows * cols, brows, cols, opt.ns_steps,
+                       stream(), handle(), &workspace());
+#else
+  no_cuda("muon_orthogonalize");
+#endif
+}
+
+void normuon_normalize(const Tensor& O, const Tensor& v, int64_t rows, int64_t cols, int64_t blocks,
+                       const MuonOptions& opt) {
+  check_arg(blocks >= 1 && rows % blocks == 0, "normuon_normalize",
+            std::to_string(rows) + " rows in " + std::to_string(blocks) + " blocks");
+  const Device d = common_device("normuon_normalize", {{&O, rows * cols}, {&v, rows}});
+  check_arg(d == Device::CPU, "normuon_normalize",
+            "variant normuon is implemented on the CPU only; use variant muon with CUDA tensors");
+  const int64_t brows = rows / blocks;
+  for (int64_t b = 0; b < blocks; ++b)
+    normuon_normalize_cpu(O.data_f32() + b * brows * cols, v.data_f32() + b * brows, brows, cols, opt.beta2,
+                          opt.normuon_eps);
 }
 
 void muon_apply(const Tensor& W, const Tensor& O, double lr, double scale, double weight_decay) {
@@ -93,6 +112,7 @@ void muon_step(const Tensor& W, const Tensor& G, const Tensor& M, int64_t rows, 
     muon_step_cpu(W.data_f32(), G.data_f32(), M.data_f32(), rows, cols, lr, opt, qkv_blocks);
     return;
   }
+  check_cuda_orthogonalizer(opt, "muon_step");
 #if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
   muon_step_cuda(W.data_f32(), G.data_f32(), M.data_f32(), rows, cols, lr, opt, qkv_blocks, stream(), handle(),
                  &workspace());

@@ -17,17 +17,29 @@ namespace mfsdp {
 /// G, M, U: the same numel (U may alias G). Throws std::invalid_argument on mismatched tensors.
 void muon_momentum(const Tensor& G, const Tensor& M, const Tensor& U, const MuonOptions& opt);
 
-/// Muon phase 2 (orthogonalize): O = NS(U) of a [rows, cols] matrix taken as `blocks` row blocks
-/// of rows/blocks rows each (split_qkv), each orthogonalized separately (O may alias U).
-/// Counts one Newton-Schulz call per block.
+/// Muon phase 2 (orthogonalize): O = polar(U) by opt.orthogonalizer (optim/orthogonalize.h) of a
+/// [rows, cols] matrix taken as `blocks` row blocks of rows/blocks rows each (split_qkv or
+/// split_heads), each orthogonalized separately (O may alias U). CPU: orthogonalize_strided_cpu;
+/// CUDA: Newton-Schulz only. Counts one orthogonalization per block. Throws std::invalid_argument
+/// when blocks does not divide rows, on mismatched tensors, or for an orthogonalizer other than
+/// newton_schulz5 on CUDA tensors.
 void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t cols, int64_t blocks,
                         const MuonOptions& opt);
+
+/// NorMuon phase (between orthogonalize and apply): normuon_normalize_cpu (optim/normuon.h, arXiv
+/// 2510.05491 Algorithm 1) on each of the `blocks` row blocks of O [rows, cols] with its slice of
+/// the per-row state v [rows] (opt.beta2, opt.normuon_eps, update RMS kNorMuonUpdateRms); apply the
+/// result with scale 1. Throws std::invalid_argument on mismatched tensors and for CUDA tensors
+/// (the CUDA kernels implement variant muon only).
+void normuon_normalize(const Tensor& O, const Tensor& v, int64_t rows, int64_t cols, int64_t blocks,
+                       const MuonOptions& opt);
 
 /// Muon phase 3 (apply): W <- W*(1 - lr*wd) - lr*scale*O over W's elements (O: the same numel).
 void muon_apply(const Tensor& W, const Tensor& O, double lr, double scale, double weight_decay);
 
 /// A whole Muon step on one [rows, cols] matrix held by one rank: the three phases with private
-/// scratch, same arithmetic as muon_step_cpu (W, G, M: rows*cols elements each).
+/// scratch, same arithmetic as muon_step_cpu (W, G, M: rows*cols elements each). Variant muon
+/// only; CUDA tensors: newton_schulz5 only (std::invalid_argument otherwise).
 void muon_step(const Tensor& W, const Tensor& G, const Tensor& M, int64_t rows, int64_t cols, double lr,
                const MuonOptions& opt, int qkv_blocks);
 

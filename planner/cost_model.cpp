@@ -37,14 +37,22 @@ double shard_muon_flops(const MatrixShard& s, const PlannerOptions& options) {
     throw std::invalid_argument("[shard_muon_flops] " + s.name + " is routed to Muon but has " +
                                 std::to_string(s.shape.size()) + " dims");
   const int64_t rows = s.shape[0], cols = s.shape[1];
-  if (options.split_qkv && s.qkv_blocks > 1) {
+  int64_t blocks = 1;
+  if (options.head_dim > 0 && s.qkv_blocks > 1) {
+    if (rows % s.qkv_blocks != 0 || (rows / s.qkv_blocks) % options.head_dim != 0)
+      throw std::invalid_argument("[shard_muon_flops] " + s.name + ": head_dim " + std::to_string(options.head_dim) +
+                                  " does not divide the " + std::to_string(s.qkv_blocks) + " blocks of rows " +
+                                  std::to_string(rows));
+    blocks = rows / options.head_dim;
+  } else if (options.split_qkv && s.qkv_blocks > 1) {
     if (rows % s.qkv_blocks != 0)
       throw std::invalid_argument("[shard_muon_flops] " + s.name + ": qkv_blocks " +
                                   std::to_string(s.qkv_blocks) + " does not divide rows " +
                                   std::to_string(rows));
-    return s.qkv_blocks * muon_flops(rows / s.qkv_blocks, cols, options.ns_steps);
+    blocks = s.qkv_blocks;
   }
-  return muon_flops(rows, cols, options.ns_steps);
+  return static_cast<double>(blocks) *
+         orthogonalizer_flops(rows / blocks, cols, options.ns_steps, options.orthogonalizer);
 }
 
 double adamw_flops(int64_t numel) { return kAdamWFlopsPerElement * static_cast<double>(numel); }

@@ -41,8 +41,10 @@ double muon_flops(int64_t rows, int64_t cols, int ns_steps);
 /// Throws std::invalid_argument when rows or cols < 1 or steps < 0.
 double orthogonalizer_flops(int64_t rows, int64_t cols, int steps, Orthogonalizer method);
 
-/// Muon FLOPs of a shard: muon_flops of its [rows, cols], or, when options.split_qkv is set and
-/// qkv_blocks > 1, qkv_blocks * muon_flops(rows / qkv_blocks, cols). 0 for AdamW tensors.
+/// Muon FLOPs of a shard: blocks * orthogonalizer_flops(rows / blocks, cols, options.ns_steps,
+/// options.orthogonalizer), with blocks = rows / options.head_dim when options.head_dim > 0 and
+/// qkv_blocks > 1 (per-head split), else qkv_blocks when options.split_qkv and qkv_blocks > 1,
+/// else 1. 0 for AdamW tensors. Throws std::invalid_argument when the blocks do not divide rows.
 double shard_muon_flops(const MatrixShard& s, const PlannerOptions& options);
 
 /// kAdamWFlopsPerElement * numel.

@@ -239,6 +239,8 @@ ShardPlan make_plan(const ParamInventory& inv, int world_size, Placement placeme
   if (options.ns_steps < 0)
     throw std::invalid_argument("[make_plan] ns_steps " + std::to_string(options.ns_steps) +
                                 " < 0");
+  if (options.head_dim < 0)
+    throw std::invalid_argument("[make_plan] head_dim " + std::to_string(options.head_dim) + " < 0");
   validate_inventory(inv);
   ShardPlan plan;
   plan.world_size = world_size;

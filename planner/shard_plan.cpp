@@ -351,7 +351,9 @@ nlohmann::json ShardPlan::to_json() const {
   j["placement"] = placement_name(placement);
   j["options"] = {{"ns_steps", options.ns_steps},
                   {"split_qkv", options.split_qkv},
-                  {"round_robin", options.round_robin}};
+                  {"round_robin", options.round_robin},
+                  {"orthogonalizer", orthogonalizer_name(options.orthogonalizer)},
+                  {"head_dim", options.head_dim}};
   json ju = json::array();
   for (const auto& u : units) ju.push_back({{"name", u.name}, {"segment_numel", u.segment_numel}});
   j["units"] = std::move(ju);
@@ -435,6 +437,11 @@ ShardPlan ShardPlan::from_json(const nlohmann::json& j) {
   p.options.ns_steps = get<int>(o, "options", "ns_steps");
   p.options.split_qkv = get<bool>(o, "options", "split_qkv");
   p.options.round_robin = get<bool>(o, "options", "round_robin");
+  // plans written before the orthogonalizer and head split were options lack them: the defaults
+  if (o.contains("orthogonalizer"))
+    p.options.orthogonalizer =
+        parse_enum(get<std::string>(o, "options", "orthogonalizer"), "options.orthogonalizer", parse_orthogonalizer);
+  if (o.contains("head_dim")) p.options.head_dim = get<int64_t>(o, "options", "head_dim");
   const json& ju = field(j, "", "units");
   if (!ju.is_array()) json_fail("units", "is not an array");
   for (size_t u = 0; u < ju.size(); ++u) {

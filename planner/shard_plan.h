@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/muon_options.h"
 #include "planner/param_spec.h"
 
 namespace mfsdp {
@@ -29,6 +30,11 @@ struct PlannerOptions {
   int ns_steps = 5;          ///< Newton-Schulz iterations in the Muon cost model (>= 0)
   bool split_qkv = false;    ///< cost a fused QKV weight as qkv_blocks NS calls (still one owner)
   bool round_robin = false;  ///< naive baseline: parameter k (inventory order) whole on rank k % N
+  /// The polar-factor method whose FLOPs (orthogonalizer_flops) balance the Muon owners.
+  Orthogonalizer orthogonalizer = Orthogonalizer::newton_schulz5;
+  /// > 0: a split matrix (qkv_blocks > 1) costs rows/head_dim orthogonalizations of head_dim rows
+  /// (optimizer.muon.split_heads; the model's n_embd / n_head); 0: no per-head split.
+  int64_t head_dim = 0;
   bool operator==(const PlannerOptions&) const = default;
 };
 

@@ -65,6 +65,12 @@ class Kernels {
     const AttentionDims a = fused_dims(B, T, C, H, "attention_forward");
     gqa_attention_forward(qkv, qkv + C, qkv + 2 * C, out, probs, a);
   }
+  /// QK-Clip's statistic (MuonClip, Kimi K2, arXiv 2507.20534): max_out[b*H + h] = the largest
+  /// pre-softmax logit q_i . k_j / sqrt(C/H) of head h in sample b over the causal window j <= i.
+  /// qkv [B,T,3C] as attention_forward; max_out [B,H]. Each dot product is accumulated in f32 in
+  /// index order, so the values do not depend on B or on the launch shape.
+  virtual void attention_max_logits(const float* qkv, float* max_out, int64_t B, int64_t T, int64_t C,
+                                    int64_t H) = 0;
   /// dqkv += d(out)/d(qkv)^T dout
   void attention_backward(const float* dout, const float* qkv, const float* probs, float* dqkv, int64_t B,
                           int64_t T, int64_t C, int64_t H) {

@@ -267,6 +267,25 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  void attention_max_logits(const float* qkv, float* max_out, int64_t B, int64_t T, int64_t C, int64_t H) override {
+    const int64_t d = C / H;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel for schedule(static) if (B * H > 1)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const float* base = qkv + (bh / H) * T * 3 * C + (bh % H) * d;
+      float mx = -INFINITY;
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* q = base + i * 3 * C;
+          const float* k = base + j * 3 * C + C;
+          float dot = 0.0f;
+          for (int64_t e = 0; e < d; ++e) dot += q[e] * k[e];
+          mx = std::max(mx, dot * scale);
+        }
+      max_out[bh] = mx;
+    }
+  }
+
   void gqa_attention_forward(const float* q, const float* k, const float* v, float* out, float* probs,
                              const AttentionDims& a) override {
     const int64_t B = a.B, T = a.T, H = a.H, d = a.d, g = a.H / a.Hkv;

@@ -1,5 +1,7 @@
 #include "runtime/ops.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "runtime/autograd.h"
@@ -248,6 +250,22 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
     });
   }
   return y;
+}
+
+std::vector<float> attention_max_logits(const Tensor& qkv, int64_t n_head) {
+  const char* op = "attention_max_logits";
+  check_f32(qkv, op, "qkv");
+  check_arg(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op, "qkv must be [B, T, 3C], got " + qkv.describe());
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  check_arg(n_head > 0 && C % n_head == 0, op, "C=" + std::to_string(C) + " not divisible by n_head=" + std::to_string(n_head));
+  std::vector<float> out(static_cast<size_t>(n_head), -INFINITY);
+  if (B == 0 || T == 0) return out;
+  Tensor per_sample = Tensor::empty({B, n_head}, DType::f32, qkv.device());
+  kernels(qkv.device()).attention_max_logits(qkv.data_f32(), per_sample.data_f32(), B, T, C, n_head);
+  const std::vector<float> host = per_sample.to_vector();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < n_head; ++h) out[h] = std::max(out[h], host[b * n_head + h]);
+  return out;
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size, double divisor) {

@@ -2,6 +2,8 @@
 // "[op] ..." naming the shapes), runs the device's kernels (kernels.h), and records a Node whose
 // backward adds into its inputs' gradients. All float tensors are f32; token tensors are i32.
 #pragma once
+#include <vector>
+
 #include "runtime/tensor.h"
 
 namespace mfsdp {
@@ -36,6 +38,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-5f);
 Tensor rotary_embedding(const Tensor& x, int64_t n_head, float theta = 10000.0f);
 /// SwiGLU gate (Shazeer 2020; Llama's MLP): silu(gate) * up, elementwise, same shapes.
 Tensor swiglu(const Tensor& gate, const Tensor& up);
+/// QK-Clip's per-head statistic (not differentiable, records nothing): the largest pre-softmax
+/// logit q_i . k_j / sqrt(C/n_head) of each head over every sample and causal pair j <= i of
+/// qkv [B, T, 3C] (the input of causal_self_attention). Returns n_head values on the host
+/// (-inf when B or T is 0). Throws std::invalid_argument on a bad shape.
+std::vector<float> attention_max_logits(const Tensor& qkv, int64_t n_head);
 /// Fused softmax cross-entropy over a padded vocabulary: logits [N, Vp], targets i32 [N] < vocab_size.
 /// Columns vocab_size..Vp-1 are padding and never receive probability. Returns a scalar:
 /// sum of per-token losses / divisor (divisor <= 0 means N, i.e. the mean).

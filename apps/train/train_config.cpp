@@ -333,6 +333,7 @@ void read_data(const Reader& r, const std::string& base_dir, int64_t vocab_size,
   d.seed = r.i64("data.seed", 0);
 }
 
+// optimizer.* and training.grad_clip (EngineOptions), with the checks that span both sections.
 void read_optimizer(const Reader& r, EngineOptions& o) {
   o.muon_lr = r.num("optimizer.muon.lr", 0.0, 1e6);
   o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
@@ -341,6 +342,13 @@ void read_optimizer(const Reader& r, EngineOptions& o) {
   o.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
   o.muon.scale_rule = parse_muon_scale_rule(r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"}));
   o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
+  o.muon.orthogonalizer = parse_orthogonalizer(
+      r.choice("optimizer.muon.orthogonalizer", {"newton_schulz5", "polar_express", "gram_newton_schulz"}));
+  o.muon.variant = parse_muon_variant(r.choice("optimizer.muon.variant", {"muon", "normuon"}));
+  o.muon.beta2 = r.num("optimizer.muon.beta2", 0.0, 1.0, false, true);
+  o.muon.split_heads = r.flag("optimizer.muon.split_heads");  // head_dim comes from the model
+  o.qk_clip = r.num("optimizer.muon.qk_clip", 0.0, 1e6);
+  o.overlap_backward = r.flag("optimizer.muon.overlap_backward");
   o.adamw_lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
   o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
   o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
@@ -352,6 +360,14 @@ void read_optimizer(const Reader& r, EngineOptions& o) {
   o.schedule.kind = parse_decay_kind(r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"}));
   o.schedule.floor = r.num("schedule.floor", 0.0, 1.0);
   o.schedule.decay_fraction = r.num("schedule.decay_fraction", 0.0, 1.0);
+  if (o.overlap_backward && o.grad_clip > 0) {
+    std::ostringstream gc;
+    gc << o.grad_clip;
+    r.fail("optimizer.muon.overlap_backward",
+           "needs training.grad_clip = 0 (got " + gc.str() +
+               "): clipping scales every gradient by the global norm, known only after the whole backward, "
+               "so a unit's Muon input is not final when its reduction lands");
+  }
 }
 
 }  // namespace
@@ -421,7 +437,13 @@ json TrainConfig::to_json(bool resolved_paths) const {
                             {"ns_steps", mu.ns_steps},
                             {"weight_decay", mu.weight_decay},
                             {"scale_rule", muon_scale_rule_name(mu.scale_rule)},
-                            {"split_qkv", mu.split_qkv}};
+                            {"split_qkv", mu.split_qkv},
+                            {"orthogonalizer", orthogonalizer_name(mu.orthogonalizer)},
+                            {"variant", muon_variant_name(mu.variant)},
+                            {"beta2", mu.beta2},
+                            {"split_heads", mu.split_heads},
+                            {"qk_clip", optim.qk_clip},
+                            {"overlap_backward", optim.overlap_backward}};
   j["optimizer"]["adamw"] = {{"lr", optim.adamw_lr},
                              {"beta1", optim.adamw.beta1},
                              {"beta2", optim.adamw.beta2},

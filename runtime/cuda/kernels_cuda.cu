@@ -268,6 +268,33 @@ __device__ void row_max_and_expsum(const float* row, int64_t V, float* shf, doub
   sum = block_sum(sum, shd);
 }
 
+// One block per (sample, head): each thread takes causal pairs (i, j <= i) in a grid-stride walk of
+// the T*T square, accumulates q_i . k_j in f32 in index order, and the block takes the max (exact,
+// so the result does not depend on the thread split).
+__global__ void attention_max_logits_kernel(const float* __restrict__ qkv, float* __restrict__ max_out, int64_t T,
+                                            int64_t C, int64_t H, float scale) {
+  const int64_t bh = blockIdx.x, d = C / H;
+  const float* base = qkv + (bh / H) * T * 3 * C + (bh % H) * d;
+  float mx = -INFINITY;
+  for (int64_t p = threadIdx.x; p < T * T; p += blockDim.x) {
+    const int64_t i = p / T, j = p % T;
+    if (j > i) continue;
+    const float* q = base + i * 3 * C;
+    const float* k = base + j * 3 * C + C;
+    float dot = 0.0f;
+    for (int64_t e = 0; e < d; ++e) dot += q[e] * k[e];
+    mx = fmaxf(mx, dot * scale);
+  }
+  __shared__ float red[kThreads];
+  red[threadIdx.x] = mx;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) max_out[bh] = red[0];
+}
+
 __global__ void cross_entropy_forward_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets,
                                              float* __restrict__ losses, int64_t V, int64_t Vp) {
   __shared__ float shf[kThreads / 32];
@@ -469,6 +496,15 @@ class CudaKernels final : public Kernels {
       for (int64_t r = 0; r < g; ++r)
         gemm_batched(false, false, T, d, T, 1.0f, probs + (b * H + r) * T * T, T, g * T * T, v + b * T * a.ldkv, a.ldkv,
                      d, 0.0f, out + b * T * C + r * d, C, g * d, a.Hkv);
+  }
+
+  void attention_max_logits(const float* qkv, float* max_out, int64_t B, int64_t T, int64_t C, int64_t H) override {
+    if (B <= 0 || T <= 0 || C <= 0) return;
+    check_heads(C, H, "attention_max_logits");
+    const float scale = 1.0f / std::sqrt(static_cast<float>(C / H));
+    attention_max_logits_kernel<<<to_int(B * H, "attention_max_logits", "B*H"), kThreads>>>(qkv, max_out, T, C, H,
+                                                                                           scale);
+    CUDA_CHECK_LAUNCH("attention_max_logits_kernel");
   }
 
   // dk_j / dv_j add their g query heads in increasing order (r = 0..g-1), as the CPU backend.

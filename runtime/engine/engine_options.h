@@ -19,6 +19,16 @@ struct EngineOptions {
   double adamw_lr = 3e-3;  ///< base learning rate of the AdamW group
   LRSchedule schedule;     ///< both groups follow it, each from its own base lr
   double grad_clip = 1.0;  ///< global-norm clipping threshold on raw gradients (<= 0 disables)
+  /// QK-Clip threshold tau of MuonClip (Kimi K2, arXiv 2507.20534, section 2.1); 0 = off. After
+  /// each optimizer step, every attention head whose largest pre-softmax logit q.k/sqrt(d) of
+  /// the step (over all ranks' micro-batches) exceeds tau has its query rows and key rows (the
+  /// model's UnitModel::attention_heads) multiplied by sqrt(tau / max_logit).
+  double qk_clip = 0.0;
+  /// Orthogonalize each unit's Muon matrices as soon as its last micro-batch's gradient reduction
+  /// lands, during the backward of earlier units; the updates are applied in the optimizer phase.
+  /// Bitwise equal to the non-overlapped step; needs grad_clip <= 0 (clipping would change the
+  /// Muon input after the whole backward). Costs one matrix-sized buffer per owned Muon matrix.
+  bool overlap_backward = false;
 };
 
 /// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked
@@ -37,7 +47,14 @@ struct StepStats {
   int64_t step = 0;
   double loss = 0, grad_norm = 0, clip_coef = 1, lr_muon = 0, lr_adamw = 0;
   double t_forward = 0, t_backward = 0, t_reduce = 0, t_optimizer = 0, t_total = 0;
+  /// overlap_backward: seconds spent orthogonalizing during backward (this rank; inside no other
+  /// phase's time, part of t_total).
+  double t_overlap = 0;
   int64_t tokens = 0;  ///< tokens in the global batch
+  /// QK-Clip (EngineOptions::qk_clip > 0 only): the largest attention logit of the step over all
+  /// heads and ranks, and how many heads were rescaled.
+  double max_attention_logit = 0;
+  int64_t qk_clipped_heads = 0;
 };
 
 /// One kind of per-element training state: the parameter itself, the first optimizer moment

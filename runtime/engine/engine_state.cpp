@@ -43,7 +43,12 @@ void ShardedEngine::for_each_saved_piece(const SavedPieceFn& fn) {
     const MatrixShard& s = plan_.shards[o->shard];
     fn(s, StateKind::param, o->param_offset, o->numel, host_data(owners_.param(*o), scratch));
     fn(s, StateKind::m, o->param_offset, o->numel, host_data(o->m, scratch));
-    if (o->v.defined()) fn(s, StateKind::v, o->param_offset, o->numel, host_data(o->v, scratch));
+    if (owners_.has_row_state(*o)) {  // NorMuon: the rows this piece covers
+      const auto [row, rows] = owners_.piece_rows(*o);
+      fn(s, StateKind::v, row, rows, host_data(o->v.view(row, {rows}), scratch));
+    } else if (o->v.defined()) {
+      fn(s, StateKind::v, o->param_offset, o->numel, host_data(o->v, scratch));
+    }
   }
 }
 
@@ -62,8 +67,10 @@ void ShardedEngine::load_state(const StateReadFn& read, int64_t optimizer_steps)
   owners_.for_each_owned([&](OwnedPiece& o) {
     const MatrixShard& s = plan_.shards[o.shard];
     read_into(s, StateKind::m, o.param_offset, o.m);
-    if (o.v.defined()) read_into(s, StateKind::v, o.param_offset, o.v);
+    if (o.v.defined() && !owners_.has_row_state(o)) read_into(s, StateKind::v, o.param_offset, o.v);
   });
+  // NorMuon: every row (an fsdp2 rank normalizes the whole gathered matrix)
+  owners_.for_each_row_state([&](OwnedPiece& o) { read_into(plan_.shards[o.shard], StateKind::v, 0, o.v); });
   owners_.set_steps(optimizer_steps);
 }
 
@@ -90,9 +97,13 @@ std::vector<OwnedPiece*> ShardedEngine::contributed_pieces() {
 }
 
 ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
-  auto state_numel = [&](const StatePiece& p) {
-    return plan_.shards[p.shard].optimizer == OptimizerKind::adamw ? 2 * p.numel : p.numel;
+  const bool normuon = opts_.muon.variant == MuonVariant::normuon;
+  auto v_numel = [&](const StatePiece& p) {  // AdamW: one per element; NorMuon: one per row
+    const MatrixShard& s = plan_.shards[p.shard];
+    if (s.optimizer == OptimizerKind::adamw) return p.numel;
+    return normuon ? p.numel / s.shape[1] : int64_t{0};
   };
+  auto state_numel = [&](const StatePiece& p) { return p.numel + v_numel(p); };
   std::vector<int64_t> counts(static_cast<size_t>(world_), 0);
   std::vector<std::vector<StatePiece>> layout(static_cast<size_t>(world_));
   for (int r = 0; r < world_; ++r) {
@@ -104,7 +115,11 @@ ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
   for (OwnedPiece* o : contributed_pieces()) {
     const std::vector<float> m = o->m.to_vector();
     send.insert(send.end(), m.begin(), m.end());
-    if (o->v.defined()) {
+    if (owners_.has_row_state(*o)) {
+      const auto [row, rows] = owners_.piece_rows(*o);
+      const std::vector<float> v = o->v.view(row, {rows}).to_vector();
+      send.insert(send.end(), v.begin(), v.end());
+    } else if (o->v.defined()) {
       const std::vector<float> v = o->v.to_vector();
       send.insert(send.end(), v.begin(), v.end());
     }
@@ -118,6 +133,7 @@ ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
   for (const MatrixShard& s : plan_.shards) {
     out.m[s.name].assign(static_cast<size_t>(s.numel()), 0.0f);
     if (s.optimizer == OptimizerKind::adamw) out.v[s.name].assign(static_cast<size_t>(s.numel()), 0.0f);
+    else if (normuon) out.v[s.name].assign(static_cast<size_t>(s.shape[0]), 0.0f);
   }
   const float* src = all.data();
   for (int r = 0; r < world_; ++r)
@@ -125,9 +141,10 @@ ShardedEngine::FullOptimizerState ShardedEngine::full_optimizer_state() {
       const MatrixShard& s = plan_.shards[p.shard];
       std::copy(src, src + p.numel, out.m[s.name].begin() + p.param_offset);
       src += p.numel;
-      if (s.optimizer == OptimizerKind::adamw) {
-        std::copy(src, src + p.numel, out.v[s.name].begin() + p.param_offset);
-        src += p.numel;
+      if (const int64_t nv = v_numel(p); nv > 0) {  // AdamW: elements; NorMuon: the piece's rows
+        const int64_t first = s.optimizer == OptimizerKind::adamw ? p.param_offset : p.param_offset / s.shape[1];
+        std::copy(src, src + nv, out.v[s.name].begin() + first);
+        src += nv;
       }
     }
   out.step = owners_.steps();
@@ -158,7 +175,12 @@ std::string ShardedEngine::state_fingerprint() {
     const size_t base = static_cast<size_t>(o->shard) * 3;
     accumulate(base, host_data(owners_.param(*o), scratch), o->param_offset, o->numel);
     accumulate(base + 1, host_data(o->m, scratch), o->param_offset, o->numel);
-    if (o->v.defined()) accumulate(base + 2, host_data(o->v, scratch), o->param_offset, o->numel);
+    if (owners_.has_row_state(*o)) {  // NorMuon: keyed by row index
+      const auto [row, rows] = owners_.piece_rows(*o);
+      accumulate(base + 2, host_data(o->v.view(row, {rows}), scratch), row, rows);
+    } else if (o->v.defined()) {
+      accumulate(base + 2, host_data(o->v, scratch), o->param_offset, o->numel);
+    }
   }
   std::vector<uint64_t> all(sums.size() * static_cast<size_t>(world_));
   comm_.all_gather_host(sums.data(), all.data(), static_cast<int64_t>(sums.size() * sizeof(uint64_t)), CommPhase::other);

@@ -1,5 +1,6 @@
 #include "runtime/engine/owner_state.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -8,6 +9,7 @@
 
 #include "optim/clip.h"
 #include "optim/step.h"
+#include "runtime/kernels.h"
 
 namespace mfsdp {
 
@@ -28,18 +30,36 @@ OwnerState::OwnerState(UnitBuffers& units, Communicator& comm, const ShardPlan& 
     for (int si : plan_.shards_in_unit(u)) {
       const MatrixShard& s = plan_.shards[si];
       if (traits_.every_rank_updates_all) {
-        for (const ShardPiece& p : s.pieces) pieces_.push_back({u, si, p.segment_offset, p.param_offset, p.numel, {}, {}});
+        for (const ShardPiece& p : s.pieces)
+          pieces_.push_back({u, si, p.segment_offset, p.param_offset, p.numel, {}, {}, {}});
       } else if (const ShardPiece* p = s.piece_on(rank)) {
-        pieces_.push_back({u, si, p->segment_offset, p->param_offset, p->numel, {}, {}});
+        pieces_.push_back({u, si, p->segment_offset, p->param_offset, p->numel, {}, {}, {}});
       } else if (traits_.gathered_muon_input && s.optimizer == OptimizerKind::muon) {
-        pieces_.push_back({u, si, 0, 0, 0, {}, {}});  // joins the step's all-gather of the Muon input
+        pieces_.push_back({u, si, 0, 0, 0, {}, {}, {}});  // joins the step's all-gather of the Muon input
       }
     }
   MemCategoryScope scope(MemCategory::optimizer_state);
+  const bool normuon = opts_.muon.variant == MuonVariant::normuon;
   for (OwnedPiece& o : pieces_) {
+    const MatrixShard& s = plan_.shards[o.shard];
     o.m = Tensor::zeros({o.numel}, DType::f32, units_.device());
-    if (plan_.shards[o.shard].optimizer == OptimizerKind::adamw) o.v = Tensor::zeros({o.numel}, DType::f32, units_.device());
+    if (s.optimizer == OptimizerKind::adamw) o.v = Tensor::zeros({o.numel}, DType::f32, units_.device());
+    else if (normuon) o.v = Tensor::zeros({s.shape[0]}, DType::f32, units_.device());
   }
+}
+
+bool OwnerState::has_row_state(const OwnedPiece& o) const {
+  return o.v.defined() && plan_.shards[o.shard].optimizer == OptimizerKind::muon;
+}
+
+std::pair<int64_t, int64_t> OwnerState::piece_rows(const OwnedPiece& o) const {
+  const int64_t cols = plan_.shards[o.shard].shape[1];
+  return {o.param_offset / cols, o.numel / cols};
+}
+
+void OwnerState::for_each_row_state(const std::function<void(OwnedPiece&)>& fn) {
+  for (OwnedPiece& o : pieces_)
+    if (has_row_state(o)) fn(o);
 }
 
 Tensor OwnerState::param(const OwnedPiece& o) { return units_.unit(o.unit).shard.view(o.shard_offset, {o.numel}); }
@@ -96,7 +116,7 @@ void OwnerState::throw_non_finite(const StepStats& st) {
                            "); the optimizer step was skipped");
 }
 
-void OwnerState::optimizer_step(int64_t step, StepStats& st) {
+void OwnerState::optimizer_step(int64_t step, StepStats& st, const std::vector<RowScale>& qk_clip) {
   const double mult = opts_.schedule.multiplier(step);
   st.lr_muon = opts_.muon_lr * mult;
   st.lr_adamw = opts_.adamw_lr * mult;
@@ -104,35 +124,89 @@ void OwnerState::optimizer_step(int64_t step, StepStats& st) {
   for (OwnedPiece& o : pieces_) {
     const MatrixShard& s = plan_.shards[o.shard];
     if (s.optimizer == OptimizerKind::muon) {
-      if (traits_.gathered_muon_input) gathered_muon(o, st.lr_muon);
-      else muon_step(param(o), grad(o), o.m, s.shape[0], s.shape[1], st.lr_muon, opts_.muon, s.qkv_blocks);
+      muon_piece(o, st.lr_muon);
     } else if (o.numel) {
       AdamWOptions a = opts_.adamw;
       if (s.shape.size() < 2) a.weight_decay = 0.0;  // norms and biases are not decayed
       adamw_step(param(o), grad(o), o.m, o.v, st.lr_adamw, steps_, a);
     }
   }
+  scale_rows(qk_clip);
   if (traits_.gather_after_step) units_.all_gather_updated_params();
 }
 
-// Stock FSDP2 + Muon: momentum on the local rows, all-gather the Muon input, Newton-Schulz on the
-// full matrix on every rank, keep the local rows of the update.
-void OwnerState::gathered_muon(OwnedPiece& o, double lr) {
+void OwnerState::orthogonalize_unit(int u) {
+  for (OwnedPiece& o : pieces_)
+    if (o.unit == u && plan_.shards[o.shard].optimizer == OptimizerKind::muon) o.update = orthogonalized(o, false);
+}
+
+// Stock FSDP2 + Muon (gathered input): momentum on the local rows, all-gather the Muon input, the
+// orthogonalizer on the full matrix on every rank. Otherwise the owner's whole matrix.
+Tensor OwnerState::orthogonalized(OwnedPiece& o, bool commit) {
   const MatrixShard& s = plan_.shards[o.shard];
   const int64_t rows = s.shape[0], cols = s.shape[1];
-  const int64_t slot = s.fsdp2_slot_numel(comm_.world_size());
+  const int64_t blocks = detail::muon_block_count(rows, cols, opts_.muon, s.qkv_blocks, "OwnerState");
   const Device dev = units_.device();
+  // The momentum goes into o.m (commit) or into a copy of it: the same f32 operations either way.
+  auto momentum = [&](const Tensor& U) {
+    muon_momentum(grad(o), commit ? o.m : o.m.clone(), U, opts_.muon);
+  };
+  if (!traits_.gathered_muon_input) {
+    MemCategoryScope scope(MemCategory::other);
+    Tensor U = Tensor::empty({o.numel}, DType::f32, dev);
+    momentum(U);
+    muon_orthogonalize(U, U, rows, cols, blocks, opts_.muon);
+    return U;
+  }
+  const int64_t slot = s.fsdp2_slot_numel(comm_.world_size());
   MemCategoryScope scope(MemCategory::comm_buffers);
   Tensor send = Tensor::zeros({slot}, DType::f32, dev), full_u = Tensor::empty({slot * comm_.world_size()}, DType::f32, dev);
-  Tensor update = Tensor::empty({rows * cols}, DType::f32, dev);
-  if (o.numel) muon_momentum(grad(o), o.m, send.view(0, {o.numel}), opts_.muon);
+  if (o.numel) momentum(send.view(0, {o.numel}));
   comm_.all_gather(send.data_f32(), full_u.data_f32(), slot, DType::f32, CommPhase::opt_step);
   // the first `rows` rows of the gathered slots are the matrix, in order (padding rows follow)
-  const int64_t blocks = detail::muon_block_count(rows, cols, opts_.muon, s.qkv_blocks, "fsdp2_muon");
+  Tensor update = Tensor::empty({rows * cols}, DType::f32, dev);
   muon_orthogonalize(full_u.view(0, {rows * cols}), update, rows, cols, blocks, opts_.muon);
-  if (!o.numel) return;
-  muon_apply(param(o), update.view(o.param_offset, {o.numel}), lr, muon_scale(rows / blocks, cols, opts_.muon.scale_rule),
-             opts_.muon.weight_decay);
+  return update;
+}
+
+// One Muon-family step of piece o: the orthogonalized update (made now, or during backward under
+// overlap_backward), NorMuon's normalization of the whole matrix, then the apply on o's elements.
+void OwnerState::muon_piece(OwnedPiece& o, double lr) {
+  const MatrixShard& s = plan_.shards[o.shard];
+  const int64_t rows = s.shape[0], cols = s.shape[1];
+  const bool normuon = opts_.muon.variant == MuonVariant::normuon;
+  if (!traits_.gathered_muon_input && !normuon && !o.update.defined()) {  // one fused call
+    if (o.numel) muon_step(param(o), grad(o), o.m, rows, cols, lr, opts_.muon, s.qkv_blocks);
+    return;
+  }
+  Tensor update = std::move(o.update);
+  o.update = Tensor();
+  if (update.defined()) {
+    // the momentum the backward-time copy computed, now into the state (U may alias G: the
+    // gradient is not read again this step)
+    if (o.numel) muon_momentum(grad(o), o.m, grad(o), opts_.muon);
+  } else {
+    update = orthogonalized(o, true);
+  }
+  const int64_t blocks = detail::muon_block_count(rows, cols, opts_.muon, s.qkv_blocks, "OwnerState");
+  double scale = muon_scale(rows / blocks, cols, opts_.muon.scale_rule);
+  if (normuon) {  // every fsdp2 rank normalizes the whole gathered matrix with its whole v
+    normuon_normalize(update, o.v, rows, cols, blocks, opts_.muon);
+    scale = 1.0;
+  }
+  if (o.numel) muon_apply(param(o), update.view(o.param_offset, {o.numel}), lr, scale, opts_.muon.weight_decay);
+}
+
+void OwnerState::scale_rows(const std::vector<RowScale>& scales) {
+  for (const RowScale& r : scales)
+    for (OwnedPiece& o : pieces_) {
+      if (o.shard != r.shard || o.numel == 0) continue;
+      const MatrixShard& s = plan_.shards[o.shard];
+      const int64_t width = s.shape.size() > 1 ? s.numel() / s.shape[0] : 1;
+      const int64_t lo = std::max(r.first_row * width, o.param_offset);
+      const int64_t hi = std::min((r.first_row + r.rows) * width, o.param_offset + o.numel);
+      if (lo < hi) kernels(units_.device()).scale(param(o).data_f32() + (lo - o.param_offset), r.factor, hi - lo);
+    }
 }
 
 }  // namespace mfsdp

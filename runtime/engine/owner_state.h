@@ -20,7 +20,20 @@ struct OwnedPiece {
   int64_t shard_offset = 0;  ///< element offset in the unit's shard / shard_grad
   int64_t param_offset = 0;  ///< element offset in the logical parameter
   int64_t numel = 0;         ///< 0 for an fsdp2 matrix this rank holds no rows of (it joins the gather)
-  Tensor m, v;               ///< Muon momentum | AdamW first and second moments
+  /// m: Muon momentum | AdamW first moment (numel). v: AdamW second moment (numel) | NorMuon's
+  /// per-row second moment of the whole matrix (rows; every fsdp2 rank keeps all rows, since each
+  /// normalizes the gathered matrix) | undefined (variant muon).
+  Tensor m, v;
+  /// overlap_backward: the orthogonalized update of the whole matrix made during backward, consumed
+  /// (and freed) by the optimizer step; undefined otherwise.
+  Tensor update;
+};
+
+/// Rows [first_row, first_row + rows) of a parameter's dim 0 (1-D: elements) multiplied by factor.
+struct RowScale {
+  int shard = 0;
+  int64_t first_row = 0, rows = 0;
+  float factor = 1.0f;
 };
 
 /// The owned pieces of one rank and the optimizer step over them.
@@ -37,6 +50,13 @@ class OwnerState {
 
   /// Calls fn for every owned piece with numel > 0, in canonical order (unit, then parameter).
   void for_each_owned(const std::function<void(OwnedPiece&)>& fn);
+  /// Calls fn for every piece holding NorMuon per-row state (variant normuon), including fsdp2
+  /// pieces with numel == 0, in canonical order.
+  void for_each_row_state(const std::function<void(OwnedPiece&)>& fn);
+  /// True when o.v is NorMuon per-row state (whole-matrix rows) rather than AdamW's v.
+  bool has_row_state(const OwnedPiece& o) const;
+  /// The matrix rows o's elements cover: {first row, row count} (Muon pieces are whole rows).
+  std::pair<int64_t, int64_t> piece_rows(const OwnedPiece& o) const;
   /// Zeroes every moment and the step counter.
   void reset();
   int64_t steps() const { return steps_; }
@@ -46,13 +66,23 @@ class OwnerState {
   /// then clips the gradient shards by clip_coefficient(norm, grad_clip); fills stats.grad_norm
   /// and stats.clip_coef. Throws NonFiniteLossError on every rank when the norm is not finite.
   void clip_gradients(StepStats& stats);
-  /// One optimizer step on every owned piece at 0-based step `step` (LR schedule), then the
-  /// placement's post-step gather. Fills stats.lr_muon and stats.lr_adamw.
-  void optimizer_step(int64_t step, StepStats& stats);
+  /// overlap_backward: makes the orthogonalized update (OwnedPiece::update) of every Muon matrix
+  /// of unit u this rank takes part in, from its final (already scaled) gradient, without touching
+  /// optimizer state. Under fsdp2 it all-gathers the Muon input (opt_step phase), so every rank
+  /// calls it for the same units in the same order.
+  void orthogonalize_unit(int u);
+  /// One optimizer step on every owned piece at 0-based step `step` (LR schedule); then the
+  /// row scalings `qk_clip` (QK-Clip) on the owned parts of those rows; then the placement's
+  /// post-step gather. Fills stats.lr_muon and stats.lr_adamw.
+  void optimizer_step(int64_t step, StepStats& stats, const std::vector<RowScale>& qk_clip = {});
 
  private:
   [[noreturn]] void throw_non_finite(const StepStats& stats);
-  void gathered_muon(OwnedPiece& o, double lr);
+  /// The orthogonalized update of o's whole matrix (every rank under fsdp2): momentum of o's rows
+  /// (into o.m when commit, else into a copy), the fsdp2 all-gather, then the orthogonalizer.
+  Tensor orthogonalized(OwnedPiece& o, bool commit);
+  void muon_piece(OwnedPiece& o, double lr);
+  void scale_rows(const std::vector<RowScale>& scales);
 
   UnitBuffers& units_;
   Communicator& comm_;

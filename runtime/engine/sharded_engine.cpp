@@ -3,6 +3,7 @@
 // in owner_state.cpp, checkpoint and fingerprint views of the state in engine_state.cpp.
 #include "runtime/engine/sharded_engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -26,15 +27,66 @@ const ShardPlan& plan_for(const ShardPlan& plan, const Communicator& comm) {
   return plan;
 }
 
+// The options with what comes from the model (the per-head split's head_dim), checked against it.
+EngineOptions resolve_options(const EngineOptions& in, const UnitModel& model) {
+  EngineOptions o = in;
+  if (o.muon.split_heads) {
+    o.muon.head_dim = model.attention_head_dim();
+    check_arg(o.muon.head_dim > 0, "ShardedEngine", "optimizer.muon.split_heads: the model has no attention heads");
+  }
+  check_arg(o.qk_clip >= 0 && std::isfinite(o.qk_clip), "ShardedEngine",
+            "optimizer.muon.qk_clip must be finite and >= 0, got " + std::to_string(o.qk_clip));
+  check_arg(o.qk_clip == 0 || !model.attention_heads().empty(), "ShardedEngine",
+            "optimizer.muon.qk_clip: the model reports no attention heads");
+  check_arg(!o.overlap_backward || o.grad_clip <= 0, "ShardedEngine",
+            "optimizer.muon.overlap_backward needs training.grad_clip = 0 (clipping changes the Muon input after "
+            "the whole backward), got grad_clip " + std::to_string(o.grad_clip));
+  return o;
+}
+
 }  // namespace
+
+PlannerOptions planner_options(const EngineOptions& o, const UnitModel& model) {
+  PlannerOptions p;
+  p.ns_steps = o.muon.ns_steps;
+  p.split_qkv = o.muon.split_qkv;
+  p.orthogonalizer = o.muon.orthogonalizer;
+  p.head_dim = o.muon.split_heads ? model.attention_head_dim() : 0;
+  return p;
+}
 
 ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts,
                              Communicator* replicas)
-    : model_(model), comm_(comm), plan_(plan_for(plan, comm)), opts_(opts),
+    : model_(model), comm_(comm), plan_(plan_for(plan, comm)), opts_(resolve_options(opts, model)),
       traits_(placement_traits(plan.placement, replicas ? replicas->world_size() : 1)), rank_(comm.rank()),
       world_(comm.world_size()), replicas_(traits_.replicated ? replicas : nullptr),
       replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_),
-      owners_(units_, comm, plan_, traits_, opts_) {}
+      owners_(units_, comm, plan_, traits_, opts_) {
+  check_arg(!(replicas_ && opts_.overlap_backward), "ShardedEngine",
+            "optimizer.muon.overlap_backward is not supported with sharding.replicate > 1");
+  if (comm.device() != Device::CPU) {  // the CUDA kernels implement Keller Jordan's Muon only
+    check_arg(opts_.muon.orthogonalizer == Orthogonalizer::newton_schulz5, "ShardedEngine",
+              std::string("optimizer.muon.orthogonalizer ") + orthogonalizer_name(opts_.muon.orthogonalizer) +
+                  " runs on the CPU only; this engine is on " + device_name(comm.device()));
+    check_arg(opts_.muon.variant == MuonVariant::muon, "ShardedEngine",
+              "optimizer.muon.variant normuon runs on the CPU only; this engine is on " + std::string(device_name(comm.device())));
+  }
+  if (opts_.qk_clip > 0) {
+    for (const AttentionHead& h : model_.attention_heads()) {
+      std::vector<RowScale> rows;
+      for (const ParamRows& r : h.qk_rows) {
+        const auto it = std::find_if(plan_.shards.begin(), plan_.shards.end(),
+                                     [&](const MatrixShard& s) { return s.name == r.param; });
+        check_arg(it != plan_.shards.end() && r.first_row >= 0 && r.rows >= 0 && r.first_row + r.rows <= it->shape[0],
+                  "ShardedEngine", "qk_clip: attention head rows " + r.param + "[" + std::to_string(r.first_row) +
+                                       ", +" + std::to_string(r.rows) + ") are not rows of a model parameter");
+        rows.push_back({static_cast<int>(it - plan_.shards.begin()), r.first_row, r.rows, 1.0f});
+      }
+      qk_heads_.push_back(std::move(rows));
+    }
+    model_.record_attention_logits(true);
+  }
+}
 
 ShardedEngine::~ShardedEngine() = default;
 
@@ -47,6 +99,9 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   st.step = step;
   const double t_start = now_seconds();
   units_.zero_gradients();
+  if (opts_.qk_clip > 0) model_.take_attention_logit_maxima();  // drop what forwards outside steps left
+  // the step divides the summed gradients by (world x replicas x micro-batches): the global mean
+  const double denom = static_cast<double>(world_) * replica_count_ * static_cast<double>(micro.size());
 
   // 1. forward and backward of every micro-batch; gradients land on their owners as they are made
   ExactSum loss_sum;  // exact: the printed loss does not depend on the rank split
@@ -54,21 +109,21 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   for (size_t k = 0; k < micro.size(); ++k) {
     const MicroBatch mb = on_device(micro[k], units_.device());
     local_tokens += mb.tokens.numel();
-    loss_sum.add(forward_backward(mb, k + 1 == micro.size(), st));
+    loss_sum.add(forward_backward(mb, k + 1 == micro.size(), static_cast<float>(1.0 / denom), st));
   }
 
-  // 2. the global mean loss: sum-reduced gradients / (world x replicas x micro-batches)
-  const double denom = static_cast<double>(world_) * replica_count_ * static_cast<double>(micro.size());
+  // 2. the global mean loss (overlap_backward scaled each unit's gradients as they landed)
   st.loss = sum_over_world(loss_sum).value() / denom;
   if (!std::isfinite(st.loss))  // every rank sees the same reduced value, so all throw together
     throw NonFiniteLossError("step " + std::to_string(step) + ": the training loss is " + std::to_string(st.loss) +
                              " (diverged); the optimizer step was skipped");
-  units_.scale_gradients(static_cast<float>(1.0 / denom));
+  if (!opts_.overlap_backward) units_.scale_gradients(static_cast<float>(1.0 / denom));
 
-  // 3. the owners' step: global norm, clipping, optimizer (then zero1's gather of the updates)
+  // 3. the owners' step: global norm, clipping, optimizer, QK-Clip (then zero1's gather of the updates)
+  const std::vector<RowScale> qk = qk_clip_scales(st);
   const double t_opt = now_seconds();
   owners_.clip_gradients(st);
-  owners_.optimizer_step(step, st);
+  owners_.optimizer_step(step, st, qk);
   st.t_optimizer = now_seconds() - t_opt;
   st.t_total = now_seconds() - t_start;
 
@@ -104,7 +159,41 @@ void ShardedEngine::reduce_stats_over_replicas(StepStats& st) {
     *t = replicas_->all_reduce_scalar(*t, ReduceOp::max, CommPhase::other);
 }
 
-float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, StepStats& st) {
+// QK-Clip: each head's largest logit of the step, the maximum over ranks (exact, so the same at
+// every world size), and sqrt(tau / max) for the rows of every head above tau.
+std::vector<RowScale> ShardedEngine::qk_clip_scales(StepStats& st) {
+  if (opts_.qk_clip <= 0) return {};
+  const std::vector<float> mine = model_.take_attention_logit_maxima();
+  check_arg(mine.size() == qk_heads_.size(), "train_step",
+            "the model reported " + std::to_string(mine.size()) + " attention maxima for " +
+                std::to_string(qk_heads_.size()) + " heads");
+  std::vector<float> all(mine.size() * static_cast<size_t>(world_));
+  comm_.all_gather_host(mine.data(), all.data(), static_cast<int64_t>(mine.size() * sizeof(float)), CommPhase::other);
+  if (replicas_) {  // HSDP: the other replicas' maxima too
+    std::vector<float> group(mine.size(), -INFINITY);
+    for (size_t i = 0; i < all.size(); ++i) group[i % mine.size()] = std::max(group[i % mine.size()], all[i]);
+    all.assign(mine.size() * static_cast<size_t>(replica_count_), 0.0f);
+    replicas_->all_gather_host(group.data(), all.data(), static_cast<int64_t>(group.size() * sizeof(float)),
+                               CommPhase::other);
+  }
+  std::vector<RowScale> out;
+  st.max_attention_logit = -INFINITY;
+  for (size_t h = 0; h < mine.size(); ++h) {
+    float mx = -INFINITY;
+    for (size_t r = 0; r < all.size() / mine.size(); ++r) mx = std::max(mx, all[r * mine.size() + h]);
+    st.max_attention_logit = std::max(st.max_attention_logit, static_cast<double>(mx));
+    if (!(mx > opts_.qk_clip)) continue;
+    ++st.qk_clipped_heads;
+    const float factor = static_cast<float>(std::sqrt(opts_.qk_clip / static_cast<double>(mx)));
+    for (RowScale r : qk_heads_[h]) {
+      r.factor = factor;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
   MemCategoryScope act(MemCategory::activations);
   const int U = units_.size();
   // forward: gather -> compute -> free, unit by unit (the last unit stays for backward)
@@ -141,6 +230,12 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, Ste
     st.t_backward += t1 - t0;
     units_.reduce_gradients(u, last_micro);  // u's own gradients are complete (a tied embedding waits for unit 0)
     st.t_reduce += now_seconds() - t1;
+    if (last_micro && opts_.overlap_backward) {  // u's gradients are final: its Muon updates can start
+      const double t2 = now_seconds();
+      units_.scale_unit_gradients(u, grad_scale);
+      owners_.orthogonalize_unit(u);
+      st.t_overlap += now_seconds() - t2;
+    }
     for (int d : model_.units_needed_by(u)) units_.release(d);
   }
   return loss;

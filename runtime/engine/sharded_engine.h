@@ -21,6 +21,11 @@
 
 namespace mfsdp {
 
+/// The planner options that match engine options `o` on `model`: Newton-Schulz steps, split_qkv,
+/// the orthogonalizer, and (split_heads) the model's attention_head_dim, so the owners are
+/// balanced on the FLOPs the engine will run.
+PlannerOptions planner_options(const EngineOptions& o, const UnitModel& model);
+
 /// Trains a UnitModel whose parameters are laid out by a ShardPlan across the communicator's ranks.
 ///
 /// Placements (planner/shard_plan.h):
@@ -81,7 +86,8 @@ class ShardedEngine {
   std::pair<double, int64_t> eval_loss_sum(const std::vector<MicroBatch>& batches);
 
   /// Optimizer state as full logical tensors, on every rank (all-gathered from the owners):
-  /// m = Muon momentum or AdamW first moment, v = AdamW second moment (AdamW tensors only), step =
+  /// m = Muon momentum or AdamW first moment, v = AdamW second moment (AdamW tensors) or, under
+  /// variant normuon, NorMuon's per-row second moment of a Muon matrix ([rows] floats), step =
   /// optimizer steps taken (AdamW bias correction). For tests, export and checkpoints.
   struct FullOptimizerState {
     std::map<std::string, std::vector<float>> m, v;
@@ -98,13 +104,15 @@ class ShardedEngine {
 
   /// Calls fn(shard, kind, logical offset, numel, data) for every piece of state this rank saves
   /// in a checkpoint: the pieces it owns (under ddp: rank 0 all of them, others none), each with
-  /// its parameter values, its m and (AdamW) its v. Every element of every tensor is covered by
+  /// its parameter values, its m and its v (AdamW: its elements; NorMuon: the rows it covers, as
+  /// logical offset = first row and numel = rows). Every element of every tensor is covered by
   /// exactly one rank. Local (no collective).
   using SavedPieceFn = std::function<void(const MatrixShard&, StateKind, int64_t offset, int64_t numel, const float*)>;
   void for_each_saved_piece(const SavedPieceFn& fn);
   /// Fills this rank's state from a reader: read(shard, kind, logical offset, numel, dst) must
   /// write numel f32 values of that logical range. Asks for every parameter range the rank stores
-  /// (resident placements: whole tensors) and every optimizer-state range it owns; sets the
+  /// (resident placements: whole tensors) and every optimizer-state range it owns (NorMuon v: all
+  /// rows of each Muon matrix it takes part in, in row units); sets the
   /// optimizer step counter to `optimizer_steps`. Local (no collective); exceptions from `read`
   /// propagate.
   using StateReadFn = std::function<void(const MatrixShard&, StateKind, int64_t offset, int64_t numel, float*)>;
@@ -124,7 +132,12 @@ class ShardedEngine {
  private:
   /// Runs micro-batch `mb` forward and backward unit by unit, reducing each unit's gradients to
   /// the owners as soon as they are complete; returns the micro-batch's loss.
-  float forward_backward(const MicroBatch& mb, bool last_micro, StepStats& st);
+  /// Under overlap_backward the last micro-batch also scales each unit's reduced gradients by
+  /// grad_scale and starts its owners' orthogonalization.
+  float forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st);
+  /// QK-Clip's row scalings of this step (empty when qk_clip is off or no head exceeds it); fills
+  /// st.max_attention_logit and st.qk_clipped_heads. One all_gather_host (phase other).
+  std::vector<RowScale> qk_clip_scales(StepStats& st);
   /// Rank r's contributed state pieces in canonical order (unit, then parameter): its owned
   /// pieces; under every_rank_updates_all all pieces on rank 0 and none elsewhere.
   struct StatePiece {
@@ -149,6 +162,7 @@ class ShardedEngine {
   int replica_count_;       ///< R (1 without HSDP)
   UnitBuffers units_;
   OwnerState owners_;
+  std::vector<std::vector<RowScale>> qk_heads_;  ///< QK-Clip: each model head's rows (factor unset)
 };
 
 }  // namespace mfsdp

@@ -182,8 +182,12 @@ void UnitBuffers::zero_gradients() {
 }
 
 void UnitBuffers::scale_gradients(float alpha) {
-  for (auto& unit : units_)
-    if (unit->my_count) kernels(device_).scale(unit->shard_grad.data_f32(), alpha, unit->my_count);
+  for (int u = 0; u < size(); ++u) scale_unit_gradients(u, alpha);
+}
+
+void UnitBuffers::scale_unit_gradients(int u, float alpha) {
+  UnitBuffer& unit = this->unit(u);
+  if (unit.my_count) kernels(device_).scale(unit.shard_grad.data_f32(), alpha, unit.my_count);
 }
 
 void UnitBuffers::all_gather_updated_params() {

@@ -66,6 +66,8 @@ class UnitBuffers {
   void zero_gradients();
   /// Multiplies every gradient shard by alpha.
   void scale_gradients(float alpha);
+  /// Multiplies unit u's gradient shard by alpha (the same f32 products as scale_gradients).
+  void scale_unit_gradients(int u, float alpha);
   /// All-gathers every unit's owned segments back into the resident full parameters (zero1).
   void all_gather_updated_params();
   /// Where this rank stores piece `p` of shard `si`'s parameter between steps (a view of its

@@ -16,6 +16,20 @@ struct MicroBatch {
   Tensor tokens, targets;
 };
 
+/// Rows [first_row, first_row + rows) of parameter `param` along its dim 0 (for a 1-D parameter:
+/// elements).
+struct ParamRows {
+  std::string param;
+  int64_t first_row = 0, rows = 0;
+};
+
+/// One attention head as QK-Clip sees it (MuonClip, Kimi K2, arXiv 2507.20534, section 2.1): the
+/// parameter rows that produce its queries and its keys (weights and biases). Multiplying all of
+/// them by s multiplies every logit q.k of the head by s^2.
+struct AttentionHead {
+  std::vector<ParamRows> qk_rows;
+};
+
 /// A model split into FSDP units that run one after another: unit 0 reads the tokens, each later
 /// unit reads the previous unit's output, and the last unit returns the loss. Parameters are not
 /// owned by the model: the engine binds each name to a view of its unit buffers, and the unit
@@ -46,6 +60,19 @@ class UnitModel {
   /// The initial value of parameter `spec` (full logical tensor, spec.numel() floats into `out`),
   /// a function of (seed, parameter name) only, so every rank computes the same values.
   virtual void init_param(const ParamSpec& spec, uint64_t seed, float* out) const = 0;
+
+  // ---- attention heads: per-head Muon split and QK-Clip (models without attention keep the defaults) ----
+  /// Rows per attention head in the model's split (qkv_blocks > 1) matrices, e.g. GPT's
+  /// n_embd / n_head; 0 when the model has none (then optimizer.muon.split_heads is refused).
+  virtual int64_t attention_head_dim() const { return 0; }
+  /// Every attention head, in the order of take_attention_logit_maxima (empty: no QK-Clip).
+  virtual std::vector<AttentionHead> attention_heads() const { return {}; }
+  /// Turns on (or off) the recording, during forwards with grad mode on (training, not
+  /// evaluation), of each head's largest pre-softmax logit.
+  virtual void record_attention_logits(bool /*on*/) {}
+  /// The largest logit of each head (attention_heads order) over the recorded forwards since the
+  /// previous call, -inf for a head that did not run; then starts a new record.
+  virtual std::vector<float> take_attention_logit_maxima() { return {}; }
 };
 
 }  // namespace mfsdp

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include "comm/mpi_backends.h"
@@ -63,6 +64,8 @@ struct Setup {
   bool split_qkv = false;
   double grad_clip = 1.0;
   uint64_t seed = kSeed;
+  std::function<void(EngineOptions&)> tweak;  ///< optional changes to test_options (variants)
+  int steps = kSteps;
 };
 
 struct Run {
@@ -82,14 +85,18 @@ Run train(Communicator& comm, Placement placement, int accum, int64_t B, const S
   const int W = comm.world_size(), r = comm.rank();
   GPT model(setup.cfg);
   Run run;
-  run.plan = make_plan(model.inventory(), W, placement, PlannerOptions{5, setup.split_qkv, false});
   EngineOptions opts = test_options(setup.split_qkv);
   opts.grad_clip = setup.grad_clip;
+  if (setup.tweak) setup.tweak(opts);
+  PlannerOptions popts{5, setup.split_qkv, false};
+  popts.orthogonalizer = opts.muon.orthogonalizer;
+  if (opts.muon.split_heads) popts.head_dim = model.attention_head_dim();
+  run.plan = make_plan(model.inventory(), W, placement, popts);
   ShardedEngine engine(model, comm, run.plan, opts);
   engine.init_parameters(setup.seed);
   comm.reset_counters();
   reset_newton_schulz_call_count();
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < setup.steps; ++s) {
     auto g = global_tokens(s, static_cast<int64_t>(W) * accum * B, kT, setup.cfg.vocab_size);
     std::vector<MicroBatch> micro;
     for (int k = 0; k < accum; ++k) micro.push_back(slice_batch(g, (static_cast<int64_t>(k) * W + r) * B, B, kT));
@@ -255,4 +262,167 @@ TEST_CASE("optimizer-step collective bytes: zero for matrixfsdp, at least the ma
   const double matrix_bytes = 4.0 * static_cast<double>(f2.plan.stats.muon_numel);
   CHECK(static_cast<double>(f2.counters.at(CommPhase::opt_step).bytes_received) >= kSteps * matrix_bytes * (W - 1) / W);
   if (W > 1) CHECK(f2.counters.at(CommPhase::opt_step).bytes_received > 0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Muon-family variants (orthogonalizers, NorMuon, per-head split, QK-Clip, overlapped backward):
+// each one under every placement, bitwise equal to world 1, and no optimizer-step traffic under
+// matrixfsdp. Registered at world sizes 1, 2 and 4 (tests/engine/CMakeLists.txt).
+// ------------------------------------------------------------------------------------------------
+namespace {
+
+Setup variant(const std::function<void(EngineOptions&)>& tweak) {
+  Setup s;
+  s.tweak = tweak;
+  return s;
+}
+
+void check_no_opt_step_bytes(const Setup& setup) {
+  Run mf = train(world(), Placement::matrixfsdp, 1, kGlobalSeqs / world().world_size(), setup);
+  CHECK(mf.counters.at(CommPhase::opt_step).bytes_sent == 0);
+  CHECK(mf.counters.at(CommPhase::opt_step).bytes_received == 0);
+}
+
+// The largest q.k/sqrt(d) of every (layer, head) of a GPT with all parameters local, over the
+// sequences [0, n) of `g`, computed in double from the layer inputs (the QK-Clip statistic).
+std::vector<double> direct_max_logits(GPT& model, const std::vector<int32_t>& g, int64_t n) {
+  NoGradGuard no_grad;
+  const GPTConfig& c = model.config();
+  const int64_t C = c.n_embd, H = c.n_head, d = C / H;
+  MicroBatch mb = slice_batch(g, 0, n, kT);
+  Tensor x = model.embed(mb.tokens);
+  std::vector<double> out;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    Tensor h = layer_norm(x, model.param(p + "ln_1.weight"), model.param(p + "ln_1.bias"));
+    const std::vector<float> qkv =
+        linear(h, model.param(p + "attn.c_attn.weight"), model.param(p + "attn.c_attn.bias")).to_vector();
+    for (int64_t hd = 0; hd < H; ++hd) {
+      double mx = -INFINITY;
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < kT; ++i)
+          for (int64_t j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < d; ++e)
+              dot += static_cast<double>(qkv[(b * kT + i) * 3 * C + hd * d + e]) * qkv[(b * kT + j) * 3 * C + C + hd * d + e];
+            mx = std::max(mx, dot / std::sqrt(static_cast<double>(d)));
+          }
+      out.push_back(mx);
+    }
+    x = model.block(l, x);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Polar Express, Gram Newton-Schulz and NorMuon: every placement bitwise equal to world 1",
+          "[variants][bitwise]") {
+  for (Orthogonalizer m : {Orthogonalizer::polar_express, Orthogonalizer::gram_newton_schulz}) {
+    INFO(orthogonalizer_name(m));
+    const Setup s = variant([m](EngineOptions& o) { o.muon.orthogonalizer = m; });
+    check_placements_bitwise(s, orthogonalizer_name(m));
+    check_no_opt_step_bytes(s);
+  }
+  const Setup nor = variant([](EngineOptions& o) { o.muon.variant = MuonVariant::normuon; });
+  check_placements_bitwise(nor, "normuon");
+  check_no_opt_step_bytes(nor);
+  // the per-row state exists, has one value per row, moved off zero, and NorMuon changed the run
+  const int W = world().world_size();
+  const Run& ref = world1_reference(W, kGlobalSeqs / W, nor, "normuon");
+  const Run& plain = world1_reference(W, kGlobalSeqs / W, Setup{}, "tied");
+  const std::vector<float>& v = ref.state.v.at("h.0.mlp.c_fc.weight");
+  CHECK(v.size() == 4u * 32u);
+  CHECK(*std::min_element(v.begin(), v.end()) > 0.0f);
+  CHECK(!same_bits(ref.params.at("h.0.mlp.c_fc.weight"), plain.params.at("h.0.mlp.c_fc.weight")));
+}
+
+TEST_CASE("split_heads: every placement bitwise equal to world 1, one orthogonalization per head block",
+          "[variants][bitwise]") {
+  const Setup heads = variant([](EngineOptions& o) { o.muon.split_heads = true; });
+  check_placements_bitwise(heads, "split_heads");
+  check_no_opt_step_bytes(heads);
+  // tiny GPT: 2 layers x 4 matrices; each c_attn [96, 32] with head_dim 8 is 12 blocks instead of 1
+  const Run run = train(world(), Placement::matrixfsdp, 1, kGlobalSeqs / world().world_size(), heads);
+  const int64_t calls = static_cast<int64_t>(
+      world().all_reduce_scalar(static_cast<double>(run.ns_calls), ReduceOp::sum, CommPhase::other));
+  CHECK(calls == kSteps * (run.plan.stats.muon_params + 2 * 11));
+  // NorMuon on the per-head blocks too
+  const Setup both = variant([](EngineOptions& o) {
+    o.muon.split_heads = true;
+    o.muon.variant = MuonVariant::normuon;
+  });
+  check_placements_bitwise(both, "split_heads+normuon", {Placement::matrixfsdp, Placement::fsdp2});
+}
+
+TEST_CASE("qk_clip: every placement bitwise equal to world 1; a tiny tau rescales q and k rows as computed directly",
+          "[variants][bitwise][qk_clip]") {
+  const Setup clip = variant([](EngineOptions& o) { o.qk_clip = 1e-3; });
+  check_placements_bitwise(clip, "qk_clip");
+  check_no_opt_step_bytes(clip);
+
+  const int W = world().world_size();
+  const int64_t B = kGlobalSeqs / W;
+  Setup one = clip, off;
+  one.steps = off.steps = 1;
+  off.tweak = nullptr;
+  const Run on_run = train(world(), Placement::matrixfsdp, 1, B, one), off_run = train(world(), Placement::matrixfsdp, 1, B, off);
+  GPT ref(tiny_config());
+  ref.allocate_local(kSeed);
+  const std::vector<double> mx = direct_max_logits(ref, global_tokens(0, kGlobalSeqs, kT, 65), kGlobalSeqs);
+  CHECK(on_run.stats[0].qk_clipped_heads == static_cast<int64_t>(mx.size()));  // every head is above 1e-3
+  CHECK(on_run.stats[0].max_attention_logit == Approx(*std::max_element(mx.begin(), mx.end())).epsilon(1e-5));
+  const int64_t C = 32, d = 8;
+  for (int l = 0; l < 2; ++l) {
+    const std::string w = "h." + std::to_string(l) + ".attn.c_attn.weight";
+    const std::vector<float>&a = on_run.params.at(w), &b = off_run.params.at(w);
+    for (int64_t row = 0; row < 3 * C; ++row) {
+      // q and k rows of head h scale by sqrt(tau / max_h); v rows are untouched
+      const double f = row < 2 * C ? std::sqrt(1e-3 / mx[static_cast<size_t>(l * 4 + (row % C) / d)]) : 1.0;
+      for (int64_t c = 0; c < C; ++c) {
+        INFO(w << " row " << row << " col " << c);
+        CHECK(a[row * C + c] == Approx(b[row * C + c] * f).epsilon(1e-5).margin(1e-12));
+      }
+    }
+  }
+  CHECK(same_bits(on_run.params.at("h.0.mlp.c_fc.weight"), off_run.params.at("h.0.mlp.c_fc.weight")));
+  // a large tau never triggers: the same bits as without QK-Clip
+  Setup large = off;
+  large.tweak = [](EngineOptions& o) { o.qk_clip = 1e6; };
+  large.steps = kSteps;
+  const Run big = train(world(), Placement::matrixfsdp, 1, B, large);
+  for (const StepStats& st : big.stats) CHECK(st.qk_clipped_heads == 0);
+  check_bitwise(big, world1_reference(W, B, Setup{}, "tied"));
+}
+
+TEST_CASE("overlap_backward: bitwise equal to the step after the backward, under every placement",
+          "[variants][bitwise][overlap]") {
+  const int W = world().world_size();
+  for (MuonVariant v : {MuonVariant::muon, MuonVariant::normuon}) {
+    Setup plain = variant([v](EngineOptions& o) { o.muon.variant = v; }), overlap = plain;
+    plain.grad_clip = overlap.grad_clip = 0.0;
+    overlap.tweak = [v](EngineOptions& o) {
+      o.muon.variant = v;
+      o.overlap_backward = true;
+    };
+    for (int A : {1, 2})
+      for (Placement p : {Placement::matrixfsdp, Placement::fsdp2, Placement::zero1, Placement::ddp}) {
+        INFO(muon_variant_name(v) << " " << placement_name(p) << " at world " << W << ", A = " << A);
+        const int64_t B = kGlobalSeqs / (static_cast<int64_t>(W) * A);
+        const Run a = train(world(), p, A, B, overlap);
+        double overlapped = 0;  // the orthogonalizations did run during backward
+        for (const StepStats& st : a.stats) overlapped += st.t_overlap;
+        CHECK(overlapped > 0);
+        check_bitwise(a, train(world(), p, A, B, plain));
+        if (A > 1 && (p == Placement::zero1 || p == Placement::ddp)) continue;
+        check_bitwise(a, world1_reference(W * A, B, plain, std::string("noclip-") + muon_variant_name(v)));
+        if (p == Placement::matrixfsdp) CHECK(a.counters.at(CommPhase::opt_step).bytes_received == 0);
+      }
+  }
+  // clipping would change the Muon input after the backward: refused
+  GPT model(tiny_config());
+  EngineOptions bad = test_options();
+  bad.overlap_backward = true;
+  const ShardPlan plan = make_plan(model.inventory(), W, Placement::matrixfsdp);
+  CHECK_THROWS_WITH(ShardedEngine(model, world(), plan, bad), Catch::Contains("training.grad_clip"));
 }

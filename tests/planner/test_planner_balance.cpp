@@ -116,3 +116,45 @@ TEST_CASE("per-unit segments: no unit concentrates on one rank when ranks suffic
     REQUIRE(plan.stats.unit_ratio(0) < 1.01);
   }
 }
+
+TEST_CASE("the LPT bound holds for every orthogonalizer and the per-head split", "[balance]") {
+  // The cost model follows the method: gram_newton_schulz makes the 4C x C MLP matrices cheaper
+  // relative to the square ones, and split_heads cuts c_attn into n_head*3 small blocks, so the
+  // owners change; the 4/3 bound on the max load must hold for each cost model.
+  const auto cfg = gpt2_124m();
+  const auto inv = gpt_inventory(cfg);
+  const int64_t head_dim = cfg.n_embd / cfg.n_head;
+  for (Orthogonalizer method :
+       {Orthogonalizer::newton_schulz5, Orthogonalizer::polar_express, Orthogonalizer::gram_newton_schulz})
+    for (int64_t hd : {int64_t{0}, head_dim}) {
+      PlannerOptions opt;
+      opt.orthogonalizer = method;
+      opt.head_dim = hd;
+      for (int N : {2, 3, 5, 8, 13, 29}) {
+        const auto plan = make_plan(inv, N, Placement::matrixfsdp, opt);
+        std::vector<double> items;
+        for (const auto& s : plan.shards)
+          if (s.optimizer == OptimizerKind::muon) items.push_back(shard_muon_flops(s, opt));
+        std::sort(items.rbegin(), items.rend());
+        double bound = std::max(std::accumulate(items.begin(), items.end(), 0.0) / N, items.front());
+        if (static_cast<int>(items.size()) > N) bound = std::max(bound, items[N - 1] + items[N]);
+        const auto load = muon_load(plan);
+        INFO(orthogonalizer_name(method) << " head_dim " << hd << " N " << N);
+        REQUIRE(*std::max_element(load.begin(), load.end()) <= 4.0 / 3.0 * bound * (1.0 + 1e-12));
+      }
+    }
+  // The cost values themselves: c_attn [2304, 768] split per head is 36 blocks of [64, 768];
+  // mlp.c_fc [3072, 768] under gram_newton_schulz costs 8 m^2 n + 28 m^3 with m = 768, n = 3072.
+  PlannerOptions heads;
+  heads.head_dim = head_dim;
+  heads.orthogonalizer = Orthogonalizer::polar_express;
+  const auto plan = make_plan(inv, 4, Placement::matrixfsdp, heads);
+  REQUIRE(shard_muon_flops(plan.shard("h.0.attn.c_attn.weight"), heads) == 36.0 * muon_flops(64, 768, 5));
+  PlannerOptions gram;
+  gram.orthogonalizer = Orthogonalizer::gram_newton_schulz;
+  const double m = 768, n = 3072;
+  REQUIRE(shard_muon_flops(plan.shard("h.0.mlp.c_fc.weight"), gram) == 8 * m * m * n + 28 * m * m * m);
+  // a plan's JSON keeps both options
+  const ShardPlan back = ShardPlan::from_json(plan.to_json());
+  REQUIRE(back.options == heads);
+}

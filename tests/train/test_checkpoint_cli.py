@@ -14,6 +14,9 @@ usage: test_checkpoint_cli.py BIN_DIR CASE   with CASE one of
   full_disk  checkpoints on a full filesystem (a 700 KiB tmpfs; skipped when it cannot be mounted)
   preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
              gives the same bytes as an uninterrupted run
+  variants   NorMuon (per-row state saved as the Muon tensors' v) with polar_express, split_heads and
+             qk_clip: save/resume under matrixfsdp and fsdp2 == the uninterrupted run, resharded from
+             world 2 to world 1; a plain-Muon checkpoint is refused by a NorMuon run
 Exit 0 on success, 1 on failure, 77 when skipped.
 """
 import hashlib
@@ -133,6 +136,43 @@ def case_resume(bin_dir, tmp):
     check(rc == 0 and "resumed at step 3" in out, f"resume after kill -9 failed ({rc})")
     if rc == 0:
         same_as(ref, run, "resume after kill -9")
+
+
+def case_variants(bin_dir, tmp):
+    variant = ["schedule.decay=constant", "optimizer.muon.variant=normuon", "optimizer.muon.orthogonalizer=polar_express",
+               "optimizer.muon.split_heads=true", "optimizer.muon.qk_clip=0.05"]
+    for placement in ("matrixfsdp", "fsdp2"):
+        ref = full_run(bin_dir, tmp, f"nfull_{placement}", 2, 8, f"sharding.placement={placement}", *variant)
+        run = os.path.join(tmp, f"nsplit_{placement}")
+        rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=4", f"sharding.placement={placement}", *variant)
+        check(rc == 0, f"normuon {placement}: first half failed")
+        manifest = json.load(open(os.path.join(run, "checkpoints", "step_00000004", "manifest.json")))
+        fc = [t for t in manifest["tensors"] if t["name"] == "h.0.mlp.c_fc.weight"][0]
+        check(sum(p["numel"] for p in fc["pieces"].get("v", [])) == fc["shape"][0],
+              f"normuon {placement}: the Muon v pieces do not cover the {fc['shape'][0]} rows: {fc['pieces'].get('v')}")
+        rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", f"sharding.placement={placement}",
+                        "training.resume=auto", f"output.export={run}.safetensors", *variant)
+        check(rc == 0 and "resumed at step 4" in out, f"normuon {placement}: resume failed ({rc})")
+        if rc == 0:
+            same_as(ref, run, f"normuon {placement} resume")
+        rc, out = ckpt_tool(bin_dir, "verify", os.path.join(run, "checkpoints", "step_00000008"))
+        check(rc == 0 and "all checksums match" in out, f"normuon {placement}: verify: {rc} {out[-300:]}")
+    # world 2 -> world 1 with the same global batch (grad_accum 2)
+    ref, save = os.path.join(tmp, "nfull_matrixfsdp"), os.path.join(tmp, "nsplit_matrixfsdp")
+    run = os.path.join(tmp, "nto1")
+    rc, out = train(bin_dir, 1, f"logging.run_dir={run}", "training.steps=8", "training.grad_accum=2",
+                    f"training.resume={os.path.join(save, 'checkpoints', 'step_00000004')}",
+                    f"output.export={run}.safetensors", *variant)
+    check(rc == 0, f"normuon world 2 -> 1 failed ({rc})")
+    if rc == 0:
+        same_as(ref, run, "normuon world 2 -> world 1", compare_losses=False)
+    # a checkpoint without the per-row state cannot continue a NorMuon run
+    plain = os.path.join(tmp, "plain")
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={plain}", "training.steps=2")
+    check(rc == 0, "plain run failed")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={os.path.join(tmp, 'mixed')}", "training.steps=4",
+                    f"training.resume={os.path.join(plain, 'checkpoints', 'step_00000002')}", *variant, expect=None)
+    check(rc == 2 and "NorMuon per-row state" in out, f"muon checkpoint into a normuon run: {rc} {out[-400:]}")
 
 
 def ckpt_tool(bin_dir, *args):
