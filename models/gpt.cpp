@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "runtime/autograd.h"
 #include "runtime/ops.h"
 
 namespace mfsdp {
