@@ -1,4 +1,4 @@
-// mfsdp-train: config-driven pretraining of a GPT with MatrixFSDP.
+// mfsdp-train: config-driven pretraining of GPT-2 and Llama models with MatrixFSDP.
 //   mpirun -np N mfsdp-train --config configs/X.json [--set key.path=value ...] [--print-config] [--eval-only]
 // Without mpirun it runs as world size 1. Exit codes: 0 success, 2 bad input (command line, config,
 // data, model file, checkpoint, ranks that disagree; reported on every rank before training),

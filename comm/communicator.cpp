@@ -1,4 +1,4 @@
-// Backend-independent parts of the comm layer: names, counters, MPI session, argument checks,
+// Backend-independent parts of the comm layer: names, counters, argument checks,
 // byte formulas, debug signatures, the fatal-error path and the host rank-ordered reduction.
 #include <sched.h>
 

@@ -1,4 +1,4 @@
-// Error-checking helpers shared by the CUDA backend sources (runtime/cuda/*.cu). Internal header:
+// The one CUDA / cuBLAS error-check family of the project (runtime/cuda, optim and comm .cu files). Internal header:
 // include only from .cu files compiled with MFSDP_WITH_CUDA.
 #pragma once
 #include <cublas_v2.h>

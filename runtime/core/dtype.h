@@ -1,4 +1,4 @@
-// Element types and devices shared by every module (comm is the lowest layer, so they live here).
+// Element types and devices shared by every layer (the bottom of runtime/, below comm/ and planner/).
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -500,7 +500,9 @@ class CudaKernels final : public Kernels {
 
   void attention_max_logits(const float* qkv, float* max_out, int64_t B, int64_t T, int64_t C, int64_t H) override {
     if (B <= 0 || T <= 0 || C <= 0) return;
-    check_heads(C, H, "attention_max_logits");
+    if (H <= 0 || C % H != 0)
+      throw std::invalid_argument("[attention_max_logits] C=" + std::to_string(C) + " not divisible by H=" +
+                                  std::to_string(H));
     const float scale = 1.0f / std::sqrt(static_cast<float>(C / H));
     attention_max_logits_kernel<<<to_int(B * H, "attention_max_logits", "B*H"), kThreads>>>(qkv, max_out, T, C, H,
                                                                                            scale);
