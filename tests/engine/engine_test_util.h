@@ -2,6 +2,7 @@
 // unsharded reference trainer (plain Muon + AdamW on full tensors, no communicator).
 #pragma once
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -39,6 +40,12 @@ inline EngineOptions test_options(bool split_qkv = false) {
   o.grad_clip = 1.0;
   return o;
 }
+
+/// Bitwise equality (memcmp) of two f32 vectors / two doubles.
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+inline bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
 
 /// Global batch of `n` sequences for `step`: tokens[i] and targets (tokens shifted), deterministic.
 inline std::vector<int32_t> global_tokens(int64_t step, int64_t n, int64_t T, int vocab) {

@@ -54,11 +54,6 @@ Run train(Communicator& shard, Communicator* replicas, Placement p, int accum, i
   return run;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
-
 void check_bitwise(const Run& run, const Run& ref) {
   for (int s = 0; s < kSteps; ++s) {
     INFO("step " << s << ": loss " << run.stats[s].loss << " vs " << ref.stats[s].loss);

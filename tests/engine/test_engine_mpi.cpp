@@ -110,11 +110,6 @@ Run train(Communicator& comm, Placement placement, int accum, int64_t B, const S
   return run;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
-
 // The world-1 run with W*A micro-batches of B sequences, computed on every rank (MPI_COMM_SELF).
 const Run& world1_reference(int micro_batches, int64_t B, const Setup& setup, const std::string& key) {
   static std::map<std::string, Run> cache;
