@@ -514,6 +514,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
   if (c.sharding.replicate > 1 && c.sharding.placement == Placement::ddp)
     r.fail("sharding.replicate", "ddp is already fully replicated; use matrixfsdp, fsdp2 or zero1 with replicate > 1");
+  if (c.sharding.replicate > 1 && c.optim.overlap_backward)
+    r.fail("sharding.replicate", "optimizer.muon.overlap_backward is not supported with replicate > 1");
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);

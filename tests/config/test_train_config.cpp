@@ -164,6 +164,9 @@ TEST_CASE("sharding.replicate (HSDP) is parsed, echoed and refused with ddp", "[
                     Contains("sharding.replicate: must be >= 1, got 0"));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"replicate": 2, "placement": "ddp"}})"),
                     Contains("sharding.replicate: ddp is already fully replicated"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"replicate": 2}, "training": {"grad_clip": 0},
+                                               "optimizer": {"muon": {"overlap_backward": true}}})"),
+                    Contains("sharding.replicate: optimizer.muon.overlap_backward is not supported"));
 }
 
 TEST_CASE("model.arch llama: defaults, derived widths, errors naming the key", "[config]") {
