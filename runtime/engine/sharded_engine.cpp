@@ -4,6 +4,7 @@
 #include "runtime/engine/sharded_engine.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -42,6 +43,18 @@ EngineOptions resolve_options(const EngineOptions& in, const UnitModel& model) {
             "optimizer.muon.overlap_backward needs training.grad_clip = 0 (clipping changes the Muon input after "
             "the whole backward), got grad_clip " + std::to_string(o.grad_clip));
   return o;
+}
+
+// One all_gather_host over `comm`: element 0 summed over ranks, the others maxed.
+std::array<double, 6> reduce_step_stats(Communicator& comm, const std::array<double, 6>& local) {
+  std::vector<std::array<double, 6>> all(static_cast<size_t>(comm.world_size()));
+  comm.all_gather_host(local.data(), all.data(), sizeof(local), CommPhase::other);
+  std::array<double, 6> out = {0, 0, 0, 0, 0, 0};
+  for (const auto& r : all) {
+    out[0] += r[0];
+    for (int i = 1; i < 6; ++i) out[i] = std::max(out[i], r[i]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -127,36 +140,23 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   st.t_optimizer = now_seconds() - t_opt;
   st.t_total = now_seconds() - t_start;
 
-  // 4. step statistics reduced once: token count (sum) and phase times (max over ranks)
-  double local[6] = {static_cast<double>(local_tokens), st.t_forward, st.t_backward, st.t_reduce, st.t_optimizer,
-                     st.t_total};
-  std::vector<double> all(6 * static_cast<size_t>(world_));
-  comm_.all_gather_host(local, all.data(), sizeof(local), CommPhase::other);
-  double reduced[6] = {0, 0, 0, 0, 0, 0};
-  for (int r = 0; r < world_; ++r) {
-    reduced[0] += all[6 * r];
-    for (int i = 1; i < 6; ++i) reduced[i] = std::max(reduced[i], all[6 * r + i]);
-  }
-  st.tokens = static_cast<int64_t>(reduced[0]);
-  st.t_forward = reduced[1];
-  st.t_backward = reduced[2];
-  st.t_reduce = reduced[3];
-  st.t_optimizer = reduced[4];
-  st.t_total = reduced[5];
-  if (replicas_) reduce_stats_over_replicas(st);
+  // 4. step statistics reduced once (and once more over HSDP replicas): tokens summed, phase times maxed
+  std::array<double, 6> stats = {static_cast<double>(local_tokens), st.t_forward, st.t_backward, st.t_reduce,
+                                 st.t_optimizer, st.t_total};
+  stats = reduce_step_stats(comm_, stats);
+  if (replicas_) stats = reduce_step_stats(*replicas_, stats);
+  st.tokens = static_cast<int64_t>(stats[0]);
+  st.t_forward = stats[1];
+  st.t_backward = stats[2];
+  st.t_reduce = stats[3];
+  st.t_optimizer = stats[4];
+  st.t_total = stats[5];
   return st;
 }
 
 ExactSum ShardedEngine::sum_over_world(const ExactSum& local) {
   ExactSum group = all_reduce_exact(comm_, local, CommPhase::other);
   return replicas_ ? all_reduce_exact(*replicas_, group, CommPhase::other) : group;
-}
-
-void ShardedEngine::reduce_stats_over_replicas(StepStats& st) {
-  st.tokens = static_cast<int64_t>(
-      replicas_->all_reduce_scalar(static_cast<double>(st.tokens), ReduceOp::sum, CommPhase::other));
-  for (double* t : {&st.t_forward, &st.t_backward, &st.t_reduce, &st.t_optimizer, &st.t_total})
-    *t = replicas_->all_reduce_scalar(*t, ReduceOp::max, CommPhase::other);
 }
 
 // QK-Clip: each head's largest logit of the step, the maximum over ranks (exact, so the same at

@@ -149,8 +149,7 @@ class ShardedEngine {
   std::vector<OwnedPiece*> contributed_pieces();
   /// Exact sum of `local` over every rank of every replica.
   ExactSum sum_over_world(const ExactSum& local);
-  /// HSDP: token count summed and phase times maxed over the replicas (st already over the shard group).
-  void reduce_stats_over_replicas(StepStats& st);
+
 
   UnitModel& model_;
   Communicator& comm_;
