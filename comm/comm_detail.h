@@ -64,12 +64,16 @@ void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const Call
                      double timeout_seconds = 0);
 
 /// Throws std::invalid_argument naming `op` when `reduce` is accumulate and either the call is
-/// not a reduce-scatter (`allow_accumulate` false) or the dtype is not f32.
+/// not a reduce-scatter (`allow_accumulate` false) or the contributions are neither f32 nor bf16.
 void check_reduce_op(const char* op, ReduceOp reduce, DType dt, bool allow_accumulate);
+
+/// Bytes per element of a reduce-scatter's `recv` buffer: f32 for accumulate, else the dtype's.
+inline int64_t recv_elem_bytes(DType dt, ReduceOp op) { return op == ReduceOp::accumulate ? 4 : dtype_size(dt); }
 
 /// Rank-ordered reduction of one chunk on the host, in f32: sum/mean start from +0 (accumulate
 /// from `out`'s f32 values) and add srcs[0][i], srcs[1][i], ... in that order; max takes the
-/// maximum. The result is written to `out` in dtype `dt` (mean divides by srcs.size()).
+/// maximum. The result is written to `out` in dtype `dt` (mean divides by srcs.size()), except
+/// for accumulate, whose `out` is always f32 (the srcs may be bf16).
 /// `out` may alias the source of this rank except for accumulate; `acc` needs n floats.
 void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_t n, DType dt,
                          ReduceOp op, float* acc);

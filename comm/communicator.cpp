@@ -274,8 +274,9 @@ void check_reduce_op(const char* op, ReduceOp reduce, DType dt, bool allow_accum
   if (reduce != ReduceOp::accumulate) return;
   if (!allow_accumulate)
     throw std::invalid_argument(std::string("[") + op + "] ReduceOp::accumulate is only defined for reduce_scatter(_v)");
-  if (dt != DType::f32)
-    throw std::invalid_argument(std::string("[") + op + "] ReduceOp::accumulate needs f32 buffers, got " + dtype_name(dt));
+  if (dt != DType::f32 && dt != DType::bf16)
+    throw std::invalid_argument(std::string("[") + op + "] ReduceOp::accumulate needs f32 or bf16 contributions, got " +
+                                dtype_name(dt));
 }
 
 void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_t n, DType dt,
@@ -307,7 +308,7 @@ void host_ordered_reduce(const std::vector<const void*>& srcs, void* out, int64_
       for (int64_t i = 0; i < n; ++i) acc[i] /= div;
     }
   }
-  if (dt == DType::f32) {
+  if (dt == DType::f32 || op == ReduceOp::accumulate) {  // accumulate's running sums are f32
     std::copy(acc, acc + n, static_cast<float*>(out));
   } else {
     bf16* o = static_cast<bf16*>(out);

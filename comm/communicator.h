@@ -19,8 +19,10 @@ const char* comm_phase_name(CommPhase p);
 
 /// Reduction operator. `mean` is the sum divided by the world size (after summation).
 /// max is supported by every reduction; all_reduce_scalar supports sum and max (mean too).
-/// `accumulate` (reduce_scatter and reduce_scatter_v, f32 only) adds every rank's contribution,
-/// in rank order, onto the values already in `recv`: recv = ((recv + c_0) + c_1) + ... + c_{N-1}.
+/// `accumulate` (reduce_scatter and reduce_scatter_v only) adds every rank's contribution, in
+/// rank order, onto the values already in `recv`: recv = ((recv + c_0) + c_1) + ... + c_{N-1}.
+/// `recv` is always f32; `send` is f32, or bf16 (mixed precision: half the bytes on the wire,
+/// each contribution widened to f32 exactly, the additions in f32 on the owner).
 /// It is how gradient accumulation over micro-batches stays bitwise independent of the world
 /// size: each owned element receives the same sequence of f32 additions as at world size 1.
 enum class ReduceOp { sum, mean, max, accumulate };

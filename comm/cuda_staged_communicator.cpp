@@ -93,9 +93,10 @@ class CudaStagedCommunicator final : public Communicator {
     Scope s(this, ph);
     detail::check_reduce_op("reduce_scatter", op, dt, true);
     void* hs = to_host(hsend_, send, count * world_size() * e, call);
-    void* hr = op == ReduceOp::accumulate ? to_host(hrecv_, recv, count * e, call) : hrecv_.get(count * e);
+    const int64_t re = detail::recv_elem_bytes(dt, op);
+    void* hr = op == ReduceOp::accumulate ? to_host(hrecv_, recv, count * re, call) : hrecv_.get(count * re);
     mpi_->reduce_scatter(hs, hr, count, dt, op, ph);
-    to_device(recv, hr, count * e, call);
+    to_device(recv, hr, count * re, call);
   }
   void reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts, DType dt,
                         ReduceOp op, CommPhase ph) override {
@@ -106,10 +107,11 @@ class CudaStagedCommunicator final : public Communicator {
     Scope s(this, ph);
     detail::check_reduce_op("reduce_scatter_v", op, dt, true);
     void* hs = to_host(hsend_, send, total * e, call);
-    void* hr = op == ReduceOp::accumulate ? to_host(hrecv_, recv, counts[rank()] * e, call)
-                                          : hrecv_.get(counts[rank()] * e);
+    const int64_t re = detail::recv_elem_bytes(dt, op);
+    void* hr = op == ReduceOp::accumulate ? to_host(hrecv_, recv, counts[rank()] * re, call)
+                                          : hrecv_.get(counts[rank()] * re);
     mpi_->reduce_scatter_v(hs, hr, counts, dt, op, ph);
-    to_device(recv, hr, counts[rank()] * e, call);
+    to_device(recv, hr, counts[rank()] * re, call);
   }
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) override {
     const int64_t e = dtype_size(dt);

@@ -187,7 +187,7 @@ void MpiCommunicator::reduce_scatter_v_impl(const void* send, void* recv,
     for (int j = 0; j < world_; ++j)
       srcs[j] = j == rank_ ? static_cast<const void*>(cbytes(send) + (off[rank_] + base) * e)
                            : static_cast<const void*>(stage_.data() + j * my_chunk * e);
-    detail::host_ordered_reduce(srcs, bytes(recv) + base * e, n_me, dt, op, acc_.data());
+    detail::host_ordered_reduce(srcs, bytes(recv) + base * detail::recv_elem_bytes(dt, op), n_me, dt, op, acc_.data());
   }
 }
 

@@ -305,7 +305,8 @@ class NcclCommunicator final : public Communicator {
       nccl_check(ncclGroupEnd(), call, "ncclGroupEnd");
       if (n_me == 0) continue;
       detail::launch_ordered_reduce(stage_, my_chunk, cbytes(send) + (off[rank_] + base) * e,
-                                    rank_, world_, bytes(recv) + base * e, n_me, dt, op, stream_);
+                                    rank_, world_, bytes(recv) + base * detail::recv_elem_bytes(dt, op), n_me, dt, op,
+                                    stream_);
       cuda_check(cudaGetLastError(), call, "ordered_reduce kernel launch");
     }
   }

@@ -26,10 +26,11 @@ __device__ __forceinline__ float load_f32<uint16_t>(const uint16_t* p, int64_t i
   return bf16_bits_to_f32(p[i]);
 }
 
-template <typename T>
+// T: the contributions' type; O: the output's (T, or float for accumulate).
+template <typename T, typename O>
 __global__ void ordered_reduce_kernel(const T* stage, int64_t stride, const T* own, int own_index,
-                                      int nsrc, T* out, int64_t n, int op) {
-  // op: 0 sum, 1 mean, 2 max, 3 accumulate (T = float; start from out's value)
+                                      int nsrc, O* out, int64_t n, int op) {
+  // op: 0 sum, 1 mean, 2 max, 3 accumulate (O = float; start from out's value)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     float acc;
@@ -41,7 +42,7 @@ __global__ void ordered_reduce_kernel(const T* stage, int64_t stride, const T* o
       for (int j = 0; j < nsrc; ++j) acc = acc + load_f32(j == own_index ? own : stage + j * stride, i);
       if (op == 1) acc = acc / static_cast<float>(nsrc);
     }
-    if constexpr (sizeof(T) == 4) out[i] = acc;
+    if constexpr (sizeof(O) == 4) out[i] = acc;
     else out[i] = f32_to_bf16_bits(acc);
   }
 }
@@ -57,11 +58,15 @@ void launch_ordered_reduce(const void* stage, int64_t stride, const void* own, i
   const int blocks = static_cast<int>(want < 65535 ? want : 65535);
   const int o = op == ReduceOp::sum ? 0 : op == ReduceOp::mean ? 1 : op == ReduceOp::max ? 2 : 3;
   if (dt == DType::f32)
-    ordered_reduce_kernel<float><<<blocks, threads, 0, stream>>>(
+    ordered_reduce_kernel<float, float><<<blocks, threads, 0, stream>>>(
         static_cast<const float*>(stage), stride, static_cast<const float*>(own), own_index, nsrc,
         static_cast<float*>(out), n, o);
+  else if (op == ReduceOp::accumulate)  // bf16 contributions onto f32 running sums
+    ordered_reduce_kernel<uint16_t, float><<<blocks, threads, 0, stream>>>(
+        static_cast<const uint16_t*>(stage), stride, static_cast<const uint16_t*>(own), own_index,
+        nsrc, static_cast<float*>(out), n, o);
   else
-    ordered_reduce_kernel<uint16_t><<<blocks, threads, 0, stream>>>(
+    ordered_reduce_kernel<uint16_t, uint16_t><<<blocks, threads, 0, stream>>>(
         static_cast<const uint16_t*>(stage), stride, static_cast<const uint16_t*>(own), own_index,
         nsrc, static_cast<uint16_t*>(out), n, o);
 }

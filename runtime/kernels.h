@@ -32,6 +32,12 @@ class Kernels {
   /// trans_a), op(B) is [K,N] (B stored [N,K] when trans_b).
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float* A, const float* B, float beta, float* C) = 0;
+  /// The same with bf16 operands A and B (same layouts) and f32 accumulation and output: the
+  /// mixed-precision GEMM (bf16 x bf16 products are exact in f32, so only the summation order
+  /// differs between backends). CPU: widened to f32, then gemm; CUDA: cublasGemmEx with
+  /// CUDA_R_16BF inputs and CUBLAS_COMPUTE_32F (tensor cores).
+  virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void* A, const void* B, float beta, float* C) = 0;
   /// y[N,C] += b[C] broadcast over rows
   virtual void add_bias(float* y, const float* b, int64_t rows, int64_t cols) = 0;
   /// db[C] += sum over rows of dy[N,C]

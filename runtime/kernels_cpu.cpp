@@ -90,6 +90,15 @@ class CpuKernels final : public Kernels {
     for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
   }
 
+  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
+                 float beta, float* C) override {
+    widened_a_.resize(static_cast<size_t>(M * K));
+    widened_b_.resize(static_cast<size_t>(K * N));
+    convert(A, DType::bf16, widened_a_.data(), DType::f32, M * K);
+    convert(B, DType::bf16, widened_b_.data(), DType::f32, K * N);
+    gemm(ta, tb, M, N, K, alpha, widened_a_.data(), widened_b_.data(), beta, C);
+  }
+
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B,
             float beta, float* C) override {
     MapMat c(C, M, N);
@@ -454,6 +463,9 @@ class CpuKernels final : public Kernels {
       dlogits[n * Vp + targets[n]] -= dloss;
     }
   }
+
+ private:
+  std::vector<float> widened_a_, widened_b_;  // gemm_bf16's f32 copies of its operands (reused)
 };
 
 }  // namespace

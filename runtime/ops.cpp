@@ -22,7 +22,25 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
 
 float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_f32() : nullptr; }
 
+thread_local DType t_matmul_dtype = DType::f32;
+
+// C = alpha op(A) op(B) + beta C with A and B both f32 or both bf16 (then f32 accumulation).
+void gemm_as_stored(Kernels& k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+                    float beta, float* C) {
+  if (A.dtype() == DType::bf16) k.gemm_bf16(ta, tb, M, N, K, 1.0f, A.data_ptr(), B.data_ptr(), beta, C);
+  else k.gemm(ta, tb, M, N, K, 1.0f, A.data_f32(), B.data_f32(), beta, C);
+}
+
 }  // namespace
+
+DType matmul_dtype() { return t_matmul_dtype; }
+
+MatmulDTypeScope::MatmulDTypeScope(DType dt) : prev_(t_matmul_dtype) {
+  check_arg(dt == DType::f32 || dt == DType::bf16, "MatmulDTypeScope",
+            std::string("matmuls run in f32 or bf16, not ") + dtype_name(dt));
+  t_matmul_dtype = dt;
+}
+MatmulDTypeScope::~MatmulDTypeScope() { t_matmul_dtype = prev_; }
 
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   const char* op = "linear";
@@ -43,15 +61,19 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   out_shape.back() = out_f;
   Tensor y = Tensor::empty(out_shape, DType::f32, x.device());
   Kernels& k = kernels(x.device());
-  k.gemm(false, true, N, out_f, in, 1.0f, x.data_f32(), W.data_f32(), 0.0f, y.data_f32());
+  // bf16 matmuls: the operands are rounded once and kept for the backward (as autocast keeps its casts)
+  const bool half = matmul_dtype() == DType::bf16;
+  const Tensor xm = half ? x.to(DType::bf16) : x, Wm = half ? W.to(DType::bf16) : W;
+  gemm_as_stored(k, false, true, N, out_f, in, xm, Wm, 0.0f, y.data_f32());
   if (b.defined()) k.add_bias(y.data_f32(), b.data_f32(), N, out_f);
   if (needs_grad({&x, &W, &b})) {
-    record(y, op, {x, W, b}, [x, W, b, N, in, out_f](const Tensor& dy) {
+    record(y, op, {x, W, b}, [x, W, b, xm, Wm, N, in, out_f](const Tensor& dy) {
       Kernels& k = kernels(dy.device());
+      const Tensor dym = xm.dtype() == DType::bf16 ? dy.to(DType::bf16) : dy;
       if (x.requires_grad())  // dx[N, in] += dy[N, out] W[out, in]
-        k.gemm(false, false, N, in, out_f, 1.0f, dy.data_f32(), W.data_f32(), 1.0f, grad_buffer(x).data_f32());
+        gemm_as_stored(k, false, false, N, in, out_f, dym, Wm, 1.0f, grad_buffer(x).data_f32());
       if (W.requires_grad())  // dW[out, in] += dy^T x
-        k.gemm(true, false, out_f, in, N, 1.0f, dy.data_f32(), x.data_f32(), 1.0f, grad_buffer(W).data_f32());
+        gemm_as_stored(k, true, false, out_f, in, N, dym, xm, 1.0f, grad_buffer(W).data_f32());
       if (b.defined() && b.requires_grad()) k.bias_grad(grad_buffer(b).data_f32(), dy.data_f32(), N, out_f);
     });
   }

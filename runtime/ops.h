@@ -8,8 +8,27 @@
 
 namespace mfsdp {
 
+/// The dtype linear layers multiply in on this thread: f32 (the default) or bf16, where both GEMM
+/// operands (x and W forward; dy with W or x backward) are rounded to bf16 and the products are
+/// accumulated in f32 (torch.autocast(dtype=torch.bfloat16) semantics for matmuls; cuBLAS tensor
+/// cores on CUDA). Everything else (norms, attention, softmax, losses) stays f32.
+DType matmul_dtype();
+
+/// Sets matmul_dtype() for this thread until the scope ends (f32 or bf16; throws
+/// std::invalid_argument otherwise).
+class MatmulDTypeScope {
+ public:
+  explicit MatmulDTypeScope(DType dt);
+  ~MatmulDTypeScope();
+  MatmulDTypeScope(const MatmulDTypeScope&) = delete;
+  MatmulDTypeScope& operator=(const MatmulDTypeScope&) = delete;
+
+ private:
+  DType prev_;
+};
+
 /// y = x W^T + b. x [..., in], W [out, in] (PyTorch Linear convention), b [out] or undefined.
-/// Returns [..., out].
+/// Returns [..., out]. The GEMMs run in matmul_dtype().
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b = Tensor());
 /// Elementwise a + b (same shape; the residual add).
 Tensor add(const Tensor& a, const Tensor& b);

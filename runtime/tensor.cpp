@@ -1,5 +1,6 @@
 #include "runtime/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -155,11 +156,18 @@ Tensor Tensor::to(DType dt) const {
   return out;
 }
 
+namespace {
+std::atomic<int64_t> g_host_device_bytes{0};
+}  // namespace
+
+int64_t host_device_copy_bytes() { return g_host_device_bytes.load(std::memory_order_relaxed); }
+
 void Tensor::copy_from(const Tensor& src) const {
   check_arg(src.numel() == numel_ && src.dtype() == dtype_, "copy_from", describe() + " <- " + src.describe());
   const int64_t bytes = nbytes();
   if (bytes == 0) return;
   const Device a = device(), b = src.device();
+  if (a != b) g_host_device_bytes.fetch_add(bytes, std::memory_order_relaxed);
   if (a == Device::CPU && b == Device::CPU) std::memcpy(data_ptr(), src.data_ptr(), bytes);
   else if (a == Device::CUDA && b == Device::CPU) cuda::copy_h2d(data_ptr(), src.data_ptr(), bytes);
   else if (a == Device::CPU && b == Device::CUDA) cuda::copy_d2h(data_ptr(), src.data_ptr(), bytes);
@@ -170,16 +178,24 @@ void Tensor::copy_from_host(const void* src) const {
   const int64_t bytes = nbytes();
   if (bytes == 0) return;
   check_arg(src != nullptr, "copy_from_host", "null source for " + describe());
-  if (device() == Device::CPU) std::memcpy(data_ptr(), src, bytes);
-  else cuda::copy_h2d(data_ptr(), src, bytes);
+  if (device() == Device::CPU) {
+    std::memcpy(data_ptr(), src, bytes);
+  } else {
+    g_host_device_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    cuda::copy_h2d(data_ptr(), src, bytes);
+  }
 }
 
 void Tensor::copy_to_host(void* dst) const {
   const int64_t bytes = nbytes();
   if (bytes == 0) return;
   check_arg(dst != nullptr, "copy_to_host", "null destination for " + describe());
-  if (device() == Device::CPU) std::memcpy(dst, data_ptr(), bytes);
-  else cuda::copy_d2h(dst, data_ptr(), bytes);
+  if (device() == Device::CPU) {
+    std::memcpy(dst, data_ptr(), bytes);
+  } else {
+    g_host_device_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    cuda::copy_d2h(dst, data_ptr(), bytes);
+  }
 }
 
 void Tensor::fill(float value) const {

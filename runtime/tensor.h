@@ -141,4 +141,9 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;
 };
 
+/// Bytes moved between host and device by Tensor copies (copy_from across devices, to(Device),
+/// copy_from_host / copy_to_host of device tensors) since the process started; thread-safe.
+/// Telemetry: a step on a GPU that suddenly moves weight-sized bytes fell back to the host.
+int64_t host_device_copy_bytes();
+
 }  // namespace mfsdp

@@ -370,6 +370,37 @@ void read_optimizer(const Reader& r, EngineOptions& o) {
   }
 }
 
+// runtime.device and sharding.backend: either may be left out; when both are set they must agree.
+void read_device(const Reader& r, TrainConfig& c) {
+  const std::string device = r.choice("runtime.device", {"cpu", "cuda"});
+  const CommBackend backend = parse_comm_backend(r.choice("sharding.backend", {"mpi", "cuda_staged", "nccl"}));
+  const bool device_given = r.given("runtime.device"), backend_given = r.given("sharding.backend");
+  if (!backend_given) {
+    c.runtime.device = device;
+    c.sharding.backend = device == "cuda" ? CommBackend::nccl : CommBackend::mpi;
+    return;
+  }
+  const std::string backend_device = backend == CommBackend::mpi ? "cpu" : "cuda";
+  if (device_given && device != backend_device)
+    r.fail("sharding.backend", std::string(comm_backend_name(backend)) + " moves " +
+                                   (backend_device == "cpu" ? "host" : "CUDA") + " buffers, but runtime.device is " +
+                                   device + " (" + r.where("runtime.device") + "); use " +
+                                   (device == "cpu" ? "mpi" : "nccl or cuda_staged") +
+                                   ", or leave sharding.backend out for the device's default");
+  c.runtime.device = backend_device;
+  c.sharding.backend = backend;
+}
+
+// precision.*: bf16 gathers need parameters that are not resident (the f32 masters are the shards).
+void read_precision(const Reader& r, Placement placement, EngineOptions& o) {
+  o.param_dtype = parse_dtype(r.choice("precision.param_dtype", {"f32", "bf16"}));
+  o.reduce_dtype = parse_dtype(r.choice("precision.reduce_dtype", {"f32", "bf16"}));
+  if (o.param_dtype == DType::bf16 && (placement == Placement::zero1 || placement == Placement::ddp))
+    r.fail("precision.param_dtype", std::string("bf16 needs a sharded placement (matrixfsdp or fsdp2); ") +
+                                        "sharding.placement " + placement_name(placement) +
+                                        " keeps f32 parameters resident on every rank");
+}
+
 }  // namespace
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -453,6 +484,8 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"decay", decay_kind_name(optim.schedule.kind)},
                    {"floor", optim.schedule.floor},
                    {"decay_fraction", optim.schedule.decay_fraction}};
+  j["runtime"] = {{"device", runtime.device}};
+  j["precision"] = {{"param_dtype", dtype_name(optim.param_dtype)}, {"reduce_dtype", dtype_name(optim.reduce_dtype)}};
   j["sharding"] = {{"placement", placement_name(sharding.placement)},
                    {"backend", comm_backend_name(sharding.backend)},
                    {"replicate", sharding.replicate},
@@ -468,6 +501,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"seed", training.seed},
                    {"target_val_loss", training.target_val_loss ? json(*training.target_val_loss) : json(nullptr)},
                    {"sample_tokens", training.sample_tokens},
+                   {"recompute", training.recompute},
                    {"resume", training.resume}};
   j["logging"] = {{"interval", logging.interval}, {"peak_tflops", logging.peak_tflops}, {"run_dir", p(logging.run_dir)}};
   j["output"] = {{"export", p(output.export_path)}};
@@ -510,7 +544,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   read_optimizer(r, c.optim);
   // sharding
   c.sharding.placement = parse_placement(r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"}));
-  c.sharding.backend = parse_comm_backend(r.choice("sharding.backend", {"mpi", "cuda_staged", "nccl"}));
+  read_device(r, c);
+  read_precision(r, c.sharding.placement, c.optim);
   c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
   if (c.sharding.replicate > 1 && c.sharding.placement == Placement::ddp)
     r.fail("sharding.replicate", "ddp is already fully replicated; use matrixfsdp, fsdp2 or zero1 with replicate > 1");
@@ -532,6 +567,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   if (!r.at("training.target_val_loss").is_null())
     c.training.target_val_loss = r.num("training.target_val_loss", 0.0, 1e6, true);
   c.training.sample_tokens = r.i64("training.sample_tokens", 0, 100000);
+  c.training.recompute = r.choice("training.recompute", {"none", "block"});
+  c.optim.recompute_units = c.training.recompute == "block";
   // logging, output
   c.logging.interval = r.i64("logging.interval", 1);
   c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);

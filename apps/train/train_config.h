@@ -64,10 +64,16 @@ struct DataSection {
   int64_t seed = 1337;         ///< data order seed (>= 0)
 };
 
+struct RuntimeSection {
+  /// "cpu" or "cuda": where every rank trains (CUDA: the GPU of its local rank on the node).
+  /// When the config sets only sharding.backend, the backend's device (mpi: cpu, else cuda).
+  std::string device = "cpu";
+};
+
 struct ShardingSection {
   Placement placement = Placement::matrixfsdp;
-  /// the communicator backend; its device (mpi: CPU, cuda_staged and nccl: CUDA) is the device
-  /// every rank trains on
+  /// the communicator backend, which moves buffers of runtime.device (mpi: CPU; cuda_staged and
+  /// nccl: CUDA); when the config does not set it: mpi for cpu, nccl for cuda
   CommBackend backend = CommBackend::mpi;
   /// HSDP: R replicas of world / R shard ranks (1 = plain sharding over the whole world); owners
   /// are planned within a shard group and gradients chained through the replicas in rank order
@@ -89,6 +95,8 @@ struct TrainingSection {
   int64_t seed = 1337;          ///< parameter init seed
   std::optional<double> target_val_loss;  ///< stop when the validation loss reaches it
   int64_t sample_tokens = 200;  ///< tokens sampled at the end; 0 = none
+  /// "none" or "block": recompute each FSDP unit's forward in its backward (EngineOptions::recompute_units)
+  std::string recompute = "none";
   /// "" = start fresh, "auto" = the newest complete checkpoint in checkpoint.dir (else fresh),
   /// otherwise a checkpoint directory (which must be complete)
   std::string resume;
@@ -121,8 +129,10 @@ struct TrainConfig {
   DataSection data;
   /// The engine's options, parsed straight into the library structs: JSON "optimizer.muon"
   /// (lr -> muon_lr, the rest -> muon), "optimizer.adamw" (lr -> adamw_lr, the rest -> adamw),
-  /// "schedule" (total_steps = training.steps) and "training.grad_clip".
+  /// "schedule" (total_steps = training.steps), "training.grad_clip", "training.recompute" and
+  /// "precision" (param_dtype, reduce_dtype).
   EngineOptions optim;
+  RuntimeSection runtime;
   ShardingSection sharding;
   TrainingSection training;
   LoggingSection logging;

@@ -137,6 +137,9 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
                  device_name(comm.device()),
                  st.muon_params, st.muon_numel / 1e6, st.adamw_params, st.adamw_numel / 1e6, st.flops_ratio(),
                  st.bytes_ratio(), st.empty_segments);
+    spdlog::info("precision: parameters and matmuls {}, gradient reduction {}, master weights and optimizer state "
+                 "f32 | activation recompute: {}",
+                 dtype_name(cfg.optim.param_dtype), dtype_name(cfg.optim.reduce_dtype), cfg.training.recompute);
     spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {}",
                  world_, opts.agreement_seconds,
                  cfg.sharding.collective_timeout_s > 0 ? fmt::format("{:g} s", cfg.sharding.collective_timeout_s) : "off");
@@ -282,7 +285,10 @@ void Trainer::log_progress(int64_t step, const StepStats& s) {
                  {"seconds", {{"forward", s.t_forward}, {"backward", s.t_backward}, {"reduce", s.t_reduce},
                               {"optimizer", s.t_optimizer}, {"step", s.t_total}}},
                  {"elapsed_seconds", now - opts_.program_start},
-                 {"rank0", local_counters(comm_, engine_.device())}});
+                 {"rank0", local_counters(comm_, engine_.device())},
+                 {"rank0_step", {{"orthogonalizations", s.orthogonalizations},
+                                 {"optimizer_step_bytes", s.optimizer_step_bytes},
+                                 {"host_device_bytes", s.host_device_bytes}}}});
   }
   window_.restart(now);
 }

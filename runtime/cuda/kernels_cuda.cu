@@ -22,6 +22,7 @@
 #include "runtime/core/cuda_check.h"
 #include "runtime/cuda/device_api.h"
 #include "runtime/cuda/cuda_common.cuh"
+#include "runtime/cuda/gemm_bf16.h"
 #include "runtime/cuda/llama_kernels.h"
 #include "runtime/kernels.h"
 
@@ -387,6 +388,10 @@ class CudaKernels final : public Kernels {
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, const float* B, float beta,
             float* C) override {
     gemm_batched(ta, tb, M, N, K, alpha, A, ta ? M : K, 0, B, tb ? K : N, 0, beta, C, N, 0, 1);
+  }
+  void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
+                 float beta, float* C) override {
+    cuda_gemm::gemm_bf16(ta, tb, M, N, K, alpha, A, B, beta, C);
   }
 
   void add_bias(float* y, const float* b, int64_t rows, int64_t cols) override {

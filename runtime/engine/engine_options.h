@@ -6,6 +6,7 @@
 #include "optim/adamw.h"
 #include "optim/muon.h"
 #include "optim/schedule.h"
+#include "runtime/core/dtype.h"
 
 namespace mfsdp {
 
@@ -29,6 +30,17 @@ struct EngineOptions {
   /// Bitwise equal to the non-overlapped step; needs grad_clip <= 0 (clipping would change the
   /// Muon input after the whole backward). Costs one matrix-sized buffer per owned Muon matrix.
   bool overlap_backward = false;
+  /// Mixed precision, PyTorch FSDP's MixedPrecision split: `param_dtype` is the dtype of the
+  /// gathered parameters (bf16: all-gathers move bf16 and parameters hold bf16-rounded values)
+  /// and of the matmuls (ops.h matmul_dtype: bf16 operands, f32 accumulation); `reduce_dtype` is
+  /// the dtype of gradient contributions on the wire (owners add them in f32). Master shards,
+  /// gradients on owners and optimizer state stay f32. param_dtype bf16 needs a sharded placement.
+  DType param_dtype = DType::f32;
+  DType reduce_dtype = DType::f32;
+  /// Activation recompute per FSDP unit (config training.recompute = "block"): the forward keeps
+  /// only each unit's input; the backward re-runs the unit's forward before differentiating it.
+  /// Bitwise equal to recompute off; the last unit (the loss head) is never recomputed.
+  bool recompute_units = false;
 };
 
 /// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked
@@ -55,6 +67,14 @@ struct StepStats {
   /// heads and ranks, and how many heads were rescaled.
   double max_attention_logit = 0;
   int64_t qk_clipped_heads = 0;
+  /// Telemetry of this rank (not reduced; the trainer logs rank 0's), to catch silent fallbacks:
+  /// orthogonalizations run in the step (= the Muon matrices it owns; all of them under fsdp2),
+  /// bytes it sent in the optimizer phase (0 under matrixfsdp), and bytes copied between host
+  /// and device by tensor copies (0 on CPU; on CUDA the token batches and a few scalars, so
+  /// weight-sized traffic means some work fell back to the host).
+  int64_t orthogonalizations = 0;
+  int64_t optimizer_step_bytes = 0;
+  int64_t host_device_bytes = 0;
 };
 
 /// One kind of per-element training state: the parameter itself, the first optimizer moment

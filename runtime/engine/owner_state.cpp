@@ -147,6 +147,7 @@ Tensor OwnerState::orthogonalized(OwnedPiece& o, bool commit) {
   const int64_t rows = s.shape[0], cols = s.shape[1];
   const int64_t blocks = detail::muon_block_count(rows, cols, opts_.muon, s.qkv_blocks, "OwnerState");
   const Device dev = units_.device();
+  ++orthogonalizations_;
   // The momentum goes into o.m (commit) or into a copy of it: the same f32 operations either way.
   auto momentum = [&](const Tensor& U) {
     muon_momentum(grad(o), commit ? o.m : o.m.clone(), U, opts_.muon);
@@ -176,7 +177,10 @@ void OwnerState::muon_piece(OwnedPiece& o, double lr) {
   const int64_t rows = s.shape[0], cols = s.shape[1];
   const bool normuon = opts_.muon.variant == MuonVariant::normuon;
   if (!traits_.gathered_muon_input && !normuon && !o.update.defined()) {  // one fused call
-    if (o.numel) muon_step(param(o), grad(o), o.m, rows, cols, lr, opts_.muon, s.qkv_blocks);
+    if (o.numel) {
+      muon_step(param(o), grad(o), o.m, rows, cols, lr, opts_.muon, s.qkv_blocks);
+      ++orthogonalizations_;
+    }
     return;
   }
   Tensor update = std::move(o.update);

@@ -60,6 +60,10 @@ class OwnerState {
   /// Zeroes every moment and the step counter.
   void reset();
   int64_t steps() const { return steps_; }
+  /// Muon-family orthogonalizations (Newton-Schulz or the configured orthogonalizer, one per
+  /// matrix) this rank has run since construction: its owned Muon matrices per step (every Muon
+  /// matrix under a gathered Muon input).
+  int64_t orthogonalizations() const { return orthogonalizations_; }
   void set_steps(int64_t n) { steps_ = n; }
 
   /// The global L2 norm of the gradients (exact: the same bits at any world size and placement),
@@ -91,6 +95,7 @@ class OwnerState {
   const EngineOptions& opts_;
   std::vector<OwnedPiece> pieces_;
   int64_t steps_ = 0;
+  int64_t orthogonalizations_ = 0;
 };
 
 /// Exact sum over ranks: every rank's accumulator is gathered and merged with integer additions,

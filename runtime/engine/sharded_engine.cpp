@@ -10,6 +10,7 @@
 
 #include "runtime/autograd.h"
 #include "runtime/core/clock.h"
+#include "runtime/ops.h"
 
 namespace mfsdp {
 namespace {
@@ -73,7 +74,7 @@ ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPl
     : model_(model), comm_(comm), plan_(plan_for(plan, comm)), opts_(resolve_options(opts, model)),
       traits_(placement_traits(plan.placement, replicas ? replicas->world_size() : 1)), rank_(comm.rank()),
       world_(comm.world_size()), replicas_(traits_.replicated ? replicas : nullptr),
-      replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_),
+      replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_, opts_.param_dtype, opts_.reduce_dtype),
       owners_(units_, comm, plan_, traits_, opts_) {
   check_arg(!(replicas_ && opts_.overlap_backward), "ShardedEngine",
             "optimizer.muon.overlap_backward is not supported with sharding.replicate > 1");
@@ -111,6 +112,8 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   StepStats st;
   st.step = step;
   const double t_start = now_seconds();
+  const int64_t orth0 = owners_.orthogonalizations(), copies0 = host_device_copy_bytes(),
+                opt_bytes0 = comm_.counters().at(CommPhase::opt_step).bytes_sent;
   units_.zero_gradients();
   if (opts_.qk_clip > 0) model_.take_attention_logit_maxima();  // drop what forwards outside steps left
   // the step divides the summed gradients by (world x replicas x micro-batches): the global mean
@@ -139,6 +142,9 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   owners_.optimizer_step(step, st, qk);
   st.t_optimizer = now_seconds() - t_opt;
   st.t_total = now_seconds() - t_start;
+  st.orthogonalizations = owners_.orthogonalizations() - orth0;
+  st.optimizer_step_bytes = comm_.counters().at(CommPhase::opt_step).bytes_sent - opt_bytes0;
+  st.host_device_bytes = host_device_copy_bytes() - copies0;
 
   // 4. step statistics reduced once (and once more over HSDP replicas): tokens summed, phase times maxed
   std::array<double, 6> stats = {static_cast<double>(local_tokens), st.t_forward, st.t_backward, st.t_reduce,
@@ -195,7 +201,10 @@ std::vector<RowScale> ShardedEngine::qk_clip_scales(StepStats& st) {
 
 float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
   MemCategoryScope act(MemCategory::activations);
+  MatmulDTypeScope matmuls(opts_.param_dtype);
   const int U = units_.size();
+  // a recomputed unit keeps only its input from the forward (out[u] is in[u + 1]'s storage)
+  auto recomputed = [&](int u) { return opts_.recompute_units && u != U - 1; };
   // forward: gather -> compute -> free, unit by unit (the last unit stays for backward)
   double t0 = now_seconds();
   std::vector<Tensor> out(U), in(U);
@@ -205,7 +214,12 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
       in[u] = out[u - 1].detach();
       in[u].set_requires_grad(true);
     }
-    out[u] = model_.forward_unit(u, in[u], mb, 0);
+    if (recomputed(u)) {
+      NoGradGuard no_graph;
+      out[u] = model_.forward_unit(u, in[u], mb, 0);
+    } else {
+      out[u] = model_.forward_unit(u, in[u], mb, 0);
+    }
     if (u != U - 1)
       for (int d : model_.units_needed_by(u)) units_.release(d);
   }
@@ -220,6 +234,7 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
       units_.gather(d, CommPhase::bwd_gather);
       units_.ensure_grad_buffers(d);
     }
+    if (recomputed(u)) out[u] = model_.forward_unit(u, in[u], mb, 0);  // the same values, now with a graph
     backward(out[u], grad);
     out[u] = Tensor();
     if (u > 0) {
@@ -268,20 +283,24 @@ void ShardedEngine::init_parameters(uint64_t seed) {
   load_full_parameters(full);
 }
 
-void ShardedEngine::with_full_model(const std::function<void()>& fn) { units_.with_all_gathered(fn, CommPhase::other); }
+void ShardedEngine::with_full_model(const std::function<void()>& fn) {
+  MatmulDTypeScope matmuls(opts_.param_dtype);
+  units_.with_all_gathered(fn, CommPhase::other, opts_.param_dtype);
+}
 
 std::map<std::string, std::vector<float>> ShardedEngine::full_parameters() {
   std::map<std::string, std::vector<float>> out;
-  with_full_model([&] {
+  units_.with_all_gathered([&] {  // the f32 master values, whatever the compute dtype
     for (int u = 0; u < units_.size(); ++u)
       for (const UnitParam& b : units_.unit(u).params) out[plan_.shards[b.shard].name] = b.param.to_vector();
-  });
+  }, CommPhase::other, DType::f32);
   return out;
 }
 
 std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroBatch>& batches) {
   NoGradGuard no_grad;
   MemCategoryScope act(MemCategory::activations);
+  MatmulDTypeScope matmuls(opts_.param_dtype);
   const int U = units_.size();
   ExactSum loss_sum;
   int64_t tokens = 0;

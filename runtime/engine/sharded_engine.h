@@ -71,7 +71,8 @@ class ShardedEngine {
   /// Sets every parameter from full logical tensors (name -> numel floats, our layout); each rank
   /// keeps its pieces. Throws naming the first missing or mis-sized tensor. Resets optimizer state.
   void load_full_parameters(const std::map<std::string, std::vector<float>>& full);
-  /// All-gathers every parameter: name -> full logical tensor, on every rank (for export/sampling).
+  /// All-gathers every parameter: name -> full logical tensor, on every rank (for export): the f32
+  /// master values, also under bf16 mixed precision.
   std::map<std::string, std::vector<float>> full_parameters();
 
   /// One optimizer step over this rank's micro-batches (same count on every rank; moved to the
@@ -120,7 +121,8 @@ class ShardedEngine {
   /// Optimizer steps taken (AdamW bias correction uses it).
   int64_t optimizer_steps() const { return owners_.steps(); }
 
-  /// Runs `fn` with every unit gathered (the model's parameters hold full values), then frees them.
+  /// Runs `fn` with every unit gathered (the model's parameters hold full values in the compute
+  /// precision, and matmuls run in it), then frees them.
   void with_full_model(const std::function<void()>& fn);
 
   const ShardPlan& plan() const { return plan_; }

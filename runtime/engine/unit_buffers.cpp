@@ -7,9 +7,16 @@
 namespace mfsdp {
 
 UnitBuffers::UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits,
-                         Communicator* replicas)
-    : model_(model), comm_(comm), replicas_(traits.replicated ? replicas : nullptr), plan_(plan), traits_(traits), device_(comm.device()), rank_(comm.rank()) {
+                         Communicator* replicas, DType param_dtype, DType reduce_dtype)
+    : model_(model), comm_(comm), replicas_(traits.replicated ? replicas : nullptr), plan_(plan), traits_(traits),
+      device_(comm.device()), param_dtype_(param_dtype), reduce_dtype_(reduce_dtype), rank_(comm.rank()) {
   check_arg(!traits.replicated || replicas, "ShardedEngine", "a replicated placement needs a replica communicator");
+  for (DType dt : {param_dtype, reduce_dtype})
+    check_arg(dt == DType::f32 || dt == DType::bf16, "ShardedEngine",
+              std::string("precision dtypes are f32 or bf16, got ") + dtype_name(dt));
+  check_arg(param_dtype == DType::f32 || !traits.resident, "ShardedEngine",
+            std::string("precision.param_dtype bf16 needs a sharded placement (matrixfsdp or fsdp2): ") +
+                placement_name(plan.placement) + " keeps its f32 parameters resident on every rank");
   const auto& inv = model_.inventory();
   check_arg(plan_.shards.size() == inv.params.size() && plan_.units.size() == inv.unit_names.size(), "ShardedEngine",
             "plan has " + std::to_string(plan_.shards.size()) + " parameters in " + std::to_string(plan_.units.size()) +
@@ -96,12 +103,20 @@ void UnitBuffers::unpack_params(UnitBuffer& unit) {
   }
 }
 
-void UnitBuffers::gather(int u, CommPhase phase) {
+void UnitBuffers::gather(int u, CommPhase phase, DType dtype) {
   UnitBuffer& unit = this->unit(u);
   if (unit.gathered) return;
   unit.full.storage()->materialize();
-  comm_.all_gather_v(unit.my_count ? unit.shard.data_f32() : nullptr, unit.full.data_f32(), unit.counts, DType::f32,
-                     phase);
+  if (dtype == DType::bf16) {  // bf16 on the wire, widened into the f32 unit buffer
+    MemCategoryScope s(MemCategory::comm_buffers);
+    const Tensor mine = unit.shard.to(DType::bf16);
+    const Tensor full = Tensor::empty({unit.total}, DType::bf16, device_);
+    comm_.all_gather_v(unit.my_count ? mine.data_ptr() : nullptr, full.data_ptr(), unit.counts, DType::bf16, phase);
+    kernels(device_).convert(full.data_ptr(), DType::bf16, unit.full.data_ptr(), DType::f32, unit.total);
+  } else {
+    comm_.all_gather_v(unit.my_count ? unit.shard.data_f32() : nullptr, unit.full.data_f32(), unit.counts,
+                       DType::f32, phase);
+  }
   unit.unpacked.storage()->materialize();
   unpack_params(unit);
   if (!unit.any_direct) unit.full.storage()->release();  // every parameter now lives in `unpacked`
@@ -143,11 +158,8 @@ void UnitBuffers::reduce_gradients(int u, bool last_micro) {
           .copy_from(unit.unpacked_grad.view(b.offset + p.param_offset, {p.numel}));
   }
   if (!traits_.resident) unit.unpacked_grad.storage()->release();
-  if (traits_.all_reduce_gradients) {
-    comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
-  } else {
-    reduce_to_owners(unit);
-  }
+  if (traits_.all_reduce_gradients) all_reduce_gradients(unit);
+  else reduce_to_owners(unit);
   if (traits_.resident) return;  // zeroed at the start of the next step
   unit.full_grad.storage()->release();
   unit.grads_live = false;
@@ -158,17 +170,35 @@ void UnitBuffers::reduce_gradients(int u, bool last_micro) {
 // HSDP (world rank g = q*S + s): replica q first takes over replica q-1's running sums, adds its
 // S ranks in order, and hands them on to q+1; the last replica's sums are broadcast to all. So the
 // additions run in world-rank order 0..W-1, exactly as without replicas at world size W.
+// Under reduce_dtype bf16 the contributions travel as bf16 and are added onto the f32 sums.
 void UnitBuffers::reduce_to_owners(UnitBuffer& unit) {
   float* mine = unit.my_count ? unit.shard_grad.data_f32() : nullptr;
   const int q = replicas_ ? replicas_->rank() : 0, R = replicas_ ? replicas_->world_size() : 1;
   if (q > 0 && unit.my_count)
     replicas_->send_recv({{false, q - 1, mine, unit.my_count, DType::f32}}, CommPhase::grad_reduce);
-  comm_.reduce_scatter_v(unit.full_grad.data_f32(), mine, unit.counts, DType::f32, ReduceOp::accumulate,
-                         CommPhase::grad_reduce);
+  {
+    MemCategoryScope s(MemCategory::comm_buffers);
+    const Tensor contrib = reduce_dtype_ == DType::bf16 ? unit.full_grad.to(DType::bf16) : unit.full_grad;
+    comm_.reduce_scatter_v(contrib.data_ptr(), mine, unit.counts, reduce_dtype_, ReduceOp::accumulate,
+                           CommPhase::grad_reduce);
+  }
   if (R == 1) return;
   if (q + 1 < R && unit.my_count)
     replicas_->send_recv({{true, q + 1, mine, unit.my_count, DType::f32}}, CommPhase::grad_reduce);
   replicas_->broadcast(mine, unit.my_count, DType::f32, R - 1, CommPhase::grad_reduce);
+}
+
+// ddp: every rank gets the rank-ordered sum (in bf16 on the wire under reduce_dtype bf16, summed
+// in f32 and rounded once).
+void UnitBuffers::all_reduce_gradients(UnitBuffer& unit) {
+  if (reduce_dtype_ == DType::f32) {
+    comm_.all_reduce(unit.full_grad.data_f32(), unit.total, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
+    return;
+  }
+  MemCategoryScope s(MemCategory::comm_buffers);
+  const Tensor wire = unit.full_grad.to(DType::bf16);
+  comm_.all_reduce(wire.data_ptr(), unit.total, DType::bf16, ReduceOp::sum, CommPhase::grad_reduce);
+  kernels(device_).convert(wire.data_ptr(), DType::bf16, unit.full_grad.data_ptr(), DType::f32, unit.total);
 }
 
 void UnitBuffers::zero_gradients() {
@@ -213,8 +243,8 @@ void UnitBuffers::finish_load() {
     for (auto& unit : units_) unpack_params(*unit);
 }
 
-void UnitBuffers::with_all_gathered(const std::function<void()>& fn, CommPhase phase) {
-  for (int u = 0; u < size(); ++u) gather(u, phase);
+void UnitBuffers::with_all_gathered(const std::function<void()>& fn, CommPhase phase, DType dtype) {
+  for (int u = 0; u < size(); ++u) gather(u, phase, dtype);
   try {
     fn();
   } catch (...) {

@@ -23,7 +23,8 @@ struct UnitParam {
   Tensor param;         ///< the tensor bound to the model (its grad() is a view too)
 };
 
-/// One FSDP unit's buffers on this rank (f32, on the engine's device).
+/// One FSDP unit's buffers on this rank (f32, on the engine's device; under bf16 mixed precision
+/// the collectives move bf16 copies, converted on the way in and out).
 struct UnitBuffer {
   int index = 0;
   std::vector<int64_t> counts;     ///< per-rank segment numel (the all_gather_v / reduce_scatter_v counts)
@@ -42,17 +43,23 @@ class UnitBuffers {
   /// Allocates every unit's persistent buffers on comm.device() (transient ones released) and
   /// binds every parameter of `model` to its view. `replicas` (HSDP, traits.replicated) groups
   /// this rank with the ranks of the same shard rank in the other replicas; nullptr otherwise.
-  /// Throws std::invalid_argument when the plan and the model disagree.
+  /// `param_dtype` (f32 or bf16) is what gather() moves: bf16 all-gathers bf16-rounded copies
+  /// of the f32 segments (half the bytes) and widens them, so the bound parameters hold
+  /// bf16-representable values; it needs a non-resident placement. `reduce_dtype` (f32 or bf16)
+  /// is what reduce_gradients() puts on the wire; owners add the contributions in f32 either way.
+  /// Throws std::invalid_argument when the plan and the model disagree, or for a dtype it refuses.
   UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits,
-              Communicator* replicas = nullptr);
+              Communicator* replicas = nullptr, DType param_dtype = DType::f32, DType reduce_dtype = DType::f32);
 
   int size() const { return static_cast<int>(units_.size()); }
   UnitBuffer& unit(int u) { return *units_[static_cast<size_t>(u)]; }
   Device device() const { return device_; }
 
-  /// Makes unit u's full parameters available (all_gather_v of the segments, then unpacking);
-  /// no-op when already gathered or resident.
-  void gather(int u, CommPhase phase);
+  /// Makes unit u's full parameters available (all_gather_v of the segments in param_dtype, then
+  /// unpacking); no-op when already gathered or resident.
+  void gather(int u, CommPhase phase) { gather(u, phase, param_dtype_); }
+  /// The same in `dtype` (f32: the exact master values, for exports).
+  void gather(int u, CommPhase phase, DType dtype);
   /// Frees unit u's gathered bytes (never for resident placements).
   void release(int u);
   /// Materializes and zeroes unit u's full gradient buffers before its backward.
@@ -76,13 +83,15 @@ class UnitBuffers {
   Tensor stored_piece(int si, const ShardPiece& p);
   /// Refreshes the unpacked parameter views of resident placements after stored pieces changed.
   void finish_load();
-  /// Runs `fn` with every unit gathered, then frees them again (also when fn throws).
-  void with_all_gathered(const std::function<void()>& fn, CommPhase phase);
+  /// Runs `fn` with every unit gathered in `dtype`, then frees them again (also when fn throws).
+  void with_all_gathered(const std::function<void()>& fn, CommPhase phase, DType dtype);
+  DType param_dtype() const { return param_dtype_; }
 
  private:
   void build_unit(int ui);
   void unpack_params(UnitBuffer& unit);
   void reduce_to_owners(UnitBuffer& unit);
+  void all_reduce_gradients(UnitBuffer& unit);
   Tensor buffer(int64_t numel, MemCategory cat, bool materialized) const;
 
   UnitModel& model_;
@@ -91,6 +100,7 @@ class UnitBuffers {
   const ShardPlan& plan_;
   PlacementTraits traits_;
   Device device_;
+  DType param_dtype_, reduce_dtype_;
   int rank_;
   std::vector<std::unique_ptr<UnitBuffer>> units_;
 };

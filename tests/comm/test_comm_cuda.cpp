@@ -92,9 +92,9 @@ void compare_backends(Communicator& dev, Communicator& ref) {
         dev.all_reduce(dfull.p, total, dt, op, CommPhase::opt_step);
         REQUIRE(dfull.get() == full);
       }
-      if (dt == DType::f32) {  // accumulate onto an existing owner shard, in rank order
+      {  // accumulate (f32 or bf16 contributions) onto an existing f32 owner shard, in rank order
         auto full = host_values(dt, total, me, 0);
-        auto acc = host_values(dt, counts[me], me + 17, off);
+        auto acc = host_values(DType::f32, counts[me], me + 17, off);
         DevBuf dfull(full.size()), dacc(acc.size());
         dfull.put(full);
         dacc.put(acc);

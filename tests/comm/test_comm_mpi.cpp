@@ -180,8 +180,25 @@ TEST_CASE("comm.mpi accumulate adds each rank's contribution onto recv in rank o
       for (int r = 0; r < n; ++r) grouped += contrib(r, 0);
       CHECK(ordered != 1.0f + grouped);
     }
+    // bf16 contributions (mixed-precision gradient reduction) are widened and added in f32
+    for (const auto& counts : layouts(n)) {
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+      int64_t off = 0;
+      for (int r = 0; r < me; ++r) off += counts[r];
+      auto contrib16 = [](int r, int64_t i) { return float_to_bf16(0.001f * float(r + 1) + 0.37f * float(i % 7)); };
+      std::vector<bf16> send(static_cast<size_t>(total));
+      std::vector<float> recv(static_cast<size_t>(counts[me]), 1.0f);
+      for (int64_t i = 0; i < total; ++i) send[i] = contrib16(me, i);
+      c->reduce_scatter_v(total ? send.data() : nullptr, counts[me] ? recv.data() : nullptr, counts, DType::bf16,
+                          ReduceOp::accumulate, CommPhase::grad_reduce);
+      for (int64_t i = 0; i < counts[me]; ++i) {
+        float want = 1.0f;
+        for (int r = 0; r < n; ++r) want += bf16_to_float(contrib16(r, off + i));
+        REQUIRE(std::memcmp(&recv[i], &want, 4) == 0);
+      }
+    }
     std::vector<float> buf(static_cast<size_t>(n) * 2, 0.0f);
-    CHECK_THROWS_AS(c->reduce_scatter(buf.data(), buf.data(), 2, DType::bf16, ReduceOp::accumulate,
+    CHECK_THROWS_AS(c->reduce_scatter(buf.data(), buf.data(), 2, DType::i32, ReduceOp::accumulate,
                                       CommPhase::grad_reduce),
                     std::invalid_argument);
     CHECK_THROWS_AS(c->all_reduce(buf.data(), 2, DType::f32, ReduceOp::accumulate, CommPhase::grad_reduce),

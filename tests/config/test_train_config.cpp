@@ -201,3 +201,47 @@ TEST_CASE("model.arch llama: defaults, derived widths, errors naming the key", "
   CHECK(shipped.model.llama().num_params() > 0);
   CHECK(shipped.output.export_path.raw == "../runs/llama_shakespeare_char/hf");
 }
+
+TEST_CASE("runtime.device, precision and training.recompute: defaults, derivations, errors naming both keys",
+          "[config][gpu]") {
+  auto parse = [](const std::string& text, const std::vector<std::string>& overrides = {}) {
+    return parse_train_config(nlohmann::json::parse(text), "gpu.json", ".", overrides);
+  };
+  const std::string train = R"("data": {"train": "x.bin"})";
+  const TrainConfig d = parse("{" + train + "}");
+  CHECK(d.runtime.device == "cpu");
+  CHECK(d.sharding.backend == CommBackend::mpi);
+  CHECK(d.optim.param_dtype == DType::f32);
+  CHECK(d.optim.reduce_dtype == DType::f32);
+  CHECK_FALSE(d.optim.recompute_units);
+  // the device picks the backend, and the backend alone implies its device
+  const TrainConfig cuda = parse("{" + train + "}", {"runtime.device=cuda"});
+  CHECK(cuda.sharding.backend == CommBackend::nccl);
+  CHECK(cuda.to_json()["sharding"]["backend"] == "nccl");
+  CHECK(parse("{" + train + R"(, "sharding": {"backend": "cuda_staged"}})").runtime.device == "cuda");
+  CHECK(parse("{" + train + R"(, "runtime": {"device": "cuda"}, "sharding": {"backend": "cuda_staged"}})")
+            .sharding.backend == CommBackend::cuda_staged);
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"backend": "nccl"}})", {"runtime.device=cpu"}),
+                    Contains("gpu.json: sharding.backend: nccl moves CUDA buffers, but runtime.device is cpu "
+                             "(--set runtime.device=cpu)"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "runtime": {"device": "cuda"}, "sharding": {"backend": "mpi"}})"),
+                    Contains("sharding.backend: mpi moves host buffers, but runtime.device is cuda"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "runtime": {"device": "gpu"}})"),
+                    Contains("runtime.device: unknown value \"gpu\""));
+  // precision and recompute
+  const TrainConfig bf = parse("{" + train + R"(, "precision": {"param_dtype": "bf16", "reduce_dtype": "bf16"},
+                                                 "training": {"recompute": "block"}})");
+  CHECK(bf.optim.param_dtype == DType::bf16);
+  CHECK(bf.optim.reduce_dtype == DType::bf16);
+  CHECK(bf.optim.recompute_units);
+  CHECK(bf.to_json()["precision"]["param_dtype"] == "bf16");
+  CHECK(bf.to_json()["training"]["recompute"] == "block");
+  CHECK(parse("{" + train + R"(, "sharding": {"placement": "zero1"}})", {"precision.reduce_dtype=bf16"})
+            .optim.reduce_dtype == DType::bf16);
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"placement": "zero1"}})", {"precision.param_dtype=bf16"}),
+                    Contains("--set precision.param_dtype=bf16: precision.param_dtype: bf16 needs a sharded placement"));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "precision": {"param_dtype": "fp16"}})"),
+                    Contains("precision.param_dtype: unknown value \"fp16\""));
+  CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"recompute": "full"}})"),
+                    Contains("training.recompute: unknown value \"full\""));
+}

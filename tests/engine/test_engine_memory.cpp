@@ -18,10 +18,17 @@ TEST_CASE("no raw allocations and a flat memory peak after step 2", "[engine][me
   GPTConfig cfg = tiny_config(2, 128);
   cfg.vocab_size = 2048;  // logits [B*T, 2048] f32 = 2 MiB: blocks the host cache manages
   constexpr int64_t B = 8, T = 16;
-  for (Placement placement : {Placement::matrixfsdp, Placement::fsdp2, Placement::zero1}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    // matrixfsdp, fsdp2, zero1, then matrixfsdp in bf16 with activation recompute
+    const Placement placement = variant == 2 ? Placement::zero1 : variant == 1 ? Placement::fsdp2 : Placement::matrixfsdp;
+    EngineOptions opts = test_options();
+    if (variant == 3) {
+      opts.param_dtype = opts.reduce_dtype = DType::bf16;
+      opts.recompute_units = true;
+    }
     GPT model(cfg);
     const ShardPlan plan = make_plan(model.inventory(), comm->world_size(), placement, PlannerOptions{5, false, false});
-    ShardedEngine engine(model, *comm, plan, test_options());
+    ShardedEngine engine(model, *comm, plan, opts);
     engine.init_parameters(7);
     int64_t raw_after_2 = 0, peak_after_2 = 0;
     for (int s = 0; s < 5; ++s) {
@@ -32,8 +39,30 @@ TEST_CASE("no raw allocations and a flat memory peak after step 2", "[engine][me
         peak_after_2 = MemoryTracker::instance().peak_total(engine.device());
       }
     }
-    INFO("placement " << placement_name(placement));
+    INFO("placement " << placement_name(placement) << (variant == 3 ? " (bf16, recompute)" : ""));
     CHECK(block_cache(engine.device()).stats().raw_allocs == raw_after_2);
     CHECK(MemoryTracker::instance().peak_total(engine.device()) == peak_after_2);
   }
+}
+
+TEST_CASE("activation recompute lowers the activation peak", "[engine][memory][recompute]") {
+  static std::unique_ptr<Communicator> comm = make_mpi_communicator();
+  const GPTConfig cfg = tiny_config(4, 64);
+  constexpr int64_t B = 8, T = 16;
+  int64_t peak[2] = {0, 0};
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    EngineOptions opts = test_options();
+    opts.recompute_units = recompute == 1;
+    GPT model(cfg);
+    const ShardPlan plan = make_plan(model.inventory(), comm->world_size(), Placement::matrixfsdp);
+    ShardedEngine engine(model, *comm, plan, opts);
+    engine.init_parameters(7);
+    auto g = global_tokens(0, comm->world_size() * B, T, cfg.vocab_size);
+    MemoryTracker::instance().reset_peaks();
+    engine.train_step({slice_batch(g, comm->rank() * B, B, T)}, 0);
+    peak[recompute] = MemoryTracker::instance().peak(engine.device(), MemCategory::activations);
+  }
+  INFO("activation peak: " << peak[0] << " bytes kept, " << peak[1] << " bytes with recompute");
+  // four blocks keep every intermediate without recompute; with it, one block's plus the inputs
+  CHECK(peak[1] < peak[0] / 2);
 }
