@@ -11,7 +11,11 @@
 #   4. print the timing table of mfsdp-bench-cuda (GEMM GFLOP/s CUDA vs CPU, attention fwd/bwd ms,
 #      Newton-Schulz 768x3072);
 #   5. build everything else (bounded by GPU_CHECK_BUILD_BUDGET seconds) and run every other ctest
-#      entry matching `cuda` and every entry labelled `gpu`.
+#      entry matching `cuda` and every entry labelled `gpu` (NCCL at world 1, cuda_staged at world 2
+#      and 4 on one GPU, the engine's world-size equivalence on CUDA tensors, bf16 included);
+#   6. scripts/gpu_train_check.sh: GPT-2 124M for 50 steps on the GPU at B = 16, T = 1024, bf16,
+#      next to a 10-step CPU f32 run on the same data, and the table (tokens/s, MFU, ms per phase,
+#      optimizer ms, peak memory, cudaMallocs after step 2, losses). GPU_CHECK_TRAIN=0 skips it.
 # It only reads GPU state (nvidia-smi queries); it never changes clocks, persistence mode or resets.
 # Logs go to $OUT/gpu_check when $OUT is set (device runner), else build-gpu/gpu_check.
 # Environment: GPU_CHECK_BUILD_DIR (default <repo>/build-gpu), GPU_CHECK_BUILD_BUDGET (default 240 s), GPU_CHECK_JOBS (default nproc),
@@ -59,6 +63,11 @@ elif [ -d "$ROOT/gpu-carry/bin" ]; then
   BENCH_ARGS=()
   [ "${GPU_CHECK_QUICK:-0}" = 1 ] && BENCH_ARGS=(--quick)
   timeout 180 "$ROOT/gpu-carry/bin/mfsdp-bench-cuda" "${BENCH_ARGS[@]}" 2>&1 | tee "$LOGS/bench_cuda.log"
+  if [ "${GPU_CHECK_TRAIN:-1}" = 1 ]; then
+    step "GPT-2 124M training (prebuilt mfsdp-train)"
+    if bash "$ROOT/scripts/gpu_train_check.sh" "$ROOT/gpu-carry/bin" "$LOGS/train"; then note "train check: ok"
+    else note "train check: FAILED (logs in $LOGS/train)"; FAILED=1; fi
+  fi
   step "summary (total $((SECONDS - T0))s)"
   for s in "${SUMMARY[@]}"; do echo "  $s"; done
   exit $FAILED
@@ -148,7 +157,20 @@ else
   else note "build all: FAILED (log: $LOGS/build_all.log)"; FAILED=1; fi
 fi
 
+# ---- 6. training ----
+if [ "${GPU_CHECK_TRAIN:-1}" = 1 ]; then
+  step "GPT-2 124M training check"
+  if cmake --build "$BUILD" --target mfsdp-train -j"$JOBS" >"$LOGS/build_train.log" 2>&1 &&
+     bash "$ROOT/scripts/gpu_train_check.sh" "$BUILD/bin" "$LOGS/train" 2>&1 | tee "$LOGS/train_check.log"; then
+    note "train check: ok (table in $LOGS/train_check.log)"
+  else
+    note "train check: FAILED (logs in $LOGS/train)"
+    FAILED=1
+  fi
+fi
+
 step "summary (total $((SECONDS - T0))s)"
 for s in "${SUMMARY[@]}"; do echo "  $s"; done
 [ -f "$LOGS/bench_cuda.log" ] && { echo; cat "$LOGS/bench_cuda.log"; }
+[ -f "$LOGS/train_check.log" ] && sed -n '/== GPU training check ==/,$p' "$LOGS/train_check.log"
 exit $FAILED

@@ -9,10 +9,11 @@ cd "$(dirname "$0")/.."
 BUILD=build-gpu-carry
 CARRY=gpu-carry
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMFSDP_CUDA=ON -DMFSDP_DNNL=OFF >/dev/null
-cmake --build "$BUILD" --target test_cuda_backend mfsdp-bench-cuda test_optim_cuda -j"$(nproc)" >/dev/null
+cmake --build "$BUILD" --target test_cuda_backend mfsdp-bench-cuda test_optim_cuda mfsdp-train -j"$(nproc)" >/dev/null
 rm -rf "$CARRY"
 mkdir -p "$CARRY/bin" "$CARRY/lib"
-cp "$BUILD/tests/cuda/test_cuda_backend" "$BUILD/bin/mfsdp-bench-cuda" "$BUILD/tests/optim/test_optim_cuda" "$CARRY/bin/"
+cp "$BUILD/tests/cuda/test_cuda_backend" "$BUILD/bin/mfsdp-bench-cuda" "$BUILD/tests/optim/test_optim_cuda" \
+   "$BUILD/bin/mfsdp-train" "$CARRY/bin/"
 # Libraries outside glibc/libstdc++ and the CUDA toolkit (which the GPU image has).
 for exe in "$CARRY"/bin/*; do
   ldd "$exe" | awk '/=> \// {print $3}'

@@ -68,6 +68,7 @@ json local_counters(const Communicator& comm, Device device) {
         MemoryTracker::instance().peak(device, static_cast<MemCategory>(c));
   const BlockCacheStats blocks = block_cache(device).stats();
   return json{{"comm_bytes_sent", comm_sent}, {"peak_bytes", peaks},
+              {"peak_total_bytes", MemoryTracker::instance().peak_total(device)},
               {"raw_allocs", blocks.raw_allocs}, {"cached_bytes", blocks.cached_bytes}};
 }
 

@@ -60,10 +60,10 @@ struct ProgressWindow {
   void restart(double now) { *this = ProgressWindow{now, 0, 0, 0}; }
 };
 
-/// This rank's cumulative bytes sent per communication phase, peak bytes per memory category on
-/// `device`, and the block cache's raw allocations so far (on a GPU: cudaMalloc calls; constant
-/// once training reaches its steady state) and cached bytes (local, no collective): the "rank0"
-/// object of metrics.jsonl train records.
+/// This rank's cumulative bytes sent per communication phase, peak bytes per memory category (and
+/// of their sum) on `device`, and the block cache's raw allocations so far (on a GPU: cudaMalloc
+/// calls; constant once training reaches its steady state) and cached bytes (local, no
+/// collective): the "rank0" object of metrics.jsonl train records.
 nlohmann::json local_counters(const Communicator& comm, Device device);
 
 }  // namespace mfsdp

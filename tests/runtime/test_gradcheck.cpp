@@ -5,6 +5,7 @@
 #include <random>
 
 #include "runtime/autograd.h"
+#include "runtime/kernels.h"
 #include "runtime/ops.h"
 
 using namespace mfsdp;
@@ -208,4 +209,37 @@ TEST_CASE("grouped-query attention equals multi-head attention on repeated key/v
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == Approx(b[i]).margin(1e-6));
   CHECK_THROWS_AS(causal_attention(q, k, v, 4, 3), std::invalid_argument);
+}
+
+TEST_CASE("linear under bf16 matmuls is the f32 GEMM of the bf16-rounded operands, forward and backward",
+          "[ops][bf16]") {
+  std::mt19937 rng(5);
+  Tensor x = randn({6, 9}, rng), W = randn({4, 9}, rng);
+  const Tensor b = randn({4}, rng), dy = randn({6, 4}, rng);
+  auto rounded = [](const Tensor& t) { return t.to(DType::bf16).to(DType::f32); };
+  x.set_requires_grad(true);
+  W.set_requires_grad(true);
+  Tensor y;
+  {
+    MatmulDTypeScope bf16_matmuls(DType::bf16);
+    CHECK(matmul_dtype() == DType::bf16);
+    y = linear(x, W, b);
+    backward(y, dy);
+  }
+  CHECK(matmul_dtype() == DType::f32);  // the scope restored the default
+  Tensor y_ref, dx_ref = Tensor::zeros({6, 9}), dW_ref = Tensor::zeros({4, 9});
+  {
+    NoGradGuard ng;
+    y_ref = linear(rounded(x), rounded(W), b);
+  }
+  Kernels& k = kernels(Device::CPU);
+  const Tensor dyr = rounded(dy), Wr = rounded(W), xr = rounded(x);
+  k.gemm(false, false, 6, 9, 4, 1.0f, dyr.data_f32(), Wr.data_f32(), 0.0f, dx_ref.data_f32());
+  k.gemm(true, false, 4, 9, 6, 1.0f, dyr.data_f32(), xr.data_f32(), 0.0f, dW_ref.data_f32());
+  CHECK(y.to_vector() == y_ref.to_vector());
+  CHECK(x.grad().to_vector() == dx_ref.to_vector());
+  CHECK(W.grad().to_vector() == dW_ref.to_vector());
+  NoGradGuard ng;
+  CHECK(linear(x, W, b).to_vector() != y.to_vector());  // f32 matmuls do differ
+  CHECK_THROWS_WITH(MatmulDTypeScope(DType::i32), Catch::Contains("f32 or bf16"));
 }
