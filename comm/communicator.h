@@ -64,6 +64,15 @@ struct CommOptions {
   int64_t max_message_elements = int64_t(1) << 30;
 };
 
+/// A collective started by a start_* call and finished by wait(): the overlap of FSDP prefetching.
+/// After wait() returns its buffers may be used (CPU: the data is there; CUDA: work queued on the
+/// compute stream afterwards runs after the collective). Destroying an unwaited handle waits.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 /// Abstract communicator. Every rank of the group must call the same collectives in the same order
 /// with the same counts vectors, including ranks whose segment is empty (zero counts are legal and
 /// are never skipped). Counts are elements (int64). Pointers are host memory for the MPI backend
@@ -103,6 +112,14 @@ class Communicator {
   /// elements; `recv` gets the concatenation of all parts in rank order (sum(counts) elements).
   virtual void all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts,
                             DType dt, CommPhase ph) = 0;
+  /// all_gather_v started now and finished by the handle's wait(). Until wait() returns, the
+  /// buffers must stay valid and untouched; other collectives may run in between (every rank in
+  /// the same order). Counted when started. MPI: MPI_Iallgatherv (progress is the MPI library's);
+  /// NCCL: enqueued on the comm stream after the work queued on the compute stream so far. The
+  /// default (host-staged CUDA, messages above max_message_elements) completes before returning.
+  virtual std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, void* recv,
+                                                                const std::vector<int64_t>& counts, DType dt,
+                                                                CommPhase ph);
   /// `send` has count*world elements; `recv` gets this rank's reduced part (count elements,
   /// the op over every rank's elements [rank*count, (rank+1)*count)). Same order/accumulation
   /// rules as reduce_scatter_v.

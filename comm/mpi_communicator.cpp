@@ -141,6 +141,60 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, DT
   account(ph, detail::traffic_all_gather_v(counts, rank_, dt), MPI_Wtime() - t0);
 }
 
+namespace {
+
+// A started MPI_Iallgatherv: owns the int counts and displacements MPI reads until completion,
+// and the call description for timeout messages.
+struct MpiPendingGather final : PendingCollective {
+  std::vector<int64_t> counts;
+  std::vector<int> c, d;
+  CallInfo call;
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  double timeout = 0;
+  PhaseCounters* counter = nullptr;
+  void wait() override {
+    if (req == MPI_REQUEST_NULL) return;
+    const double t0 = MPI_Wtime();
+    detail::wait_requests(1, &req, timeout, comm, rank, call);
+    req = MPI_REQUEST_NULL;
+    counter->seconds += MPI_Wtime() - t0;
+  }
+  ~MpiPendingGather() override { wait(); }
+};
+
+}  // namespace
+
+std::unique_ptr<PendingCollective> MpiCommunicator::start_all_gather_v(const void* send, void* recv,
+                                                                       const std::vector<int64_t>& counts, DType dt,
+                                                                       CommPhase ph) {
+  const int64_t total = detail::check_counts("all_gather_v", counts, world_);
+  if (total > opts_.max_message_elements) return Communicator::start_all_gather_v(send, recv, counts, dt, ph);
+  detail::check_buffer("all_gather_v", "send", send, counts[rank_]);
+  detail::check_buffer("all_gather_v", "recv", recv, total);
+  auto p = std::make_unique<MpiPendingGather>();
+  p->counts = counts;
+  p->call = CallInfo{CommOpId::all_gather_v, ph, dt, total, &p->counts};
+  const double t0 = MPI_Wtime();
+  debug_check(p->call);
+  const auto off = detail::offsets_of(counts);
+  for (int r = 0; r < world_; ++r) {
+    p->c.push_back(static_cast<int>(counts[r]));
+    p->d.push_back(static_cast<int>(off[r]));
+  }
+  const bool in_place = send == bytes(recv) + off[rank_] * dtype_size(dt);
+  mpi_check(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send, p->c[rank_], mpi_type(dt), recv, p->c.data(),
+                            p->d.data(), mpi_type(dt), comm_, &p->req),
+            comm_, rank_, p->call, "MPI_Iallgatherv");
+  p->comm = comm_;
+  p->rank = rank_;
+  p->timeout = opts_.timeout_seconds;
+  p->counter = &counters_.at(ph);
+  account(ph, detail::traffic_all_gather_v(counts, rank_, dt), MPI_Wtime() - t0);
+  return p;
+}
+
 void MpiCommunicator::all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts,
                                    DType dt, CommPhase ph) {
   const int64_t total = detail::check_counts("all_gather_v", counts, world_);

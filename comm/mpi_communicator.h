@@ -40,6 +40,10 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) override;
   void barrier() override;
   void send_recv(const std::vector<P2P>& ops, CommPhase ph) override;
+  /// MPI_Iallgatherv; MPI_Wait (polled, with the collective timeout) in wait().
+  std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, void* recv,
+                                                        const std::vector<int64_t>& counts, DType dt,
+                                                        CommPhase ph) override;
 
   /// The duplicated communicator this backend talks over.
   MPI_Comm mpi_comm() const { return comm_; }

@@ -92,6 +92,25 @@ class NcclCommunicator final : public Communicator {
     finish(call, detail::traffic_all_gather_v(counts, rank_, dt), t0);
   }
 
+  // Enqueued on the comm stream after the compute work queued so far; wait() makes the compute
+  // stream wait for this gather only (and, when blocking, waits for the comm stream here).
+  std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, void* recv,
+                                                        const std::vector<int64_t>& counts, DType dt,
+                                                        CommPhase ph) override {
+    const int64_t total = detail::check_counts("all_gather_v", counts, world_);
+    detail::check_buffer("all_gather_v", "send", send, counts[rank_]);
+    detail::check_buffer("all_gather_v", "recv", recv, total);
+    auto p = std::make_unique<Pending>(this);
+    p->counts = counts;
+    p->call = CallInfo{CommOpId::all_gather_v, ph, dt, total, &p->counts};
+    const double t0 = begin(p->call);
+    gather_v_impl(send, recv, counts, dt, p->call);
+    cuda_check(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), p->call, "cudaEventCreate");
+    cuda_check(cudaEventRecord(p->done, stream_), p->call, "cudaEventRecord");
+    account(ph, detail::traffic_all_gather_v(counts, rank_, dt), MPI_Wtime() - t0);
+    return p;
+  }
+
   void reduce_scatter(const void* send, void* recv, int64_t count, DType dt, ReduceOp op,
                       CommPhase ph) override {
     detail::check_buffer("reduce_scatter", "send", send, count * world_);
@@ -195,6 +214,22 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  struct Pending final : PendingCollective {
+    explicit Pending(NcclCommunicator* c) : comm(c) {}
+    NcclCommunicator* comm;
+    std::vector<int64_t> counts;
+    CallInfo call{};
+    cudaEvent_t done = nullptr;
+    void wait() override {
+      if (!done) return;
+      comm->cuda_check(cudaStreamWaitEvent(comm->compute_, done, 0), call, "cudaStreamWaitEvent");
+      if (comm->cuda_.blocking) comm->wait_stream(call);
+      cudaEventDestroy(done);
+      done = nullptr;
+    }
+    ~Pending() override { wait(); }
+  };
+
   // Debug check, then make the comm stream wait for work already queued on the compute stream.
   double begin(const CallInfo& call) {
     const double t0 = MPI_Wtime();

@@ -415,103 +415,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-std::string CheckpointSection::root(const std::string& run_dir) const {
-  if (!dir.resolved.empty()) return dir.resolved;
-  if (run_dir.empty()) return "";
-  return (std::filesystem::path(run_dir) / "checkpoints").string();
-}
-
-LlamaConfig ModelSection::llama() const {
-  LlamaConfig l;
-  l.n_layer = n_layer;
-  l.n_head = n_head;
-  l.n_kv_head = n_kv_head > 0 ? n_kv_head : n_head;
-  l.n_embd = n_embd;
-  l.intermediate_size = intermediate_size > 0 ? intermediate_size : (8 * n_embd / 3 + 255) / 256 * 256;
-  l.seq_len = seq_len;
-  l.vocab_size = static_cast<int>(vocab_size);
-  l.tie_embeddings = tie_embeddings;
-  l.init_std = init_std;
-  l.norm_eps = norm_eps;
-  l.rope_theta = rope_theta;
-  return l;
-}
-
-GPTConfig ModelSection::gpt() const {
-  GPTConfig g;
-  g.n_layer = n_layer;
-  g.n_head = n_head;
-  g.n_embd = n_embd;
-  g.seq_len = seq_len;
-  g.vocab_size = static_cast<int>(vocab_size);
-  g.tie_embeddings = tie_embeddings;
-  g.init_std = init_std;
-  return g;
-}
-
-json TrainConfig::to_json(bool resolved_paths) const {
-  auto p = [&](const ConfigPath& c) { return resolved_paths ? c.resolved : c.raw; };
-  json j;
-  j["model"] = {{"arch", model.arch},
-                {"n_layer", model.n_layer},       {"n_head", model.n_head},
-                {"n_embd", model.n_embd},         {"seq_len", model.seq_len},
-                {"vocab_size", model.vocab_size}, {"tie_embeddings", model.tie_embeddings},
-                {"init_from", p(model.init_from)}, {"init_std", model.init_std},
-                {"n_kv_head", model.n_kv_head},   {"intermediate_size", model.intermediate_size},
-                {"norm_eps", model.norm_eps},     {"rope_theta", model.rope_theta}};
-  j["data"] = {{"train", p(data.train)},         {"val", p(data.val)},         {"tokenizer", data.tokenizer},
-               {"tokenizer_path", p(data.tokenizer_path)}, {"shuffle", data.shuffle}, {"seed", data.seed}};
-  const MuonOptions& mu = optim.muon;
-  j["optimizer"]["muon"] = {{"lr", optim.muon_lr},
-                            {"momentum", mu.momentum},
-                            {"nesterov", mu.nesterov},
-                            {"ns_steps", mu.ns_steps},
-                            {"weight_decay", mu.weight_decay},
-                            {"scale_rule", muon_scale_rule_name(mu.scale_rule)},
-                            {"split_qkv", mu.split_qkv},
-                            {"orthogonalizer", orthogonalizer_name(mu.orthogonalizer)},
-                            {"variant", muon_variant_name(mu.variant)},
-                            {"beta2", mu.beta2},
-                            {"split_heads", mu.split_heads},
-                            {"qk_clip", optim.qk_clip},
-                            {"overlap_backward", optim.overlap_backward}};
-  j["optimizer"]["adamw"] = {{"lr", optim.adamw_lr},
-                             {"beta1", optim.adamw.beta1},
-                             {"beta2", optim.adamw.beta2},
-                             {"eps", optim.adamw.eps},
-                             {"weight_decay", optim.adamw.weight_decay}};
-  j["schedule"] = {{"warmup_steps", optim.schedule.warmup_steps},
-                   {"decay", decay_kind_name(optim.schedule.kind)},
-                   {"floor", optim.schedule.floor},
-                   {"decay_fraction", optim.schedule.decay_fraction}};
-  j["runtime"] = {{"device", runtime.device}};
-  j["precision"] = {{"param_dtype", dtype_name(optim.param_dtype)}, {"reduce_dtype", dtype_name(optim.reduce_dtype)}};
-  j["sharding"] = {{"placement", placement_name(sharding.placement)},
-                   {"backend", comm_backend_name(sharding.backend)},
-                   {"replicate", sharding.replicate},
-                   {"debug_checks", sharding.debug_checks},
-                   {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},
-                   {"collective_timeout_s", sharding.collective_timeout_s}};
-  j["training"] = {{"steps", training.steps},
-                   {"micro_batch_size", training.micro_batch_size},
-                   {"grad_accum", training.grad_accum},
-                   {"eval_interval", training.eval_interval},
-                   {"eval_tokens", training.eval_tokens},
-                   {"grad_clip", optim.grad_clip},
-                   {"seed", training.seed},
-                   {"target_val_loss", training.target_val_loss ? json(*training.target_val_loss) : json(nullptr)},
-                   {"sample_tokens", training.sample_tokens},
-                   {"recompute", training.recompute},
-                   {"resume", training.resume}};
-  j["logging"] = {{"interval", logging.interval}, {"peak_tflops", logging.peak_tflops}, {"run_dir", p(logging.run_dir)}};
-  j["output"] = {{"export", p(output.export_path)}};
-  j["checkpoint"] = {{"dir", p(checkpoint.dir)},
-                     {"interval", checkpoint.interval},
-                     {"keep_last", checkpoint.keep_last},
-                     {"at_end", checkpoint.at_end}};
-  return j;
-}
-
 TrainConfig parse_train_config(const json& doc, const std::string& source, const std::string& base_dir,
                                const std::vector<std::string>& overrides) {
   const json schema = TrainConfig{}.to_json(false);
@@ -551,6 +454,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
     r.fail("sharding.replicate", "ddp is already fully replicated; use matrixfsdp, fsdp2 or zero1 with replicate > 1");
   if (c.sharding.replicate > 1 && c.optim.overlap_backward)
     r.fail("sharding.replicate", "optimizer.muon.overlap_backward is not supported with replicate > 1");
+  c.optim.prefetch_depth = r.i32("sharding.prefetch_depth", -1, 64);
+  c.optim.prefetch_limit_bytes = r.i64("sharding.prefetch_limit_bytes", 0);
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);

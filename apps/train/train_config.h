@@ -129,8 +129,8 @@ struct TrainConfig {
   DataSection data;
   /// The engine's options, parsed straight into the library structs: JSON "optimizer.muon"
   /// (lr -> muon_lr, the rest -> muon), "optimizer.adamw" (lr -> adamw_lr, the rest -> adamw),
-  /// "schedule" (total_steps = training.steps), "training.grad_clip", "training.recompute" and
-  /// "precision" (param_dtype, reduce_dtype).
+  /// "schedule" (total_steps = training.steps), "training.grad_clip", "training.recompute",
+  /// "precision" (param_dtype, reduce_dtype) and "sharding.prefetch_depth" / "prefetch_limit_bytes".
   EngineOptions optim;
   RuntimeSection runtime;
   ShardingSection sharding;

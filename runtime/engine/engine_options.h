@@ -41,6 +41,15 @@ struct EngineOptions {
   /// only each unit's input; the backward re-runs the unit's forward before differentiating it.
   /// Bitwise equal to recompute off; the last unit (the loss head) is never recomputed.
   bool recompute_units = false;
+  /// FSDP prefetching (sharded placements): while unit u computes, the gathers of the units the
+  /// next `prefetch_depth` units need are started (Communicator::start_all_gather_v; on CUDA with
+  /// NCCL they run on the comm stream), in the forward and in the backward. -1 = the device's
+  /// default: 1 on CUDA, 0 on CPU (MPI progresses a started gather only inside MPI calls, so on
+  /// CPU prefetching costs memory and gains little). `prefetch_limit_bytes` > 0 caps the gathered
+  /// parameter bytes a prefetch may bring a rank to; the gather a unit needs now is never refused.
+  /// Results are bitwise equal at every depth.
+  int prefetch_depth = -1;
+  int64_t prefetch_limit_bytes = 0;
 };
 
 /// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked

@@ -40,6 +40,9 @@ EngineOptions resolve_options(const EngineOptions& in, const UnitModel& model) {
             "optimizer.muon.qk_clip must be finite and >= 0, got " + std::to_string(o.qk_clip));
   check_arg(o.qk_clip == 0 || !model.attention_heads().empty(), "ShardedEngine",
             "optimizer.muon.qk_clip: the model reports no attention heads");
+  check_arg(o.prefetch_depth >= -1 && o.prefetch_limit_bytes >= 0, "ShardedEngine",
+            "prefetch depth must be >= -1 and the prefetch limit >= 0, got " + std::to_string(o.prefetch_depth) +
+                " and " + std::to_string(o.prefetch_limit_bytes));
   check_arg(!o.overlap_backward || o.grad_clip <= 0, "ShardedEngine",
             "optimizer.muon.overlap_backward needs training.grad_clip = 0 (clipping changes the Muon input after "
             "the whole backward), got grad_clip " + std::to_string(o.grad_clip));
@@ -75,7 +78,8 @@ ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPl
       traits_(placement_traits(plan.placement, replicas ? replicas->world_size() : 1)), rank_(comm.rank()),
       world_(comm.world_size()), replicas_(traits_.replicated ? replicas : nullptr),
       replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_, opts_.param_dtype, opts_.reduce_dtype),
-      owners_(units_, comm, plan_, traits_, opts_) {
+      owners_(units_, comm, plan_, traits_, opts_),
+      prefetch_depth_(opts_.prefetch_depth >= 0 ? opts_.prefetch_depth : comm.device() == Device::CUDA ? 1 : 0) {
   check_arg(!(replicas_ && opts_.overlap_backward), "ShardedEngine",
             "optimizer.muon.overlap_backward is not supported with sharding.replicate > 1");
   if (comm.device() != Device::CPU) {  // the CUDA kernels implement Keller Jordan's Muon only
@@ -205,11 +209,18 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
   const int U = units_.size();
   // a recomputed unit keeps only its input from the forward (out[u] is in[u + 1]'s storage)
   auto recomputed = [&](int u) { return opts_.recompute_units && u != U - 1; };
+  // start the gathers of the next units in pass order (dir +1 forward, -1 backward) while u computes
+  auto prefetch_after = [&](int u, int dir, CommPhase phase) {
+    for (int k = 1; k <= prefetch_depth_; ++k)
+      if (const int next = u + dir * k; next >= 0 && next < U)
+        for (int d : model_.units_needed_by(next)) units_.prefetch(d, phase, opts_.prefetch_limit_bytes);
+  };
   // forward: gather -> compute -> free, unit by unit (the last unit stays for backward)
   double t0 = now_seconds();
   std::vector<Tensor> out(U), in(U);
   for (int u = 0; u < U; ++u) {
     for (int d : model_.units_needed_by(u)) units_.gather(d, CommPhase::fwd_gather);
+    prefetch_after(u, +1, CommPhase::fwd_gather);
     if (u > 0) {
       in[u] = out[u - 1].detach();
       in[u].set_requires_grad(true);
@@ -234,6 +245,7 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
       units_.gather(d, CommPhase::bwd_gather);
       units_.ensure_grad_buffers(d);
     }
+    prefetch_after(u, -1, CommPhase::bwd_gather);
     if (recomputed(u)) out[u] = model_.forward_unit(u, in[u], mb, 0);  // the same values, now with a graph
     backward(out[u], grad);
     out[u] = Tensor();

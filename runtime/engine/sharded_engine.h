@@ -164,6 +164,7 @@ class ShardedEngine {
   UnitBuffers units_;
   OwnerState owners_;
   std::vector<std::vector<RowScale>> qk_heads_;  ///< QK-Clip: each model head's rows (factor unset)
+  int prefetch_depth_;  ///< opts_.prefetch_depth with the device default resolved
 };
 
 }  // namespace mfsdp

@@ -106,16 +106,53 @@ void UnitBuffers::unpack_params(UnitBuffer& unit) {
 void UnitBuffers::gather(int u, CommPhase phase, DType dtype) {
   UnitBuffer& unit = this->unit(u);
   if (unit.gathered) return;
+  if (!unit.pending) start_gather(unit, phase, dtype);
+  finish_gather(unit);
+}
+
+bool UnitBuffers::prefetch(int u, CommPhase phase, int64_t limit_bytes) {
+  UnitBuffer& unit = this->unit(u);
+  if (unit.gathered || unit.pending) return true;
+  if (limit_bytes > 0 && gathered_bytes() + unit_gather_bytes(unit, param_dtype_) > limit_bytes) return false;
+  start_gather(unit, phase, param_dtype_);
+  return true;
+}
+
+int64_t UnitBuffers::unit_gather_bytes(const UnitBuffer& unit, DType dtype) const {
+  const int64_t f32 = 4 * (unit.total + unit.unpacked.numel());
+  return dtype == DType::bf16 ? f32 + 2 * (unit.total + unit.my_count) : f32;
+}
+
+int64_t UnitBuffers::gathered_bytes() const {
+  int64_t sum = 0;
+  for (const auto& unit : units_)
+    if (!traits_.resident && (unit->gathered || unit->pending))
+      sum += unit_gather_bytes(*unit, unit->pending ? unit->pending_dtype : param_dtype_);
+  return sum;
+}
+
+// bf16: the owned f32 segment rounded to bf16 goes on the wire, widened into `full` at the finish.
+void UnitBuffers::start_gather(UnitBuffer& unit, CommPhase phase, DType dtype) {
   unit.full.storage()->materialize();
-  if (dtype == DType::bf16) {  // bf16 on the wire, widened into the f32 unit buffer
+  unit.pending_dtype = dtype;
+  if (dtype == DType::bf16) {
     MemCategoryScope s(MemCategory::comm_buffers);
-    const Tensor mine = unit.shard.to(DType::bf16);
-    const Tensor full = Tensor::empty({unit.total}, DType::bf16, device_);
-    comm_.all_gather_v(unit.my_count ? mine.data_ptr() : nullptr, full.data_ptr(), unit.counts, DType::bf16, phase);
-    kernels(device_).convert(full.data_ptr(), DType::bf16, unit.full.data_ptr(), DType::f32, unit.total);
+    unit.wire_send = unit.shard.to(DType::bf16);
+    unit.wire_full = Tensor::empty({unit.total}, DType::bf16, device_);
+    unit.pending = comm_.start_all_gather_v(unit.my_count ? unit.wire_send.data_ptr() : nullptr,
+                                            unit.wire_full.data_ptr(), unit.counts, DType::bf16, phase);
   } else {
-    comm_.all_gather_v(unit.my_count ? unit.shard.data_f32() : nullptr, unit.full.data_f32(), unit.counts,
-                       DType::f32, phase);
+    unit.pending = comm_.start_all_gather_v(unit.my_count ? unit.shard.data_f32() : nullptr, unit.full.data_f32(),
+                                            unit.counts, DType::f32, phase);
+  }
+}
+
+void UnitBuffers::finish_gather(UnitBuffer& unit) {
+  unit.pending->wait();
+  unit.pending.reset();
+  if (unit.pending_dtype == DType::bf16) {
+    kernels(device_).convert(unit.wire_full.data_ptr(), DType::bf16, unit.full.data_ptr(), DType::f32, unit.total);
+    unit.wire_send = unit.wire_full = Tensor();
   }
   unit.unpacked.storage()->materialize();
   unpack_params(unit);
@@ -125,6 +162,7 @@ void UnitBuffers::gather(int u, CommPhase phase, DType dtype) {
 
 void UnitBuffers::release(int u) {
   UnitBuffer& unit = this->unit(u);
+  if (unit.pending) finish_gather(unit);  // a prefetch nobody used: complete it, then drop it
   if (traits_.resident || !unit.gathered) return;
   unit.full.storage()->release();
   unit.unpacked.storage()->release();

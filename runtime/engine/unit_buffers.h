@@ -35,7 +35,12 @@ struct UnitBuffer {
   std::vector<UnitParam> params;
   bool any_direct = false;         ///< some parameter is a view into `full` (else `full` only stages)
   bool gathered = false, grads_live = false;
+  /// A started (prefetched) gather: the collective and, under bf16, its wire buffers.
+  std::unique_ptr<PendingCollective> pending;
+  Tensor wire_send, wire_full;
+  DType pending_dtype = DType::f32;
 };
+
 
 /// The unit buffers of one rank and the collectives that fill and drain them.
 class UnitBuffers {
@@ -60,6 +65,13 @@ class UnitBuffers {
   void gather(int u, CommPhase phase) { gather(u, phase, param_dtype_); }
   /// The same in `dtype` (f32: the exact master values, for exports).
   void gather(int u, CommPhase phase, DType dtype);
+  /// Starts unit u's gather in param_dtype without waiting for it (Communicator::
+  /// start_all_gather_v), unless it is gathered or started already, or the gathered bytes would
+  /// pass `limit_bytes` (0 = no limit); gather(u) finishes it. Returns whether u is now gathered
+  /// or on its way.
+  bool prefetch(int u, CommPhase phase, int64_t limit_bytes);
+  /// Bytes of the units gathered or being gathered now (f32 buffers plus bf16 wire copies).
+  int64_t gathered_bytes() const;
   /// Frees unit u's gathered bytes (never for resident placements).
   void release(int u);
   /// Materializes and zeroes unit u's full gradient buffers before its backward.
@@ -90,6 +102,9 @@ class UnitBuffers {
  private:
   void build_unit(int ui);
   void unpack_params(UnitBuffer& unit);
+  void start_gather(UnitBuffer& unit, CommPhase phase, DType dtype);
+  void finish_gather(UnitBuffer& unit);
+  int64_t unit_gather_bytes(const UnitBuffer& unit, DType dtype) const;
   void reduce_to_owners(UnitBuffer& unit);
   void all_reduce_gradients(UnitBuffer& unit);
   Tensor buffer(int64_t numel, MemCategory cat, bool materialized) const;

@@ -245,3 +245,18 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"recompute": "full"}})"),
                     Contains("training.recompute: unknown value \"full\""));
 }
+
+TEST_CASE("sharding.prefetch_depth and prefetch_limit_bytes", "[config][gpu]") {
+  auto parse = [](const std::vector<std::string>& overrides) {
+    return parse_train_config(nlohmann::json::parse(R"({"data": {"train": "x.bin"}})"), "p.json", ".", overrides);
+  };
+  CHECK(parse({}).optim.prefetch_depth == -1);
+  CHECK(parse({}).optim.prefetch_limit_bytes == 0);
+  const TrainConfig c = parse({"sharding.prefetch_depth=2", "sharding.prefetch_limit_bytes=1048576"});
+  CHECK(c.optim.prefetch_depth == 2);
+  CHECK(c.optim.prefetch_limit_bytes == 1048576);
+  CHECK(c.to_json()["sharding"]["prefetch_depth"] == 2);
+  CHECK_THROWS_WITH(parse({"sharding.prefetch_depth=-2"}), Contains("sharding.prefetch_depth: must be >= -1, got -2"));
+  CHECK_THROWS_WITH(parse({"sharding.prefetch_limit_bytes=-1"}),
+                    Contains("sharding.prefetch_limit_bytes: must be >= 0, got -1"));
+}

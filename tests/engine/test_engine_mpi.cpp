@@ -77,6 +77,7 @@ struct Run {
   CommCounters counters;
   ShardPlan plan;
   int64_t ns_calls = 0;
+  int64_t gathered_peak = 0;  ///< peak bytes of gathered parameters during the steps
 };
 
 // Trains kSteps steps on `comm` under `placement`, `accum` micro-batches of `B` sequences per
@@ -97,12 +98,14 @@ Run train(Communicator& comm, Placement placement, int accum, int64_t B, const S
   engine.init_parameters(setup.seed);
   comm.reset_counters();
   reset_newton_schulz_call_count();
+  MemoryTracker::instance().reset_peaks();
   for (int s = 0; s < setup.steps; ++s) {
     auto g = global_tokens(s, static_cast<int64_t>(W) * accum * B, kT, setup.cfg.vocab_size);
     std::vector<MicroBatch> micro;
     for (int k = 0; k < accum; ++k) micro.push_back(slice_batch(g, (static_cast<int64_t>(k) * W + r) * B, B, kT));
     run.stats.push_back(engine.train_step(micro, s));
   }
+  run.gathered_peak = MemoryTracker::instance().peak(comm.device(), MemCategory::gathered_params);
   run.counters = comm.counters();
   run.ns_calls = newton_schulz_call_count();
   run.fingerprint = engine.state_fingerprint();
@@ -507,4 +510,31 @@ TEST_CASE("bf16 parameters are refused under resident placements", "[variants][p
   bad.param_dtype = DType::i32;
   const ShardPlan plan = make_plan(model.inventory(), world().world_size(), Placement::matrixfsdp);
   CHECK_THROWS_WITH(ShardedEngine(model, world(), plan, bad), Catch::Contains("f32 or bf16"));
+}
+
+TEST_CASE("prefetch: bitwise equal at every depth and under a byte limit, which bounds the gathered bytes",
+          "[variants][bitwise][prefetch]") {
+  const int W = world().world_size();
+  auto with_prefetch = [](int depth, int64_t limit, DType dt) {
+    return variant([=](EngineOptions& o) {
+      o.prefetch_depth = depth;
+      o.prefetch_limit_bytes = limit;
+      o.param_dtype = dt;
+    });
+  };
+  for (DType dt : {DType::f32, DType::bf16})
+    for (Placement p : {Placement::matrixfsdp, Placement::fsdp2})
+      for (int A : {1, 2}) {
+        INFO(placement_name(p) << " " << dtype_name(dt) << " at world " << W << ", A = " << A);
+        const int64_t B = kGlobalSeqs / (static_cast<int64_t>(W) * A);
+        const Run none = train(world(), p, A, B, with_prefetch(0, 0, dt));
+        const Run deep = train(world(), p, A, B, with_prefetch(2, 0, dt));
+        const Run capped = train(world(), p, A, B, with_prefetch(2, 1, dt));  // a 1-byte limit: no prefetch fits
+        check_bitwise(deep, none);
+        check_bitwise(capped, none);
+        for (CommPhase ph : {CommPhase::fwd_gather, CommPhase::bwd_gather})
+          CHECK(deep.counters.at(ph).bytes_received == none.counters.at(ph).bytes_received);
+        CHECK(deep.gathered_peak > none.gathered_peak);  // two more units held while one computes
+        CHECK(capped.gathered_peak == none.gathered_peak);
+      }
 }
