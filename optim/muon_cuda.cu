@@ -273,47 +273,69 @@ void gemm_bf16(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int
                             C, CUDA_R_16BF, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-/// Newton-Schulz of row-major [rows, cols] f32 `in` into f32 `out` using ws buffers x, y, a, b.
-void newton_schulz_device(const float* in, float* out, int64_t rows, int64_t cols, int steps, cudaStream_t stream,
-                          cublasHandle_t handle, MuonCudaWorkspace& ws) {
+void gemm_bf16_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                       int64_t k, float alpha, const void* A, int64_t lda, int64_t sa, const void* B, int64_t ldb,
+                       int64_t sb, float beta, void* C, int64_t ldc, int64_t sc, int64_t batch) {
+  if (batch == 1) {
+    gemm_bf16(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                          &alpha, A, CUDA_R_16BF, static_cast<int>(lda), sa, B, CUDA_R_16BF,
+                                          static_cast<int>(ldb), sb, &beta, C, CUDA_R_16BF, static_cast<int>(ldc), sc,
+                                          static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/// Newton-Schulz of `batch` contiguous row-major [rows, cols] f32 matrices `in` (matrix i at
+/// i*rows*cols) into `out`, using ws buffers x, y, a, b sized for the batch. Each matrix is
+/// normalized by its own f32 norm; the iterations are one chain of strided-batched bf16 GEMMs
+/// over the whole batch (a plain GEMM when batch is 1).
+void newton_schulz_device(const float* in, float* out, int64_t batch, int64_t rows, int64_t cols, int steps,
+                          cudaStream_t stream, cublasHandle_t handle, MuonCudaWorkspace& ws) {
   const int64_t numel = rows * cols;
   const bool transposed = rows > cols;
   const int64_t m = transposed ? cols : rows;
   const int64_t n = transposed ? rows : cols;
-
-  const int pb = partial_blocks(numel);
-  sumsq_partial_kernel<<<pb, kThreads, 0, stream>>>(in, numel, ws.partial);
-  CUDA_CHECK_LAUNCH("sumsq_partial_kernel");
-  sumsq_finalize_kernel<<<1, kThreads, 0, stream>>>(ws.partial, pb, nullptr, ws.inv_norm, kNewtonSchulzNormEps);
-  CUDA_CHECK_LAUNCH("sumsq_finalize_kernel");
-
   auto* x = static_cast<__nv_bfloat16*>(ws.x);
   auto* y = static_cast<__nv_bfloat16*>(ws.y);
-  if (transposed) {
-    const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
-    normalize_transpose_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(in, x, rows, cols, ws.inv_norm);
-  } else {
-    normalize_kernel<<<grid_for(numel), kThreads, 0, stream>>>(in, x, numel, ws.inv_norm);
+
+  const int pb = partial_blocks(numel);
+  for (int64_t i = 0; i < batch; ++i) {  // per-matrix f32 norm, then the bf16 iterate X_i
+    const float* u = in + i * numel;
+    sumsq_partial_kernel<<<pb, kThreads, 0, stream>>>(u, numel, ws.partial);
+    CUDA_CHECK_LAUNCH("sumsq_partial_kernel");
+    sumsq_finalize_kernel<<<1, kThreads, 0, stream>>>(ws.partial, pb, nullptr, ws.inv_norm + i, kNewtonSchulzNormEps);
+    CUDA_CHECK_LAUNCH("sumsq_finalize_kernel");
+    if (transposed) {
+      const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+      normalize_transpose_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(u, x + i * numel, rows, cols, ws.inv_norm + i);
+    } else {
+      normalize_kernel<<<grid_for(numel), kThreads, 0, stream>>>(u, x + i * numel, numel, ws.inv_norm + i);
+    }
+    CUDA_CHECK_LAUNCH("normalize_kernel");
   }
-  CUDA_CHECK_LAUNCH("normalize_kernel");
 
   {
     CublasScope scope(handle, stream);
+    const int64_t sx = m * n, sa = m * m;
     for (int it = 0; it < steps; ++it) {
-      gemm_bf16(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, x, n, x, n, 0.0f, ws.a, m);
-      CUDA_CHECK(cudaMemcpyAsync(ws.b, ws.a, static_cast<size_t>(m * m) * 2, cudaMemcpyDeviceToDevice, stream));
-      gemm_bf16(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, kNewtonSchulzC, ws.a, m, ws.a, m, kNewtonSchulzB, ws.b, m);
-      CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<size_t>(m * n) * 2, cudaMemcpyDeviceToDevice, stream));
-      gemm_bf16(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, x, n, ws.b, m, kNewtonSchulzA, y, n);
+      gemm_bf16_batched(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, m, n, 1.0f, x, n, sx, x, n, sx, 0.0f, ws.a, m, sa, batch);
+      CUDA_CHECK(cudaMemcpyAsync(ws.b, ws.a, static_cast<size_t>(batch * sa) * 2, cudaMemcpyDeviceToDevice, stream));
+      gemm_bf16_batched(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, kNewtonSchulzC, ws.a, m, sa, ws.a, m, sa,
+                        kNewtonSchulzB, ws.b, m, sa, batch);
+      CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<size_t>(batch * sx) * 2, cudaMemcpyDeviceToDevice, stream));
+      gemm_bf16_batched(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, m, 1.0f, x, n, sx, ws.b, m, sa, kNewtonSchulzA, y, n,
+                        sx, batch);
       std::swap(x, y);
     }
   }
 
   if (transposed) {
     const dim3 grid(static_cast<unsigned>((rows + kTile - 1) / kTile), static_cast<unsigned>((cols + kTile - 1) / kTile));
-    bf16_transpose_to_f32_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(x, out, rows, cols);
+    for (int64_t i = 0; i < batch; ++i)
+      bf16_transpose_to_f32_kernel<<<grid, dim3(kTile, 8), 0, stream>>>(x + i * numel, out + i * numel, rows, cols);
   } else {
-    bf16_to_f32_kernel<<<grid_for(numel), kThreads, 0, stream>>>(x, out, numel);
+    bf16_to_f32_kernel<<<grid_for(batch * numel), kThreads, 0, stream>>>(x, out, batch * numel);
   }
   CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
 }
@@ -341,15 +363,15 @@ void MuonCudaWorkspace::release() {
   x = y = a = b = nullptr;
   partial = nullptr;
   inv_norm = nullptr;
-  numel_ = mn_ = mm_ = bytes_ = 0;
+  numel_ = mn_ = mm_ = bytes_ = batch_ = 0;
 }
 
-void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols) {
-  const int64_t numel = rows * cols;
+void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols, int64_t batch) {
+  const int64_t numel = batch * rows * cols;
   const int64_t small = std::min(rows, cols);
-  const int64_t mm = small * small;
-  if (numel <= numel_ && mm <= mm_ && partial != nullptr) return;
-  const int64_t new_numel = std::max(numel, numel_), new_mm = std::max(mm, mm_);
+  const int64_t mm = batch * small * small;
+  if (numel <= numel_ && mm <= mm_ && batch <= batch_ && partial != nullptr) return;
+  const int64_t new_numel = std::max(numel, numel_), new_mm = std::max(mm, mm_), new_batch = std::max(batch, batch_);
   CUDA_CHECK(cudaDeviceSynchronize());  // old buffers may still be in use by queued work
   release();
   CUDA_CHECK(cudaMalloc(&update, static_cast<size_t>(new_numel) * sizeof(float)));
@@ -358,10 +380,11 @@ void MuonCudaWorkspace::reserve(int64_t rows, int64_t cols) {
   CUDA_CHECK(cudaMalloc(&a, static_cast<size_t>(std::max<int64_t>(new_mm, 1)) * 2));
   CUDA_CHECK(cudaMalloc(&b, static_cast<size_t>(std::max<int64_t>(new_mm, 1)) * 2));
   CUDA_CHECK(cudaMalloc(&partial, kPartials * sizeof(double)));
-  CUDA_CHECK(cudaMalloc(&inv_norm, sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&inv_norm, static_cast<size_t>(new_batch) * sizeof(float)));
   numel_ = mn_ = new_numel;
   mm_ = new_mm;
-  bytes_ = new_numel * (4 + 2 + 2) + new_mm * 4 + kPartials * 8 + 4;
+  batch_ = new_batch;
+  bytes_ = new_numel * (4 + 2 + 2) + new_mm * 4 + kPartials * 8 + 4 * new_batch;
 }
 
 // ---- public entry points ----
@@ -378,7 +401,24 @@ void newton_schulz_cuda(const float* G, float* out, int64_t rows, int64_t cols, 
   MuonCudaWorkspace local;
   MuonCudaWorkspace& w = ws ? *ws : local;
   w.reserve(rows, cols);
-  newton_schulz_device(G, out, rows, cols, steps, stream, handle, w);
+  newton_schulz_device(G, out, 1, rows, cols, steps, stream, handle, w);
+  if (!ws) CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void newton_schulz_batched_cuda(const float* G, float* out, int64_t batch, int64_t rows, int64_t cols, int steps,
+                                cudaStream_t stream, cublasHandle_t handle, MuonCudaWorkspace* ws) {
+  if (batch < 0 || rows < 0 || cols < 0 || steps < 0 || batch > INT_MAX)
+    throw std::invalid_argument("[newton_schulz_batched_cuda] bad batch " + std::to_string(batch) + ", shape [" +
+                                std::to_string(rows) + ", " + std::to_string(cols) + "] or steps " +
+                                std::to_string(steps));
+  for (int64_t i = 0; i < batch; ++i) detail::count_newton_schulz_call();
+  if (batch == 0 || rows == 0 || cols == 0) return;
+  if (G == nullptr || out == nullptr) throw std::invalid_argument("[newton_schulz_batched_cuda] null buffer");
+  check_gemm_dims("newton_schulz_batched_cuda", rows, cols);
+  MuonCudaWorkspace local;
+  MuonCudaWorkspace& w = ws ? *ws : local;
+  w.reserve(rows, cols, batch);
+  newton_schulz_device(G, out, batch, rows, cols, steps, stream, handle, w);
   if (!ws) CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
@@ -392,18 +432,16 @@ void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t co
   check_gemm_dims("muon_step_cuda", rows, cols);
   MuonCudaWorkspace local;
   MuonCudaWorkspace& w = ws ? *ws : local;
+  const int64_t brows = rows / blocks;
   w.reserve(rows, cols);
+  w.reserve(brows, cols, blocks);  // before the momentum: a growing workspace drops w.update
 
   const int64_t numel = rows * cols;
   momentum_kernel<<<grid_for(numel), kThreads, 0, stream>>>(G, M, w.update, numel, static_cast<float>(opt.momentum),
                                                             static_cast<float>(1.0 - opt.momentum), opt.nesterov);
   CUDA_CHECK_LAUNCH("momentum_kernel");
-  const int64_t brows = rows / blocks;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    float* ub = w.update + blk * brows * cols;
-    detail::count_newton_schulz_call();
-    newton_schulz_device(ub, ub, brows, cols, opt.ns_steps, stream, handle, w);
-  }
+  for (int64_t blk = 0; blk < blocks; ++blk) detail::count_newton_schulz_call();
+  newton_schulz_device(w.update, w.update, blocks, brows, cols, opt.ns_steps, stream, handle, w);
   const double scale = muon_scale(brows, cols, opt.scale_rule);
   apply_update_kernel<<<grid_for(numel), kThreads, 0, stream>>>(
       W, w.update, numel, static_cast<float>(1.0 - lr * opt.weight_decay), static_cast<float>(lr * scale));

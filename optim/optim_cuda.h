@@ -25,23 +25,24 @@ class MuonCudaWorkspace {
   MuonCudaWorkspace(const MuonCudaWorkspace&) = delete;
   MuonCudaWorkspace& operator=(const MuonCudaWorkspace&) = delete;
 
-  /// Ensures room for a Muon step on a [rows, cols] matrix (synchronizes the device when it grows).
-  void reserve(int64_t rows, int64_t cols);
+  /// Ensures room for a Muon step on a [rows, cols] matrix, or for Newton-Schulz on `batch` of
+  /// them at once (synchronizes the device when it grows).
+  void reserve(int64_t rows, int64_t cols, int64_t batch = 1);
   /// Bytes of device memory currently held.
   int64_t bytes() const { return bytes_; }
 
   float* update = nullptr;      ///< [rows*cols] f32: the Muon input U, then the f32 NS output
-  void* x = nullptr;            ///< [m*n] bf16 iterate
-  void* y = nullptr;            ///< [m*n] bf16 next iterate
-  void* a = nullptr;            ///< [m*m] bf16 Gram matrix A = X X^T
-  void* b = nullptr;            ///< [m*m] bf16 B = b*A + c*A A
+  void* x = nullptr;            ///< [batch*m*n] bf16 iterates
+  void* y = nullptr;            ///< [batch*m*n] bf16 next iterates
+  void* a = nullptr;            ///< [batch*m*m] bf16 Gram matrices A = X X^T
+  void* b = nullptr;            ///< [batch*m*m] bf16 B = b*A + c*A A
   double* partial = nullptr;    ///< [kPartials] f64 per-block partial sums of squares
-  float* inv_norm = nullptr;    ///< [1] f32 1 / (||U||_F + 1e-7)
+  float* inv_norm = nullptr;    ///< [batch] f32 1 / (||U_i||_F + 1e-7)
   static constexpr int kPartials = 1024;
 
  private:
   void release();
-  int64_t numel_ = 0, mn_ = 0, mm_ = 0, bytes_ = 0;
+  int64_t numel_ = 0, mn_ = 0, mm_ = 0, bytes_ = 0, batch_ = 0;
 };
 
 /// Newton-Schulz on device: G, out [rows, cols] row-major f32 (out may equal G). Normalizes in f32
@@ -50,6 +51,14 @@ class MuonCudaWorkspace {
 /// stream is synchronized before it is freed). Increments newton_schulz_call_count().
 void newton_schulz_cuda(const float* G, float* out, int64_t rows, int64_t cols, int steps,
                         cudaStream_t stream, cublasHandle_t handle, MuonCudaWorkspace* ws = nullptr);
+
+/// Newton-Schulz of `batch` contiguous [rows, cols] row-major f32 matrices (G and out hold
+/// batch*rows*cols values, matrix i at i*rows*cols; out may equal G): each normalized by its own
+/// f32 norm, then one chain of strided-batched bf16 GEMMs (cublasGemmStridedBatchedEx, f32
+/// accumulation) for the whole batch, with no padding. Same per-matrix arithmetic as
+/// newton_schulz_cuda; counts `batch` calls. Throws std::invalid_argument on bad sizes.
+void newton_schulz_batched_cuda(const float* G, float* out, int64_t batch, int64_t rows, int64_t cols, int steps,
+                                cudaStream_t stream, cublasHandle_t handle, MuonCudaWorkspace* ws = nullptr);
 
 /// One Muon step on device, same contract as muon_step_cpu (W, G, M: [rows, cols] row-major f32).
 void muon_step_cuda(float* W, const float* G, float* M, int64_t rows, int64_t cols, double lr,

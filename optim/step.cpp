@@ -71,9 +71,8 @@ void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t 
   }
   check_cuda_orthogonalizer(opt, "muon_orthogonalize");
 #if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  for (int64_t b = 0; b < blocks; ++b)
-    newton_schulz_cuda(U.data_f32() + b * brows * cols, O.data_f32() + b * brows * cols, brows, cols, opt.ns_steps,
-                       stream(), handle(), &workspace());
+  newton_schulz_batched_cuda(U.data_f32(), O.data_f32(), blocks, brows, cols, opt.ns_steps, stream(), handle(),
+                             &workspace());
 #else
   no_cuda("muon_orthogonalize");
 #endif

@@ -20,7 +20,9 @@ void muon_momentum(const Tensor& G, const Tensor& M, const Tensor& U, const Muon
 /// Muon phase 2 (orthogonalize): O = polar(U) by opt.orthogonalizer (optim/orthogonalize.h) of a
 /// [rows, cols] matrix taken as `blocks` row blocks of rows/blocks rows each (split_qkv or
 /// split_heads), each orthogonalized separately (O may alias U). CPU: orthogonalize_strided_cpu;
-/// CUDA: Newton-Schulz only. Counts one orthogonalization per block. Throws std::invalid_argument
+/// CUDA: Newton-Schulz only, all blocks in one strided-batched bf16 GEMM chain. Callers batch
+/// same-shape matrices by laying them out contiguously as blocks of one tall matrix (the engine
+/// does so for an owner's same-shape Muon matrices). Counts one orthogonalization per block. Throws std::invalid_argument
 /// when blocks does not divide rows, on mismatched tensors, or for an orthogonalizer other than
 /// newton_schulz5 on CUDA tensors.
 void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t cols, int64_t blocks,

@@ -50,6 +50,10 @@ struct EngineOptions {
   /// Results are bitwise equal at every depth.
   int prefetch_depth = -1;
   int64_t prefetch_limit_bytes = 0;
+  /// Orthogonalize an owner's same-shape Muon matrices together (one strided-batched bf16
+  /// Newton-Schulz chain per shape on CUDA, no padding): 1 on, 0 off, -1 = on for CUDA only (on
+  /// the CPU a batch is a loop, so it only costs a batch buffer). Bitwise equal either way.
+  int batch_orthogonalize = -1;
 };
 
 /// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked

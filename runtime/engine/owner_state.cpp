@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "optim/clip.h"
@@ -121,6 +122,8 @@ void OwnerState::optimizer_step(int64_t step, StepStats& st, const std::vector<R
   st.lr_muon = opts_.muon_lr * mult;
   st.lr_adamw = opts_.adamw_lr * mult;
   ++steps_;
+  const bool batched = opts_.batch_orthogonalize > 0 || (opts_.batch_orthogonalize < 0 && units_.device() == Device::CUDA);
+  if (batched && !traits_.gathered_muon_input) orthogonalize_batched();
   for (OwnedPiece& o : pieces_) {
     const MatrixShard& s = plan_.shards[o.shard];
     if (s.optimizer == OptimizerKind::muon) {
@@ -168,6 +171,34 @@ Tensor OwnerState::orthogonalized(OwnedPiece& o, bool commit) {
   Tensor update = Tensor::empty({rows * cols}, DType::f32, dev);
   muon_orthogonalize(full_u.view(0, {rows * cols}), update, rows, cols, blocks, opts_.muon);
   return update;
+}
+
+void OwnerState::orthogonalize_batched() {
+  std::map<std::array<int64_t, 3>, std::vector<OwnedPiece*>> groups;  // (rows, cols, blocks) -> pieces
+  for (OwnedPiece& o : pieces_) {
+    const MatrixShard& s = plan_.shards[o.shard];
+    if (s.optimizer != OptimizerKind::muon || o.update.defined() || o.numel == 0 || o.numel != s.numel()) continue;
+    const int64_t blocks = detail::muon_block_count(s.shape[0], s.shape[1], opts_.muon, s.qkv_blocks, "OwnerState");
+    groups[{s.shape[0], s.shape[1], blocks}].push_back(&o);
+  }
+  MemCategoryScope scope(MemCategory::other);
+  for (const auto& [shape, group] : groups) {
+    const auto [rows, cols, blocks] = shape;
+    const int64_t numel = rows * cols;
+    const size_t per_chunk = static_cast<size_t>(std::max<int64_t>(1, kBatchBytes / (4 * numel)));
+    for (size_t first = 0; first < group.size(); first += per_chunk) {
+      const int64_t n = static_cast<int64_t>(std::min(per_chunk, group.size() - first));
+      if (n < 2) break;  // a lone matrix takes the one-matrix path
+      Tensor U = Tensor::empty({n * numel}, DType::f32, units_.device());
+      for (int64_t i = 0; i < n; ++i) {
+        OwnedPiece& o = *group[first + static_cast<size_t>(i)];
+        muon_momentum(grad(o), o.m.clone(), U.view(i * numel, {numel}), opts_.muon);  // committed by muon_piece
+      }
+      muon_orthogonalize(U, U, n * rows, cols, n * blocks, opts_.muon);
+      for (int64_t i = 0; i < n; ++i) group[first + static_cast<size_t>(i)]->update = U.view(i * numel, {numel});
+      orthogonalizations_ += n;
+    }
+  }
 }
 
 // One Muon-family step of piece o: the orthogonalized update (made now, or during backward under

@@ -85,6 +85,13 @@ class OwnerState {
   /// The orthogonalized update of o's whole matrix (every rank under fsdp2): momentum of o's rows
   /// (into o.m when commit, else into a copy), the fsdp2 all-gather, then the orthogonalizer.
   Tensor orthogonalized(OwnedPiece& o, bool commit);
+  /// Batched orthogonalization: the updates of the whole Muon matrices this rank owns, grouped by
+  /// shape (and block split), each group's Muon inputs laid out as the row blocks of one tall
+  /// matrix so that CUDA runs one strided-batched Newton-Schulz chain per group (chunks of at
+  /// most kBatchBytes). Sets OwnedPiece::update like overlap_backward does; the same arithmetic
+  /// per matrix as the one-matrix path.
+  void orthogonalize_batched();
+  static constexpr int64_t kBatchBytes = int64_t(256) << 20;
   void muon_piece(OwnedPiece& o, double lr);
   void scale_rows(const std::vector<RowScale>& scales);
 

@@ -538,3 +538,24 @@ TEST_CASE("prefetch: bitwise equal at every depth and under a byte limit, which 
         CHECK(capped.gathered_peak == none.gathered_peak);
       }
 }
+
+TEST_CASE("batched orthogonalization of same-shape owned matrices: bitwise equal, one per matrix",
+          "[variants][bitwise][batched]") {
+  const int W = world().world_size();
+  for (bool split : {false, true})
+    for (Placement p : {Placement::matrixfsdp, Placement::zero1, Placement::ddp}) {
+      INFO(placement_name(p) << (split ? " split_qkv" : "") << " at world " << W);
+      Setup plain = variant([](EngineOptions& o) { o.batch_orthogonalize = 0; }), batched = plain;
+      batched.tweak = [](EngineOptions& o) { o.batch_orthogonalize = 1; };
+      plain.cfg = batched.cfg = tiny_config(4);  // four blocks: groups of up to four same-shape matrices
+      plain.split_qkv = batched.split_qkv = split;
+      const int64_t B = kGlobalSeqs / W;
+      const Run a = train(world(), p, 1, B, batched);
+      check_bitwise(a, train(world(), p, 1, B, plain));
+      int64_t orth = 0;
+      for (const StepStats& st : a.stats) orth += st.orthogonalizations;
+      if (p != Placement::ddp)
+        orth = static_cast<int64_t>(world().all_reduce_scalar(static_cast<double>(orth), ReduceOp::sum, CommPhase::other));
+      CHECK(orth == kSteps * static_cast<int64_t>(a.plan.stats.muon_params));
+    }
+}
