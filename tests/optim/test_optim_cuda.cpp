@@ -129,6 +129,32 @@ TEST_CASE("newton_schulz_cuda (bf16 GEMMs) matches the f32 CPU result", "[cuda][
   }
 }
 
+TEST_CASE("newton_schulz_batched_cuda: each matrix as the one-matrix call, with its own norm", "[cuda][muon]") {
+  Cuda cuda;
+  MuonCudaWorkspace ws;
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{256, 512}, {512, 256}, {100, 37}}) {
+    const int64_t batch = 3, numel = rows * cols;
+    std::vector<float> g = randn(batch * numel, 21 + static_cast<uint32_t>(rows));
+    for (int64_t i = 0; i < numel; ++i) g[static_cast<size_t>(numel + i)] *= 100.0f;  // norms differ per matrix
+    DeviceBuffer dg(g), dout(std::vector<float>(g.size(), 0.0f));
+    newton_schulz_batched_cuda(dg.ptr, dout.ptr, batch, rows, cols, 5, cuda.stream, cuda.handle, &ws);
+    cu(cudaStreamSynchronize(cuda.stream), "sync");
+    const auto out = dout.to_host();
+    for (int64_t b = 0; b < batch; ++b) {
+      INFO("shape " << rows << "x" << cols << ", matrix " << b);
+      const std::vector<float> gi(g.begin() + b * numel, g.begin() + (b + 1) * numel);
+      DeviceBuffer one(gi), one_out(std::vector<float>(gi.size(), 0.0f));
+      newton_schulz_cuda(one.ptr, one_out.ptr, rows, cols, 5, cuda.stream, cuda.handle, &ws);
+      cu(cudaStreamSynchronize(cuda.stream), "sync");
+      const std::vector<float> got(out.begin() + b * numel, out.begin() + (b + 1) * numel);
+      CHECK(rel_fro(got, one_out.to_host()) < 1e-2);  // same bf16 arithmetic; cuBLAS may pick other kernels
+      std::vector<float> ref(gi.size());
+      newton_schulz_cpu(gi.data(), ref.data(), rows, cols, 5);
+      CHECK(rel_fro(got, ref) < 0.04);
+    }
+  }
+}
+
 TEST_CASE("muon_step_cuda matches muon_step_cpu (momentum exact, update to bf16 tolerance)", "[cuda][muon]") {
   Cuda cuda;
   const int64_t rows = 3 * 256, cols = 256;
