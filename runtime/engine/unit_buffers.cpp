@@ -1,5 +1,6 @@
 #include "runtime/engine/unit_buffers.h"
 
+#include <algorithm>
 #include <string>
 
 #include "runtime/kernels.h"
@@ -106,6 +107,10 @@ void UnitBuffers::unpack_params(UnitBuffer& unit) {
 void UnitBuffers::gather(int u, CommPhase phase, DType dtype) {
   UnitBuffer& unit = this->unit(u);
   if (unit.gathered) return;
+  if (unit.pending && unit.pending_dtype != dtype) {  // a prefetch in the other dtype: drop it
+    finish_gather(unit);
+    release(u);
+  }
   if (!unit.pending) start_gather(unit, phase, dtype);
   finish_gather(unit);
 }
@@ -118,16 +123,20 @@ bool UnitBuffers::prefetch(int u, CommPhase phase, int64_t limit_bytes) {
   return true;
 }
 
+// The same number on every rank (prefetch decisions order collectives, so they must agree): the
+// f32 unit buffers, plus while a bf16 gather is in flight its wire copies, counted with the largest
+// segment as the send part.
 int64_t UnitBuffers::unit_gather_bytes(const UnitBuffer& unit, DType dtype) const {
   const int64_t f32 = 4 * (unit.total + unit.unpacked.numel());
-  return dtype == DType::bf16 ? f32 + 2 * (unit.total + unit.my_count) : f32;
+  const int64_t largest = unit.counts.empty() ? 0 : *std::max_element(unit.counts.begin(), unit.counts.end());
+  return dtype == DType::bf16 ? f32 + 2 * (unit.total + largest) : f32;
 }
 
 int64_t UnitBuffers::gathered_bytes() const {
   int64_t sum = 0;
   for (const auto& unit : units_)
     if (!traits_.resident && (unit->gathered || unit->pending))
-      sum += unit_gather_bytes(*unit, unit->pending ? unit->pending_dtype : param_dtype_);
+      sum += unit_gather_bytes(*unit, unit->pending ? unit->pending_dtype : DType::f32);
   return sum;
 }
 

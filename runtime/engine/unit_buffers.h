@@ -35,10 +35,11 @@ struct UnitBuffer {
   std::vector<UnitParam> params;
   bool any_direct = false;         ///< some parameter is a view into `full` (else `full` only stages)
   bool gathered = false, grads_live = false;
-  /// A started (prefetched) gather: the collective and, under bf16, its wire buffers.
-  std::unique_ptr<PendingCollective> pending;
+  /// A started (prefetched) gather: under bf16 its wire buffers, and the collective (declared
+  /// after them, so it is destroyed, i.e. waited for, before they are freed).
   Tensor wire_send, wire_full;
   DType pending_dtype = DType::f32;
+  std::unique_ptr<PendingCollective> pending;
 };
 
 

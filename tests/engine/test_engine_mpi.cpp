@@ -530,8 +530,11 @@ TEST_CASE("prefetch: bitwise equal at every depth and under a byte limit, which 
         const Run none = train(world(), p, A, B, with_prefetch(0, 0, dt));
         const Run deep = train(world(), p, A, B, with_prefetch(2, 0, dt));
         const Run capped = train(world(), p, A, B, with_prefetch(2, 1, dt));  // a 1-byte limit: no prefetch fits
+        // a limit some prefetches fit under (the ranks must take the same decisions)
+        const Run partial = train(world(), p, A, B, with_prefetch(2, (none.gathered_peak + deep.gathered_peak) / 2, dt));
         check_bitwise(deep, none);
         check_bitwise(capped, none);
+        check_bitwise(partial, none);
         for (CommPhase ph : {CommPhase::fwd_gather, CommPhase::bwd_gather})
           CHECK(deep.counters.at(ph).bytes_received == none.counters.at(ph).bytes_received);
         CHECK(deep.gathered_peak > none.gathered_peak);  // two more units held while one computes
