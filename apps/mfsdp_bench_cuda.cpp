@@ -135,6 +135,23 @@ int main(int argc, char** argv) {
     auto bwd_g = [&] { G.attention_backward(dout.data_f32(), qkv.data_f32(), probs.data_f32(), dqkv.data_f32(), B, T, Cd, H); };
     auto bwd_c = [&] { C.attention_backward(dout_c.data_f32(), qkv_c.data_f32(), probs_c.data_f32(), dqkv_c.data_f32(), B, T, Cd, H); };
     row("attention backward", shape, time_cuda(bwd_g, 2, reps), time_cpu(bwd_c, cpu_reps), bwd_gflop);
+    // fused (flash): lse [B,H,T] instead of probs; the same rate formula (full T x T) for comparison
+    const Kernels::AttentionDims a{B, T, H, H, d, 3 * Cd, 3 * Cd};
+    Tensor lse = Tensor::empty({B * H * T}, DType::f32, Device::CUDA), lse_c = lse.to(Device::CPU);
+    const float *q = qkv.data_f32(), *q_c = qkv_c.data_f32();
+    float *dq = dqkv.data_f32(), *dq_c = dqkv_c.data_f32();
+    auto ffwd_g = [&] { G.flash_attention_forward(q, q + Cd, q + 2 * Cd, out.data_f32(), lse.data_f32(), a); };
+    auto ffwd_c = [&] { C.flash_attention_forward(q_c, q_c + Cd, q_c + 2 * Cd, out_c.data_f32(), lse_c.data_f32(), a); };
+    row("fused attention forward", shape, time_cuda(ffwd_g, 2, reps), time_cpu(ffwd_c, cpu_reps), fwd_gflop);
+    auto fbwd_g = [&] {
+      G.flash_attention_backward(dout.data_f32(), q, q + Cd, q + 2 * Cd, out.data_f32(), lse.data_f32(), dq, dq + Cd,
+                                 dq + 2 * Cd, a);
+    };
+    auto fbwd_c = [&] {
+      C.flash_attention_backward(dout_c.data_f32(), q_c, q_c + Cd, q_c + 2 * Cd, out_c.data_f32(), lse_c.data_f32(),
+                                 dq_c, dq_c + Cd, dq_c + 2 * Cd, a);
+    };
+    row("fused attention backward", shape, time_cuda(fbwd_g, 2, reps), time_cpu(fbwd_c, cpu_reps), bwd_gflop);
   }
 
   // ---- LayerNorm + GELU + cross-entropy at GPT-2 small shapes (memory-bound; ms only) ----

@@ -100,6 +100,18 @@ class Kernels {
   virtual void gqa_attention_backward(const float* dout, const float* q, const float* k, const float* v,
                                       const float* probs, float* dq, float* dk, float* dv,
                                       const AttentionDims& a) = 0;
+  /// Fused causal grouped-query attention (FlashAttention, Dao et al. 2022, and FlashAttention-2,
+  /// Dao 2023): the output of gqa_attention_forward without materialising probabilities. lse
+  /// [B,H,T] receives log(sum_{j<=i} exp(q_i.k_j / sqrt(d))) of each query row; with q, k, v and
+  /// out it is all the backward needs. Memory is O(B H T) instead of O(B H T^2).
+  virtual void flash_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                                       const AttentionDims& a) = 0;
+  /// dq += ..., dk += ..., dv += ... as gqa_attention_backward, the probabilities recomputed as
+  /// exp(q_i.k_j / sqrt(d) - lse_i) and the softmax row sums taken as dout_i . out_i (out: the
+  /// forward's output). Deterministic (no atomics; a shared head's query heads add in order).
+  virtual void flash_attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                                        const float* out, const float* lse, float* dq, float* dk, float* dv,
+                                        const AttentionDims& a) = 0;
 
   // ---- Llama building blocks ----
   /// RMSNorm (Zhang & Sennrich 2019; Hugging Face LlamaRMSNorm): y = x * rstd * w per row with

@@ -346,6 +346,89 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  // Fused (flash) attention, blockwise: a block of kFlashRows queries sees only its causal key
+  // prefix, so a thread holds [kFlashRows, T] scores instead of a head's [T, T] probabilities.
+  static constexpr int64_t kFlashRows = 64;
+
+  // In place on s [rows, keys] (row r is query i0 + r against keys 0..keys-1): the scaled logits of
+  // the causal window become exp(logit - lse) with lse computed here (forward) or given (backward);
+  // entries after the window become 0.
+  static void flash_probs(float* s, int64_t rows, int64_t keys, int64_t i0, float scale, float* lse_out,
+                          const float* lse_in) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = s + r * keys;
+      const int64_t n = i0 + r + 1;
+      float l;
+      if (lse_in) {
+        l = lse_in[r];
+      } else {
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j] * scale);
+        float sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(row[j] * scale - mx);
+        l = mx + std::log(sum);
+        lse_out[r] = l;
+      }
+      for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] * scale - l);
+      for (int64_t j = n; j < keys; ++j) row[j] = 0.0f;
+    }
+  }
+
+  void flash_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                               const AttentionDims& a) override {
+    const int64_t B = a.B, T = a.T, H = a.H, d = a.d, g = a.H / a.Hkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel for schedule(static) if (B * H > 1)
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H, kv = (h / g) * d;
+      RowMat s;
+      for (int64_t i0 = 0; i0 < T; i0 += kFlashRows) {
+        const int64_t rows = std::min(kFlashRows, T - i0), keys = i0 + rows;
+        CSMap qb(q + (b * T + i0) * a.ldq + h * d, rows, d, Stride(a.ldq));
+        CSMap kp(k + b * T * a.ldkv + kv, keys, d, Stride(a.ldkv)), vp(v + b * T * a.ldkv + kv, keys, d, Stride(a.ldkv));
+        s.noalias() = qb * kp.transpose();
+        flash_probs(s.data(), rows, keys, i0, scale, lse + bh * T + i0, nullptr);
+        SMap(out + (b * T + i0) * H * d + h * d, rows, d, Stride(H * d)).noalias() = s * vp;
+      }
+    }
+  }
+
+  // Parallel over (sample, key/value head) as gqa_attention_backward; D_i = dout_i . out_i replaces
+  // the row sums of p * dp, and p is recomputed from lse.
+  void flash_attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
+                                const float* lse, float* dq, float* dk, float* dv, const AttentionDims& a) override {
+    const int64_t B = a.B, T = a.T, H = a.H, Hkv = a.Hkv, d = a.d, g = a.H / a.Hkv;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+#pragma omp parallel for schedule(static) if (B * Hkv > 1)
+    for (int64_t bj = 0; bj < B * Hkv; ++bj) {
+      const int64_t b = bj / Hkv, kv = (bj % Hkv) * d;
+      RowMat p, dp;
+      for (int64_t h = (bj % Hkv) * g; h < (bj % Hkv + 1) * g; ++h) {
+        for (int64_t i0 = 0; i0 < T; i0 += kFlashRows) {
+          const int64_t rows = std::min(kFlashRows, T - i0), keys = i0 + rows;
+          CSMap kp(k + b * T * a.ldkv + kv, keys, d, Stride(a.ldkv)), vp(v + b * T * a.ldkv + kv, keys, d, Stride(a.ldkv));
+          SMap dkp(dk + b * T * a.ldkv + kv, keys, d, Stride(a.ldkv)), dvp(dv + b * T * a.ldkv + kv, keys, d, Stride(a.ldkv));
+          CSMap qb(q + (b * T + i0) * a.ldq + h * d, rows, d, Stride(a.ldq));
+          SMap dqb(dq + (b * T + i0) * a.ldq + h * d, rows, d, Stride(a.ldq));
+          CSMap dob(dout + (b * T + i0) * H * d + h * d, rows, d, Stride(H * d));
+          CSMap ob(out + (b * T + i0) * H * d + h * d, rows, d, Stride(H * d));
+          p.noalias() = qb * kp.transpose();
+          flash_probs(p.data(), rows, keys, i0, scale, nullptr, lse + (b * H + h) * T + i0);
+          dp.noalias() = dob * vp.transpose();
+          for (int64_t r = 0; r < rows; ++r) {
+            const float D = dob.row(r).dot(ob.row(r));
+            float* dr = dp.data() + r * keys;
+            const float* pr = p.data() + r * keys;
+            for (int64_t j = 0; j < keys; ++j) dr[j] = pr[j] * (dr[j] - D) * scale;
+          }
+          dqb.noalias() += dp * kp;
+          dkp.noalias() += dp.transpose() * qb;
+          dvp.noalias() += p.transpose() * dob;
+        }
+      }
+    }
+  }
+
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
                        float eps) override {
 #pragma omp parallel for schedule(static) if (rows * cols > kChunk)

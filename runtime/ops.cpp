@@ -1,6 +1,7 @@
 #include "runtime/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -23,6 +24,7 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
 float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_f32() : nullptr; }
 
 thread_local DType t_matmul_dtype = DType::f32;
+thread_local AttentionKernel t_attention_kernel = AttentionKernel::unfused;
 
 // C = alpha op(A) op(B) + beta C with A and B both f32 or both bf16 (then f32 accumulation).
 void gemm_as_stored(Kernels& k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
@@ -41,6 +43,11 @@ MatmulDTypeScope::MatmulDTypeScope(DType dt) : prev_(t_matmul_dtype) {
   t_matmul_dtype = dt;
 }
 MatmulDTypeScope::~MatmulDTypeScope() { t_matmul_dtype = prev_; }
+
+AttentionKernel attention_kernel() { return t_attention_kernel; }
+const char* attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::fused ? "fused" : "unfused"; }
+AttentionKernelScope::AttentionKernelScope(AttentionKernel k) : prev_(t_attention_kernel) { t_attention_kernel = k; }
+AttentionKernelScope::~AttentionKernelScope() { t_attention_kernel = prev_; }
 
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   const char* op = "linear";
@@ -167,22 +174,61 @@ Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens) {
   return y;
 }
 
+namespace {
+
+// Gradient pointers of q, k, v for an attention backward, and the tensors that own them.
+struct AttentionGrads {
+  std::vector<Tensor> keep;
+  float *dq, *dk, *dv;
+};
+
+// Both attention ops: q/k/v are views (pointers and strides in `a`) into `inputs`, whose gradient
+// pointers `grads` returns at backward time. Saves probs (unfused) or lse and the output (fused).
+template <class Views, class Grads>
+Tensor attention_op(const char* op, std::vector<Tensor> inputs, bool with_grad, Views views, Grads grads,
+                    const Kernels::AttentionDims& a) {
+  const Device dev = inputs[0].device();
+  Tensor y = Tensor::empty({a.B, a.T, a.H * a.d}, DType::f32, dev);
+  const bool fused = attention_kernel() == AttentionKernel::fused;
+  // unfused: probs [B,H,T,T]; fused: lse [B,H,T]
+  Tensor saved = Tensor::empty(fused ? Shape{a.B, a.H, a.T} : Shape{a.B, a.H, a.T, a.T}, DType::f32, dev);
+  const auto [q, k, v] = views();
+  if (fused) kernels(dev).flash_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
+  else kernels(dev).gqa_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
+  if (with_grad) {
+    Tensor out = fused ? y.detach() : Tensor();  // storage only: no reference cycle through y's node
+    record(y, op, inputs, [views, grads, saved, out, a, fused](const Tensor& dy) {
+      const auto [q, k, v] = views();
+      const auto g = grads();  // keeps any scratch gradients alive until the kernel has run
+      Kernels& kern = kernels(dy.device());
+      if (fused)
+        kern.flash_attention_backward(dy.data_f32(), q, k, v, out.data_f32(), saved.data_f32(), g.dq, g.dk, g.dv, a);
+      else
+        kern.gqa_attention_backward(dy.data_f32(), q, k, v, saved.data_f32(), g.dq, g.dk, g.dv, a);
+    });
+  }
+  return y;
+}
+
+}  // namespace
+
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head) {
   const char* op = "causal_self_attention";
   check_f32(qkv, op, "qkv");
   check_arg(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op, "qkv must be [B, T, 3C], got " + qkv.describe());
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   check_arg(n_head > 0 && C % n_head == 0, op, "C=" + std::to_string(C) + " not divisible by n_head=" + std::to_string(n_head));
-  Tensor y = Tensor::empty({B, T, C}, DType::f32, qkv.device());
-  Tensor probs = Tensor::empty({B, n_head, T, T}, DType::f32, qkv.device());
-  kernels(qkv.device()).attention_forward(qkv.data_f32(), y.data_f32(), probs.data_f32(), B, T, C, n_head);
-  if (needs_grad({&qkv})) {
-    record(y, op, {qkv}, [qkv, probs, B, T, C, n_head](const Tensor& dy) {
-      kernels(dy.device()).attention_backward(dy.data_f32(), qkv.data_f32(), probs.data_f32(),
-                                              grad_buffer(qkv).data_f32(), B, T, C, n_head);
-    });
-  }
-  return y;
+  const Kernels::AttentionDims a{B, T, n_head, n_head, C / n_head, 3 * C, 3 * C};
+  auto views = [qkv, C] {
+    const float* p = qkv.data_f32();
+    return std::array<const float*, 3>{p, p + C, p + 2 * C};
+  };
+  auto grads = [qkv, C] {
+    Tensor g = grad_buffer(qkv);
+    float* p = g.data_f32();
+    return AttentionGrads{{g}, p, p + C, p + 2 * C};
+  };
+  return attention_op(op, {qkv}, needs_grad({&qkv}), views, grads, a);
 }
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head) {
@@ -202,21 +248,16 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
   check_same_device(q, v, op);
   const int64_t B = q.size(0), T = q.size(1), d = q.size(2) / n_head;
   const Kernels::AttentionDims a{B, T, n_head, n_kv_head, d, q.size(2), k.size(2)};
-  Tensor y = Tensor::empty(q.shape(), DType::f32, q.device());
-  Tensor probs = Tensor::empty({B, n_head, T, T}, DType::f32, q.device());
-  kernels(q.device()).gqa_attention_forward(q.data_f32(), k.data_f32(), v.data_f32(), y.data_f32(), probs.data_f32(), a);
-  if (needs_grad({&q, &k, &v})) {
-    record(y, op, {q, k, v}, [q, k, v, probs, a](const Tensor& dy) {
-      // The kernel adds into all three gradients; inputs without one get a scratch buffer.
-      auto grad_or_scratch = [](const Tensor& t) {
-        return t.requires_grad() ? grad_buffer(t) : Tensor::zeros(t.shape(), DType::f32, t.device());
-      };
-      Tensor dq = grad_or_scratch(q), dk = grad_or_scratch(k), dv = grad_or_scratch(v);
-      kernels(dy.device()).gqa_attention_backward(dy.data_f32(), q.data_f32(), k.data_f32(), v.data_f32(),
-                                                  probs.data_f32(), dq.data_f32(), dk.data_f32(), dv.data_f32(), a);
-    });
-  }
-  return y;
+  auto views = [q, k, v] { return std::array<const float*, 3>{q.data_f32(), k.data_f32(), v.data_f32()}; };
+  auto grads = [q, k, v] {
+    // The kernels add into all three gradients; inputs without one get a scratch buffer.
+    auto grad_or_scratch = [](const Tensor& t) {
+      return t.requires_grad() ? grad_buffer(t) : Tensor::zeros(t.shape(), DType::f32, t.device());
+    };
+    Tensor dq = grad_or_scratch(q), dk = grad_or_scratch(k), dv = grad_or_scratch(v);
+    return AttentionGrads{{dq, dk, dv}, dq.data_f32(), dk.data_f32(), dv.data_f32()};
+  };
+  return attention_op(op, {q, k, v}, needs_grad({&q, &k, &v}), views, grads, a);
 }
 
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {

@@ -27,6 +27,26 @@ class MatmulDTypeScope {
   DType prev_;
 };
 
+/// How causal attention runs on this thread. `unfused` (the default and the reference) keeps the
+/// probabilities [B, H, T, T] for backward; `fused` (flash attention, Kernels::flash_attention_*)
+/// keeps only a log-sum-exp per query row [B, H, T] and recomputes the probabilities in backward.
+/// Both give the same values up to f32 rounding (the sums run in another order).
+enum class AttentionKernel { unfused, fused };
+AttentionKernel attention_kernel();
+const char* attention_kernel_name(AttentionKernel k);  ///< "unfused" / "fused"
+
+/// Sets attention_kernel() for this thread until the scope ends.
+class AttentionKernelScope {
+ public:
+  explicit AttentionKernelScope(AttentionKernel k);
+  ~AttentionKernelScope();
+  AttentionKernelScope(const AttentionKernelScope&) = delete;
+  AttentionKernelScope& operator=(const AttentionKernelScope&) = delete;
+
+ private:
+  AttentionKernel prev_;
+};
+
 /// y = x W^T + b. x [..., in], W [out, in] (PyTorch Linear convention), b [out] or undefined.
 /// Returns [..., out]. The GEMMs run in matmul_dtype().
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b = Tensor());
@@ -41,12 +61,14 @@ Tensor gelu(const Tensor& x);
 /// Returns [B, T, C] = wte[tokens] + wpe[0..T).
 Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens);
 /// Causal multi-head self-attention on fused projections: qkv [B, T, 3C] laid out q|k|v with
-/// n_head heads of C/n_head each; softmax(q k^T / sqrt(C/H)) v with a causal mask. Returns [B, T, C].
+/// n_head heads of C/n_head each; softmax(q k^T / sqrt(C/H)) v with a causal mask, computed by
+/// attention_kernel(). Returns [B, T, C].
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
 /// Causal grouped-query attention (Ainslie et al. 2023) on separate projections: q [B, T, H*d],
 /// k and v [B, T, Hkv*d] with H = n_head, Hkv = n_kv_head dividing n_head; query head h uses
 /// key/value head h / (H/Hkv) (Hugging Face's repeat_kv). softmax(q k^T / sqrt(d)) v with a causal
-/// mask. Returns [B, T, H*d]. n_kv_head == n_head is plain multi-head attention.
+/// mask, computed by attention_kernel(). Returns [B, T, H*d]. n_kv_head == n_head is plain
+/// multi-head attention.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head);
 /// RMSNorm over the last dimension (Zhang & Sennrich 2019; Hugging Face LlamaRMSNorm):
 /// x [..., C], weight [C]; y = x / sqrt(mean(x^2) + eps) * weight.

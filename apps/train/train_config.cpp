@@ -448,6 +448,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   // sharding
   c.sharding.placement = parse_placement(r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"}));
   read_device(r, c);
+  c.runtime.attention = r.choice("runtime.attention", {"auto", "fused", "unfused"});
+  c.optim.fused_attention = c.runtime.attention == "auto" ? -1 : c.runtime.attention == "fused" ? 1 : 0;
   read_precision(r, c.sharding.placement, c.optim);
   c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
   if (c.sharding.replicate > 1 && c.sharding.placement == Placement::ddp)

@@ -68,6 +68,9 @@ struct RuntimeSection {
   /// "cpu" or "cuda": where every rank trains (CUDA: the GPU of its local rank on the node).
   /// When the config sets only sharding.backend, the backend's device (mpi: cpu, else cuda).
   std::string device = "cpu";
+  /// "auto" (fused on cuda, unfused on cpu), "fused" (flash attention: no [B,H,T,T]
+  /// probabilities kept) or "unfused" (the reference kernel); EngineOptions::fused_attention.
+  std::string attention = "auto";
 };
 
 struct ShardingSection {

@@ -43,7 +43,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"decay", decay_kind_name(optim.schedule.kind)},
                    {"floor", optim.schedule.floor},
                    {"decay_fraction", optim.schedule.decay_fraction}};
-  j["runtime"] = {{"device", runtime.device}};
+  j["runtime"] = {{"device", runtime.device}, {"attention", runtime.attention}};
   j["precision"] = {{"param_dtype", dtype_name(optim.param_dtype)}, {"reduce_dtype", dtype_name(optim.reduce_dtype)}};
   j["sharding"] = {{"placement", placement_name(sharding.placement)},
                    {"backend", comm_backend_name(sharding.backend)},

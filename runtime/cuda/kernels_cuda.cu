@@ -23,6 +23,7 @@
 #include "runtime/cuda/device_api.h"
 #include "runtime/cuda/cuda_common.cuh"
 #include "runtime/cuda/gemm_bf16.h"
+#include "runtime/cuda/flash_attention.h"
 #include "runtime/cuda/llama_kernels.h"
 #include "runtime/kernels.h"
 
@@ -541,6 +542,17 @@ class CudaKernels final : public Kernels {
                      d, J);
       }
     }
+  }
+
+  void flash_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                               const AttentionDims& a) override {
+    cuda_flash::forward(q, k, v, out, lse, {a.B, a.T, a.H, a.Hkv, a.d, a.ldq, a.ldkv});
+  }
+  void flash_attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
+                                const float* lse, float* dq, float* dk, float* dv, const AttentionDims& a) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    float* rowdot = s_b_.as<float>(a.B * a.H * a.T);
+    cuda_flash::backward(dout, q, k, v, out, lse, dq, dk, dv, rowdot, {a.B, a.T, a.H, a.Hkv, a.d, a.ldq, a.ldkv});
   }
 
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,

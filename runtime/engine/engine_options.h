@@ -54,6 +54,10 @@ struct EngineOptions {
   /// Newton-Schulz chain per shape on CUDA, no padding): 1 on, 0 off, -1 = on for CUDA only (on
   /// the CPU a batch is a loop, so it only costs a batch buffer). Bitwise equal either way.
   int batch_orthogonalize = -1;
+  /// Fused (flash) attention in every forward and backward (ops.h AttentionKernel): 1 on, 0 the
+  /// unfused reference (probabilities [B,H,T,T] kept for backward), -1 = on for CUDA only (config
+  /// runtime.attention). Not bitwise equal to the unfused kernel: sums run in another order.
+  int fused_attention = -1;
 };
 
 /// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked

@@ -79,7 +79,10 @@ ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPl
       world_(comm.world_size()), replicas_(traits_.replicated ? replicas : nullptr),
       replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_, opts_.param_dtype, opts_.reduce_dtype),
       owners_(units_, comm, plan_, traits_, opts_),
-      prefetch_depth_(opts_.prefetch_depth >= 0 ? opts_.prefetch_depth : comm.device() == Device::CUDA ? 1 : 0) {
+      prefetch_depth_(opts_.prefetch_depth >= 0 ? opts_.prefetch_depth : comm.device() == Device::CUDA ? 1 : 0),
+      attention_(opts_.fused_attention > 0 || (opts_.fused_attention < 0 && comm.device() == Device::CUDA)
+                     ? AttentionKernel::fused
+                     : AttentionKernel::unfused) {
   check_arg(!(replicas_ && opts_.overlap_backward), "ShardedEngine",
             "optimizer.muon.overlap_backward is not supported with sharding.replicate > 1");
   if (comm.device() != Device::CPU) {  // the CUDA kernels implement Keller Jordan's Muon only
@@ -206,6 +209,7 @@ std::vector<RowScale> ShardedEngine::qk_clip_scales(StepStats& st) {
 float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.param_dtype);
+  AttentionKernelScope attention(attention_);
   const int U = units_.size();
   // a recomputed unit keeps only its input from the forward (out[u] is in[u + 1]'s storage)
   auto recomputed = [&](int u) { return opts_.recompute_units && u != U - 1; };
@@ -297,6 +301,7 @@ void ShardedEngine::init_parameters(uint64_t seed) {
 
 void ShardedEngine::with_full_model(const std::function<void()>& fn) {
   MatmulDTypeScope matmuls(opts_.param_dtype);
+  AttentionKernelScope attention(attention_);
   units_.with_all_gathered(fn, CommPhase::other, opts_.param_dtype);
 }
 
@@ -313,6 +318,7 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
   NoGradGuard no_grad;
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.param_dtype);
+  AttentionKernelScope attention(attention_);
   const int U = units_.size();
   ExactSum loss_sum;
   int64_t tokens = 0;

@@ -17,6 +17,7 @@
 #include "runtime/engine/placement_traits.h"
 #include "runtime/engine/unit_buffers.h"
 #include "runtime/engine/unit_model.h"
+#include "runtime/ops.h"
 #include "runtime/tensor.h"
 
 namespace mfsdp {
@@ -130,6 +131,8 @@ class ShardedEngine {
   UnitModel& model() { return model_; }
   Device device() const { return units_.device(); }
   const EngineOptions& options() const { return opts_; }
+  /// The attention kernel forward and backward use (EngineOptions::fused_attention resolved).
+  AttentionKernel attention() const { return attention_; }
 
  private:
   /// Runs micro-batch `mb` forward and backward unit by unit, reducing each unit's gradients to
@@ -165,6 +168,7 @@ class ShardedEngine {
   OwnerState owners_;
   std::vector<std::vector<RowScale>> qk_heads_;  ///< QK-Clip: each model head's rows (factor unset)
   int prefetch_depth_;  ///< opts_.prefetch_depth with the device default resolved
+  AttentionKernel attention_;  ///< opts_.fused_attention with the device default resolved
 };
 
 }  // namespace mfsdp

@@ -244,6 +244,15 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
                     Contains("precision.param_dtype: unknown value \"fp16\""));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"recompute": "full"}})"),
                     Contains("training.recompute: unknown value \"full\""));
+  // attention kernel: auto (the engine resolves it per device), fused or unfused
+  CHECK(d.runtime.attention == "auto");
+  CHECK(d.optim.fused_attention == -1);
+  CHECK(parse("{" + train + "}", {"runtime.attention=fused"}).optim.fused_attention == 1);
+  const TrainConfig unfused = parse("{" + train + R"(, "runtime": {"attention": "unfused"}})");
+  CHECK(unfused.optim.fused_attention == 0);
+  CHECK(unfused.to_json()["runtime"]["attention"] == "unfused");
+  CHECK_THROWS_WITH(parse("{" + train + "}", {"runtime.attention=flash"}),
+                    Contains("runtime.attention: unknown value \"flash\""));
 }
 
 TEST_CASE("sharding.prefetch_depth and prefetch_limit_bytes", "[config][gpu]") {

@@ -449,6 +449,11 @@ TEST_CASE("cuda: a differentiable op chain matches the CPU forward and backward"
   const ChainResult g2 = run_chain(Device::CUDA);
   CHECK(g2.loss == g.loss);
   for (size_t i = 0; i < g.grads.size(); ++i) CHECK(g2.grads[i] == g.grads[i]);
+  // with fused attention on the GPU (the CPU stays on the unfused reference)
+  AttentionKernelScope fused(AttentionKernel::fused);
+  const ChainResult gf = run_chain(Device::CUDA);
+  CHECK(gf.loss == Approx(c.loss).epsilon(1e-5));
+  for (size_t i = 0; i < c.grads.size(); ++i) CHECK(norm_err(gf.grads[i], c.grads[i]) <= 1e-4);
 }
 
 TEST_CASE("cuda: grouped-query attention on strided q/k/v vs CPU", "[cuda][attention]") {
@@ -470,6 +475,45 @@ TEST_CASE("cuda: grouped-query attention on strided q/k/v vs CPU", "[cuda][atten
     CHECK(norm_err(dk) <= 1e-4);
     CHECK(norm_err(dv) <= 1e-4);
   }
+}
+
+TEST_CASE("cuda: fused (flash) attention vs the CPU's unfused kernel, forward and backward", "[cuda][attention]") {
+  REQUIRE_GPU();
+  struct Dims { int64_t B, T, H, Hkv, d; };
+  // every head-dimension bound (32, 64, 128, and 80 padded to 128), T around the 64-row blocks and
+  // 32-row tiles, grouped-query and multi-head, GPT-2 124M's one head row count (T=1024, d=64)
+  for (Dims s : {Dims{2, 33, 4, 2, 12}, Dims{1, 1, 1, 1, 64}, Dims{1, 130, 2, 1, 64}, Dims{2, 200, 4, 4, 128},
+                 Dims{1, 65, 3, 3, 80}, Dims{1, 257, 4, 2, 24}, Dims{1, 1024, 2, 2, 64}}) {
+    INFO("B=" << s.B << " T=" << s.T << " H=" << s.H << " Hkv=" << s.Hkv << " d=" << s.d);
+    // q inside a wider row (as in a fused q|k|v projection): ldq > H*d
+    const Kernels::AttentionDims a{s.B, s.T, s.H, s.Hkv, s.d, s.H * s.d + 5, s.Hkv * s.d};
+    const int64_t nq = s.B * s.T * a.ldq, nkv = s.B * s.T * a.ldkv, no = s.B * s.T * s.H * s.d;
+    const int64_t np = s.B * s.H * s.T * s.T, nl = s.B * s.H * s.T;
+    Pair q(randn(nq, 80, 2.0f)), k(randn(nkv, 81, 2.0f)), v(randn(nkv, 82)), out(fvec(no)), lse(fvec(nl, 7.0f));
+    std::vector<float> probs(np);
+    GK().flash_attention_forward(q.g(), k.g(), v.g(), out.g(), lse.g(), a);
+    CK().flash_attention_forward(q.c(), k.c(), v.c(), out.c(), lse.c(), a);
+    CHECK(norm_err(lse) <= 1e-5);
+    std::vector<float> ref_out(no);
+    CK().gqa_attention_forward(q.c(), k.c(), v.c(), ref_out.data(), probs.data(), a);
+    CHECK(norm_err(out.gpu.to_vector(), ref_out) <= 1e-4);
+    Pair dout(randn(no, 83)), dq(randn(nq, 84)), dk(randn(nkv, 85)), dv(randn(nkv, 86));
+    const std::vector<float> dq0 = dq.gpu.to_vector(), dk0 = dk.gpu.to_vector(), dv0 = dv.gpu.to_vector();
+    GK().flash_attention_backward(dout.g(), q.g(), k.g(), v.g(), out.g(), lse.g(), dq.g(), dk.g(), dv.g(), a);
+    CK().gqa_attention_backward(dout.c(), q.c(), k.c(), v.c(), probs.data(), dq.c(), dk.c(), dv.c(), a);
+    CHECK(norm_err(dq) <= 1e-4);
+    CHECK(norm_err(dk) <= 1e-4);
+    CHECK(norm_err(dv) <= 1e-4);
+    // deterministic: the same inputs give the same bits
+    Pair dq2(dq0), dk2(dk0), dv2(dv0);
+    GK().flash_attention_backward(dout.g(), q.g(), k.g(), v.g(), out.g(), lse.g(), dq2.g(), dk2.g(), dv2.g(), a);
+    CHECK(dq2.gpu.to_vector() == dq.gpu.to_vector());
+    CHECK(dk2.gpu.to_vector() == dk.gpu.to_vector());
+    CHECK(dv2.gpu.to_vector() == dv.gpu.to_vector());
+  }
+  const Kernels::AttentionDims too_wide{1, 4, 1, 1, 192, 192, 192};
+  Pair x(fvec(4 * 192)), o(fvec(4 * 192)), l(fvec(4));
+  CHECK_THROWS_AS(GK().flash_attention_forward(x.g(), x.g(), x.g(), o.g(), l.g(), too_wide), std::invalid_argument);
 }
 
 TEST_CASE("cuda: RMSNorm, RoPE and SwiGLU vs CPU", "[cuda][llama]") {

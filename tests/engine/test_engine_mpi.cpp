@@ -499,6 +499,22 @@ TEST_CASE("recompute_units: bitwise equal to keeping the activations", "[variant
                 train(world(), Placement::matrixfsdp, 1, B, precision(DType::bf16, DType::bf16)));
 }
 
+TEST_CASE("fused attention: bitwise equal to world 1, and within f32 rounding of the unfused kernel",
+          "[variants][bitwise][attention]") {
+  const Setup fused = variant([](EngineOptions& o) { o.fused_attention = 1; });
+  // each sample's attention is computed alone, so the fused kernel keeps world-size equivalence
+  check_placements_bitwise(fused, "fused-attention", {Placement::matrixfsdp, Placement::fsdp2});
+  const int64_t B = kGlobalSeqs / world().world_size();
+  const Run ref = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.fused_attention = 0; }));
+  const Run got = train(world(), Placement::matrixfsdp, 1, B, fused);
+  // the same math summed in another order: f32 rounding (relative 1e-7 per operation) compounded
+  // over the steps stays far below 1e-4 of the loss
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("step " << s << ": unfused loss " << ref.stats[s].loss << ", fused loss " << got.stats[s].loss);
+    CHECK(std::abs(got.stats[s].loss - ref.stats[s].loss) < 1e-4 * ref.stats[s].loss);
+  }
+}
+
 TEST_CASE("bf16 parameters are refused under resident placements", "[variants][precision][errors]") {
   GPT model(tiny_config());
   EngineOptions bad = test_options();

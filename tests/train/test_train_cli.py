@@ -203,12 +203,13 @@ def case_world_sizes(bin_dir, tmp):
 
 
 def case_mixed_precision(bin_dir, tmp):
-    """The same 40 steps at world 2 in f32, in bf16 (parameters and reduction) and in bf16 with
-    activation recompute. bf16 keeps 8 significant bits (relative rounding <= 2^-9) in the gathered
+    """The same 40 steps at world 2 in f32, in f32 with fused attention, in bf16 (parameters and
+    reduction) and in bf16 with activation recompute. Fused attention sums in another order than
+    the unfused kernel, so its losses differ only by f32 rounding (bound: 1e-4 of the loss). bf16 keeps 8 significant bits (relative rounding <= 2^-9) in the gathered
     weights and matmul operands; on this model the losses differ by about 0.1%, so 1% is a bound
     that only a broken mixed-precision path (wrong scaling, unrounded or double-rounded sums) exceeds."""
     runs = {}
-    for name, sets in [("f32", []),
+    for name, sets in [("f32", []), ("f32_fused", ["runtime.attention=fused"]),
                        ("bf16", ["precision.param_dtype=bf16", "precision.reduce_dtype=bf16"]),
                        ("bf16_recompute", ["precision.param_dtype=bf16", "precision.reduce_dtype=bf16",
                                            "training.recompute=block"])]:
@@ -234,6 +235,12 @@ def case_mixed_precision(bin_dir, tmp):
     check(rec[0] == bf16[0], "recompute block printed other loss lines than keeping the activations")
     check(rec[1]["state_fingerprint"] == bf16[1]["state_fingerprint"], "recompute changed the final state")
     check("precision: parameters and matmuls bf16, gradient reduction bf16" in bf16[3], "precision banner missing")
+    fused = runs["f32_fused"]
+    check("attention: unfused" in f32[3] and "attention: fused" in fused[3], "attention kernel banner missing")
+    vf = fused[1]["final_val_loss"]
+    check(abs(vf - v32) < 1e-4 * v32, f"fused attention val loss {vf} vs unfused {v32}: more than 1e-4 apart")
+    for a, b in zip(f32[0], fused[0]):
+        check(abs(float(a[1]) - float(b[1])) < 1e-4 * float(a[1]), f"step {a[0]}: loss {b[1]} (fused) vs {a[1]}")
     for m in (m for m in bf16[2] if m["type"] == "train"):
         t = m.get("rank0_step", {})
         check(t.get("orthogonalizations", 0) > 0 and t.get("optimizer_step_bytes") == 0
