@@ -76,6 +76,13 @@ std::unique_ptr<PendingCollective> Communicator::start_all_gather_v(const void* 
   return std::make_unique<CompletedCollective>();
 }
 
+std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_v(const void* send, void* recv,
+                                                                        const std::vector<int64_t>& counts, DType dt,
+                                                                        ReduceOp op, CommPhase ph) {
+  reduce_scatter_v(send, recv, counts, dt, op, ph);
+  return std::make_unique<CompletedCollective>();
+}
+
 namespace detail {
 
 const char* comm_op_name(CommOpId op) {

@@ -133,6 +133,16 @@ class Communicator {
   /// sum by N. Data moves in rounds of at most reduce_chunk_bytes per contributing rank.
   virtual void reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts,
                                 DType dt, ReduceOp op, CommPhase ph) = 0;
+  /// reduce_scatter_v started now and finished by the handle's wait(): the overlap of a unit's
+  /// gradient reduction with the next unit's backward. Until wait() returns, `send` must stay
+  /// valid and unchanged and `recv` untouched; other collectives may run in between (every rank
+  /// in the same order). Bitwise equal to reduce_scatter_v; counted when started. MPI: the first
+  /// round's messages are posted; NCCL: enqueued on the comm stream after the work queued on the
+  /// compute stream so far, and wait() makes the compute stream wait for it. The default
+  /// (host-staged CUDA) completes before returning.
+  virtual std::unique_ptr<PendingCollective> start_reduce_scatter_v(const void* send, void* recv,
+                                                                    const std::vector<int64_t>& counts, DType dt,
+                                                                    ReduceOp op, CommPhase ph);
   /// In place. Same rank-order accumulation as reduce_scatter_v (bitwise identical on all ranks).
   /// `accumulate` is refused (std::invalid_argument).
   virtual void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) = 0;

@@ -22,6 +22,7 @@ const unsigned char* cbytes(const void* p) { return static_cast<const unsigned c
 unsigned char* bytes(void* p) { return static_cast<unsigned char*>(p); }
 constexpr int kTagP2P = 17;
 constexpr int kTagColl = 23;
+constexpr int kTagStartedReduce = 29;  // round 0 of a start_reduce_scatter_v, apart from blocking rounds
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions opts) : opts_(opts) {
@@ -68,26 +69,27 @@ void MpiCommunicator::debug_check(const CallInfo& call) {
   ++seq_;
 }
 
-void MpiCommunicator::post_send(const void* buf, int64_t count, DType dt, int peer,
-                                const CallInfo& call) {
+void MpiCommunicator::post_send(const void* buf, int64_t count, DType dt, int peer, const CallInfo& call,
+                                std::vector<MPI_Request>& reqs, int tag) {
   const int64_t e = dtype_size(dt), m = opts_.max_message_elements;
   for (int64_t off = 0; off < count; off += m) {
     MPI_Request r;
     int n = static_cast<int>(std::min(m, count - off));
-    mpi_check(MPI_Isend(cbytes(buf) + off * e, n, mpi_type(dt), peer, kTagColl, comm_, &r), comm_,
-              rank_, call, "MPI_Isend");
-    reqs_.push_back(r);
+    mpi_check(MPI_Isend(cbytes(buf) + off * e, n, mpi_type(dt), peer, tag, comm_, &r), comm_, rank_, call,
+              "MPI_Isend");
+    reqs.push_back(r);
   }
 }
 
-void MpiCommunicator::post_recv(void* buf, int64_t count, DType dt, int peer, const CallInfo& call) {
+void MpiCommunicator::post_recv(void* buf, int64_t count, DType dt, int peer, const CallInfo& call,
+                                std::vector<MPI_Request>& reqs, int tag) {
   const int64_t e = dtype_size(dt), m = opts_.max_message_elements;
   for (int64_t off = 0; off < count; off += m) {
     MPI_Request r;
     int n = static_cast<int>(std::min(m, count - off));
-    mpi_check(MPI_Irecv(bytes(buf) + off * e, n, mpi_type(dt), peer, kTagColl, comm_, &r), comm_,
-              rank_, call, "MPI_Irecv");
-    reqs_.push_back(r);
+    mpi_check(MPI_Irecv(bytes(buf) + off * e, n, mpi_type(dt), peer, tag, comm_, &r), comm_, rank_, call,
+              "MPI_Irecv");
+    reqs.push_back(r);
   }
 }
 
@@ -123,8 +125,8 @@ void MpiCommunicator::gather_v_impl(const void* send, void* recv, const std::vec
   if (!in_place && counts[rank_] > 0) std::memcpy(mine, send, counts[rank_] * e);
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) continue;
-    post_recv(bytes(recv) + off[r] * e, counts[r], dt, r, call);
-    post_send(send, counts[rank_], dt, r, call);
+    post_recv(bytes(recv) + off[r] * e, counts[r], dt, r, call, reqs_, kTagColl);
+    post_send(send, counts[rank_], dt, r, call, reqs_, kTagColl);
   }
   wait_all(call);
 }
@@ -209,40 +211,112 @@ void MpiCommunicator::all_gather_v(const void* send, void* recv, const std::vect
 
 // ---------------------------------------------------------------- reductions
 
-void MpiCommunicator::reduce_scatter_v_impl(const void* send, void* recv,
-                                            const std::vector<int64_t>& counts, DType dt,
-                                            ReduceOp op, const CallInfo& call) {
-  const int64_t e = dtype_size(dt);
-  const int64_t chunk = std::max<int64_t>(
-      1, std::min(opts_.reduce_chunk_bytes / e, opts_.max_message_elements));
+MpiCommunicator::ReduceRounds MpiCommunicator::reduce_rounds(const std::vector<int64_t>& counts, DType dt) const {
+  ReduceRounds r;
+  r.chunk = std::max<int64_t>(1, std::min(opts_.reduce_chunk_bytes / dtype_size(dt), opts_.max_message_elements));
+  for (int64_t c : counts) r.rounds = std::max(r.rounds, (c + r.chunk - 1) / r.chunk);  // the same on every rank
+  r.my_chunk = std::min(r.chunk, counts[rank_]);
+  return r;
+}
+
+void MpiCommunicator::post_reduce_round(int64_t k, const ReduceRounds& r, const void* send,
+                                        const std::vector<int64_t>& counts, DType dt, const CallInfo& call,
+                                        unsigned char* stage, std::vector<MPI_Request>& reqs, int tag) {
+  const int64_t e = dtype_size(dt), base = k * r.chunk;
   const auto off = detail::offsets_of(counts);
-  // Rounds: enough for the largest segment. Every rank computes the same number.
-  int64_t rounds = 0;
-  for (int64_t c : counts) rounds = std::max(rounds, (c + chunk - 1) / chunk);
-  const int64_t my_chunk = std::min(chunk, counts[rank_]);
-  if (my_chunk > 0) {
-    if (static_cast<int64_t>(stage_.size()) < world_ * my_chunk * e)
-      stage_.resize(static_cast<size_t>(world_ * my_chunk * e));
-    if (static_cast<int64_t>(acc_.size()) < my_chunk) acc_.resize(static_cast<size_t>(my_chunk));
+  const int64_t n_me = std::clamp<int64_t>(counts[rank_] - base, 0, r.chunk);
+  for (int j = 0; j < world_; ++j)
+    if (j != rank_ && n_me > 0) post_recv(stage + j * r.my_chunk * e, n_me, dt, j, call, reqs, tag);
+  for (int o = 0; o < world_; ++o) {
+    const int64_t n_o = std::clamp<int64_t>(counts[o] - base, 0, r.chunk);
+    if (o != rank_ && n_o > 0) post_send(cbytes(send) + (off[o] + base) * e, n_o, dt, o, call, reqs, tag);
   }
+}
+
+void MpiCommunicator::finish_reduce_round(int64_t k, const ReduceRounds& r, const void* send, void* recv,
+                                          const std::vector<int64_t>& counts, DType dt, ReduceOp op,
+                                          const unsigned char* stage) {
+  const int64_t e = dtype_size(dt), base = k * r.chunk;
+  const int64_t n_me = std::clamp<int64_t>(counts[rank_] - base, 0, r.chunk);
+  if (n_me == 0) return;
+  const int64_t mine = detail::offsets_of(counts)[rank_];
+  if (static_cast<int64_t>(acc_.size()) < r.my_chunk) acc_.resize(static_cast<size_t>(r.my_chunk));
   std::vector<const void*> srcs(world_);
-  for (int64_t k = 0; k < rounds; ++k) {
-    const int64_t base = k * chunk;
-    const int64_t n_me = std::clamp<int64_t>(counts[rank_] - base, 0, chunk);
-    for (int j = 0; j < world_; ++j) {
-      if (j != rank_ && n_me > 0) post_recv(stage_.data() + j * my_chunk * e, n_me, dt, j, call);
-    }
-    for (int o = 0; o < world_; ++o) {
-      const int64_t n_o = std::clamp<int64_t>(counts[o] - base, 0, chunk);
-      if (o != rank_ && n_o > 0) post_send(cbytes(send) + (off[o] + base) * e, n_o, dt, o, call);
-    }
+  for (int j = 0; j < world_; ++j)
+    srcs[j] = j == rank_ ? static_cast<const void*>(cbytes(send) + (mine + base) * e)
+                         : static_cast<const void*>(stage + j * r.my_chunk * e);
+  detail::host_ordered_reduce(srcs, bytes(recv) + base * detail::recv_elem_bytes(dt, op), n_me, dt, op, acc_.data());
+}
+
+void MpiCommunicator::reduce_scatter_v_impl(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                            DType dt, ReduceOp op, const CallInfo& call, int64_t first_round) {
+  const ReduceRounds r = reduce_rounds(counts, dt);
+  if (static_cast<int64_t>(stage_.size()) < world_ * r.my_chunk * dtype_size(dt))
+    stage_.resize(static_cast<size_t>(world_ * r.my_chunk * dtype_size(dt)));
+  for (int64_t k = first_round; k < r.rounds; ++k) {
+    post_reduce_round(k, r, send, counts, dt, call, stage_.data(), reqs_, kTagColl);
     wait_all(call);
-    if (n_me == 0) continue;
-    for (int j = 0; j < world_; ++j)
-      srcs[j] = j == rank_ ? static_cast<const void*>(cbytes(send) + (off[rank_] + base) * e)
-                           : static_cast<const void*>(stage_.data() + j * my_chunk * e);
-    detail::host_ordered_reduce(srcs, bytes(recv) + base * detail::recv_elem_bytes(dt, op), n_me, dt, op, acc_.data());
+    finish_reduce_round(k, r, send, recv, counts, dt, op, stage_.data());
   }
+}
+
+// A started reduce_scatter_v: round 0's messages are in flight (own staging, own tag, so other
+// collectives may run before wait()); wait() completes them, reduces round 0 in rank order and
+// runs any further rounds as the blocking call does.
+struct MpiCommunicator::PendingReduce final : PendingCollective {
+  MpiCommunicator* comm = nullptr;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::vector<int64_t> counts;
+  DType dt = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+  CallInfo call;
+  std::vector<unsigned char> stage;
+  std::vector<MPI_Request> reqs;
+  bool done = false;
+  void wait() override {
+    if (done) return;
+    done = true;
+    comm->finish_started_reduce(*this);
+  }
+  ~PendingReduce() override { wait(); }
+};
+
+std::unique_ptr<PendingCollective> MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
+                                                                           const std::vector<int64_t>& counts,
+                                                                           DType dt, ReduceOp op, CommPhase ph) {
+  const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
+  detail::check_buffer("reduce_scatter_v", "send", send, total);
+  detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
+  detail::check_reduce_op("reduce_scatter_v", op, dt, true);
+  auto p = std::make_unique<PendingReduce>();
+  p->comm = this;
+  p->send = send;
+  p->recv = recv;
+  p->counts = counts;
+  p->dt = dt;
+  p->op = op;
+  p->call = CallInfo{CommOpId::reduce_scatter_v, ph, dt, total, &p->counts, -1, op};
+  const double t0 = MPI_Wtime();
+  debug_check(p->call);
+  const ReduceRounds r = reduce_rounds(counts, dt);
+  if (r.rounds > 0) {
+    p->stage.resize(static_cast<size_t>(world_ * r.my_chunk * dtype_size(dt)));
+    post_reduce_round(0, r, send, counts, dt, p->call, p->stage.data(), p->reqs, kTagStartedReduce);
+  }
+  account(ph, detail::traffic_reduce_scatter_v(counts, rank_, dt), MPI_Wtime() - t0);
+  return p;
+}
+
+void MpiCommunicator::finish_started_reduce(PendingReduce& p) {
+  const double t0 = MPI_Wtime();
+  const ReduceRounds r = reduce_rounds(p.counts, p.dt);
+  if (r.rounds > 0) {
+    detail::wait_requests(static_cast<int>(p.reqs.size()), p.reqs.data(), opts_.timeout_seconds, comm_, rank_, p.call);
+    finish_reduce_round(0, r, p.send, p.recv, p.counts, p.dt, p.op, p.stage.data());
+    reduce_scatter_v_impl(p.send, p.recv, p.counts, p.dt, p.op, p.call, 1);
+  }
+  counters_.at(p.call.phase).seconds += MPI_Wtime() - t0;
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType dt,

@@ -44,6 +44,13 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, void* recv,
                                                         const std::vector<int64_t>& counts, DType dt,
                                                         CommPhase ph) override;
+  /// Posts the first round's messages (at most reduce_chunk_bytes per contributing rank, in the
+  /// handle's own staging) and returns; wait() waits for them (polled, with the collective
+  /// timeout), reduces them in rank order, then runs any further rounds blocking. Bitwise equal
+  /// to reduce_scatter_v. Between start and wait, MPI progresses the messages only inside MPI calls.
+  std::unique_ptr<PendingCollective> start_reduce_scatter_v(const void* send, void* recv,
+                                                            const std::vector<int64_t>& counts, DType dt,
+                                                            ReduceOp op, CommPhase ph) override;
 
   /// The duplicated communicator this backend talks over.
   MPI_Comm mpi_comm() const { return comm_; }
@@ -54,12 +61,30 @@ class MpiCommunicator final : public Communicator {
   void debug_check(const detail::CallInfo& call);
 
  private:
+  struct PendingReduce;  // a start_reduce_scatter_v handle
+  friend struct PendingReduce;
+  void finish_started_reduce(PendingReduce& p);
   void gather_v_impl(const void* send, void* recv, const std::vector<int64_t>& counts, DType dt,
                      const detail::CallInfo& call);
+  /// The rank-ordered owner reduction from round `first_round` on (rounds of `chunk` elements
+  /// per contributing rank; every rank computes the same number of rounds).
   void reduce_scatter_v_impl(const void* send, void* recv, const std::vector<int64_t>& counts,
-                             DType dt, ReduceOp op, const detail::CallInfo& call);
-  void post_send(const void* buf, int64_t count, DType dt, int peer, const detail::CallInfo& call);
-  void post_recv(void* buf, int64_t count, DType dt, int peer, const detail::CallInfo& call);
+                             DType dt, ReduceOp op, const detail::CallInfo& call, int64_t first_round = 0);
+  struct ReduceRounds {
+    int64_t chunk = 1, rounds = 0, my_chunk = 0;
+  };
+  ReduceRounds reduce_rounds(const std::vector<int64_t>& counts, DType dt) const;
+  /// Posts round k: this rank's receives into `stage` (my_chunk elements per peer) and its sends.
+  void post_reduce_round(int64_t k, const ReduceRounds& r, const void* send, const std::vector<int64_t>& counts,
+                         DType dt, const detail::CallInfo& call, unsigned char* stage,
+                         std::vector<MPI_Request>& reqs, int tag);
+  /// Adds round k's contributions (this rank's own from `send`, the others from `stage`) in rank order.
+  void finish_reduce_round(int64_t k, const ReduceRounds& r, const void* send, void* recv,
+                           const std::vector<int64_t>& counts, DType dt, ReduceOp op, const unsigned char* stage);
+  void post_send(const void* buf, int64_t count, DType dt, int peer, const detail::CallInfo& call,
+                 std::vector<MPI_Request>& reqs, int tag);
+  void post_recv(void* buf, int64_t count, DType dt, int peer, const detail::CallInfo& call,
+                 std::vector<MPI_Request>& reqs, int tag);
   void wait_all(const detail::CallInfo& call);
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -105,8 +105,7 @@ class NcclCommunicator final : public Communicator {
     p->call = CallInfo{CommOpId::all_gather_v, ph, dt, total, &p->counts};
     const double t0 = begin(p->call);
     gather_v_impl(send, recv, counts, dt, p->call);
-    cuda_check(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), p->call, "cudaEventCreate");
-    cuda_check(cudaEventRecord(p->done, stream_), p->call, "cudaEventRecord");
+    record_done(*p);
     account(ph, detail::traffic_all_gather_v(counts, rank_, dt), MPI_Wtime() - t0);
     return p;
   }
@@ -133,6 +132,24 @@ class NcclCommunicator final : public Communicator {
     const double t0 = begin(call);
     reduce_scatter_v_impl(send, recv, counts, dt, op, call);
     finish(call, detail::traffic_reduce_scatter_v(counts, rank_, dt), t0);
+  }
+
+  // As start_all_gather_v: enqueued on the comm stream; wait() orders the compute stream after it.
+  std::unique_ptr<PendingCollective> start_reduce_scatter_v(const void* send, void* recv,
+                                                            const std::vector<int64_t>& counts, DType dt,
+                                                            ReduceOp op, CommPhase ph) override {
+    const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
+    detail::check_buffer("reduce_scatter_v", "send", send, total);
+    detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
+    detail::check_reduce_op("reduce_scatter_v", op, dt, true);
+    auto p = std::make_unique<Pending>(this);
+    p->counts = counts;
+    p->call = CallInfo{CommOpId::reduce_scatter_v, ph, dt, total, &p->counts, -1, op};
+    const double t0 = begin(p->call);
+    reduce_scatter_v_impl(send, recv, counts, dt, op, p->call);
+    record_done(*p);
+    account(ph, detail::traffic_reduce_scatter_v(counts, rank_, dt), MPI_Wtime() - t0);
+    return p;
   }
 
   void all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, CommPhase ph) override {
@@ -230,6 +247,11 @@ class NcclCommunicator final : public Communicator {
     ~Pending() override { wait(); }
   };
 
+  // The event a started collective's wait() makes the compute stream wait for.
+  void record_done(Pending& p) {
+    cuda_check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), p.call, "cudaEventCreate");
+    cuda_check(cudaEventRecord(p.done, stream_), p.call, "cudaEventRecord");
+  }
   // Debug check, then make the comm stream wait for work already queued on the compute stream.
   double begin(const CallInfo& call) {
     const double t0 = MPI_Wtime();

@@ -458,6 +458,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
     r.fail("sharding.replicate", "optimizer.muon.overlap_backward is not supported with replicate > 1");
   c.optim.prefetch_depth = r.i32("sharding.prefetch_depth", -1, 64);
   c.optim.prefetch_limit_bytes = r.i64("sharding.prefetch_limit_bytes", 0);
+  c.sharding.overlap_reduce = r.choice("sharding.overlap_reduce", {"auto", "on", "off"});
+  c.optim.overlap_reduce = c.sharding.overlap_reduce == "auto" ? -1 : c.sharding.overlap_reduce == "on" ? 1 : 0;
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);

@@ -82,6 +82,9 @@ struct ShardingSection {
   /// are planned within a shard group and gradients chained through the replicas in rank order
   /// (runtime/engine/placement_traits.h). Not with ddp.
   int replicate = 1;
+  /// "auto" (on for cuda), "on" or "off": unit u's gradient reduction overlaps unit u-1's
+  /// backward (EngineOptions::overlap_reduce)
+  std::string overlap_reduce = "auto";
   bool debug_checks = false;
   int64_t reduce_chunk_bytes = 4 << 20;  ///< staging chunk of the gradient reduce-scatter
   /// a collective still waiting after this many seconds aborts the job naming rank, operation,

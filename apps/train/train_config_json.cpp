@@ -50,6 +50,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"replicate", sharding.replicate},
                    {"prefetch_depth", optim.prefetch_depth},
                    {"prefetch_limit_bytes", optim.prefetch_limit_bytes},
+                   {"overlap_reduce", sharding.overlap_reduce},
                    {"debug_checks", sharding.debug_checks},
                    {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},
                    {"collective_timeout_s", sharding.collective_timeout_s}};

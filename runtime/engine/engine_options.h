@@ -58,6 +58,11 @@ struct EngineOptions {
   /// unfused reference (probabilities [B,H,T,T] kept for backward), -1 = on for CUDA only (config
   /// runtime.attention). Not bitwise equal to the unfused kernel: sums run in another order.
   int fused_attention = -1;
+  /// Backward: unit u's gradient reduction to the owners is started (Communicator::
+  /// start_reduce_scatter_v) and finished after unit u-1's backward, so the two overlap (NCCL: on
+  /// the comm stream). 1 on, 0 off, -1 = on for CUDA only (MPI advances the messages only inside
+  /// MPI calls). Owner reductions without replicas only; bitwise equal either way.
+  int overlap_reduce = -1;
 };
 
 /// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked

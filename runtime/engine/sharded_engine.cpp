@@ -80,6 +80,7 @@ ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPl
       replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_, opts_.param_dtype, opts_.reduce_dtype),
       owners_(units_, comm, plan_, traits_, opts_),
       prefetch_depth_(opts_.prefetch_depth >= 0 ? opts_.prefetch_depth : comm.device() == Device::CUDA ? 1 : 0),
+      overlap_reduce_(opts_.overlap_reduce > 0 || (opts_.overlap_reduce < 0 && comm.device() == Device::CUDA)),
       attention_(opts_.fused_attention > 0 || (opts_.fused_attention < 0 && comm.device() == Device::CUDA)
                      ? AttentionKernel::fused
                      : AttentionKernel::unfused) {
@@ -259,7 +260,11 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
     }
     const double t1 = now_seconds();
     st.t_backward += t1 - t0;
-    units_.reduce_gradients(u, last_micro);  // u's own gradients are complete (a tied embedding waits for unit 0)
+    // u's own gradients are complete (a tied embedding waits for unit 0). With overlap_reduce its
+    // reduction runs while unit u-1 computes its backward; u+1's, started one unit ago, ends here.
+    units_.reduce_gradients(u, last_micro, overlap_reduce_);
+    if (u + 1 < U) units_.finish_reduce(u + 1);
+    if (u == 0 || (last_micro && opts_.overlap_backward)) units_.finish_reduce(u);
     st.t_reduce += now_seconds() - t1;
     if (last_micro && opts_.overlap_backward) {  // u's gradients are final: its Muon updates can start
       const double t2 = now_seconds();

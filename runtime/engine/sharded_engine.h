@@ -133,6 +133,8 @@ class ShardedEngine {
   const EngineOptions& options() const { return opts_; }
   /// The attention kernel forward and backward use (EngineOptions::fused_attention resolved).
   AttentionKernel attention() const { return attention_; }
+  /// Whether a unit's gradient reduction overlaps the next unit's backward (EngineOptions::overlap_reduce resolved).
+  bool overlap_reduce() const { return overlap_reduce_; }
 
  private:
   /// Runs micro-batch `mb` forward and backward unit by unit, reducing each unit's gradients to
@@ -168,6 +170,7 @@ class ShardedEngine {
   OwnerState owners_;
   std::vector<std::vector<RowScale>> qk_heads_;  ///< QK-Clip: each model head's rows (factor unset)
   int prefetch_depth_;  ///< opts_.prefetch_depth with the device default resolved
+  bool overlap_reduce_;  ///< opts_.overlap_reduce with the device default resolved
   AttentionKernel attention_;  ///< opts_.fused_attention with the device default resolved
 };
 

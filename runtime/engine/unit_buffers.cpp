@@ -179,6 +179,7 @@ void UnitBuffers::release(int u) {
 }
 
 void UnitBuffers::ensure_grad_buffers(int u) {
+  finish_reduce(u);
   UnitBuffer& unit = this->unit(u);
   if (unit.grads_live) return;
   if (unit.any_direct) {  // otherwise the comm-layout buffer is only needed at the reduce
@@ -190,7 +191,8 @@ void UnitBuffers::ensure_grad_buffers(int u) {
   unit.grads_live = true;
 }
 
-void UnitBuffers::reduce_gradients(int u, bool last_micro) {
+void UnitBuffers::reduce_gradients(int u, bool last_micro, bool overlap) {
+  finish_reduce(u);
   UnitBuffer& unit = this->unit(u);
   if (traits_.resident && !last_micro) return;  // micro-batches accumulate in the resident full gradients
   const UnitLayout& L = plan_.units[unit.index];
@@ -206,8 +208,23 @@ void UnitBuffers::reduce_gradients(int u, bool last_micro) {
   }
   if (!traits_.resident) unit.unpacked_grad.storage()->release();
   if (traits_.all_reduce_gradients) all_reduce_gradients(unit);
-  else reduce_to_owners(unit);
-  if (traits_.resident) return;  // zeroed at the start of the next step
+  else reduce_to_owners(unit, overlap);
+  if (!unit.pending_reduce) drop_full_grads(unit);
+}
+
+void UnitBuffers::finish_reduce(int u) {
+  UnitBuffer& unit = this->unit(u);
+  if (!unit.pending_reduce) return;
+  unit.pending_reduce->wait();
+  unit.pending_reduce.reset();
+  unit.reduce_wire = Tensor();
+  drop_full_grads(unit);
+}
+
+// After a unit's reduction: non-resident placements free the full gradients (resident ones keep
+// them; they are zeroed at the start of the next step).
+void UnitBuffers::drop_full_grads(UnitBuffer& unit) {
+  if (traits_.resident) return;
   unit.full_grad.storage()->release();
   unit.grads_live = false;
 }
@@ -218,9 +235,18 @@ void UnitBuffers::reduce_gradients(int u, bool last_micro) {
 // S ranks in order, and hands them on to q+1; the last replica's sums are broadcast to all. So the
 // additions run in world-rank order 0..W-1, exactly as without replicas at world size W.
 // Under reduce_dtype bf16 the contributions travel as bf16 and are added onto the f32 sums.
-void UnitBuffers::reduce_to_owners(UnitBuffer& unit) {
+// `overlap` (no replicas): the reduction is only started; finish_reduce completes it.
+void UnitBuffers::reduce_to_owners(UnitBuffer& unit, bool overlap) {
   float* mine = unit.my_count ? unit.shard_grad.data_f32() : nullptr;
   const int q = replicas_ ? replicas_->rank() : 0, R = replicas_ ? replicas_->world_size() : 1;
+  if (overlap && R == 1) {
+    MemCategoryScope s(MemCategory::comm_buffers);
+    if (reduce_dtype_ == DType::bf16) unit.reduce_wire = unit.full_grad.to(DType::bf16);
+    const Tensor& contrib = reduce_dtype_ == DType::bf16 ? unit.reduce_wire : unit.full_grad;
+    unit.pending_reduce = comm_.start_reduce_scatter_v(contrib.data_ptr(), mine, unit.counts, reduce_dtype_,
+                                                       ReduceOp::accumulate, CommPhase::grad_reduce);
+    return;
+  }
   if (q > 0 && unit.my_count)
     replicas_->send_recv({{false, q - 1, mine, unit.my_count, DType::f32}}, CommPhase::grad_reduce);
   {
@@ -249,6 +275,7 @@ void UnitBuffers::all_reduce_gradients(UnitBuffer& unit) {
 }
 
 void UnitBuffers::zero_gradients() {
+  for (int u = 0; u < size(); ++u) finish_reduce(u);
   for (auto& unit : units_) {
     unit->shard_grad.zero();
     if (traits_.resident) {
@@ -263,6 +290,7 @@ void UnitBuffers::scale_gradients(float alpha) {
 }
 
 void UnitBuffers::scale_unit_gradients(int u, float alpha) {
+  finish_reduce(u);
   UnitBuffer& unit = this->unit(u);
   if (unit.my_count) kernels(device_).scale(unit.shard_grad.data_f32(), alpha, unit.my_count);
 }

@@ -40,6 +40,10 @@ struct UnitBuffer {
   Tensor wire_send, wire_full;
   DType pending_dtype = DType::f32;
   std::unique_ptr<PendingCollective> pending;
+  /// A started gradient reduction (reduce_gradients with overlap): the wire copy it sends (bf16
+  /// reduce_dtype), and the collective, destroyed (waited for) before it and before full_grad.
+  Tensor reduce_wire;
+  std::unique_ptr<PendingCollective> pending_reduce;
 };
 
 
@@ -81,7 +85,13 @@ class UnitBuffers {
   /// ReduceOp::accumulate onto shard_grad) or to every rank (all_reduce, ddp); under HSDP the
   /// owners' running sums are chained through the replicas (reduce_to_owners). Resident
   /// placements only reduce after the last micro-batch; the others free the full gradients after.
-  void reduce_gradients(int u, bool last_micro);
+  /// `overlap`: start the reduction (Communicator::start_reduce_scatter_v) and return; the full
+  /// gradients stay until finish_reduce(u). Without replicas and for owner reductions only
+  /// (HSDP's replica chain and ddp's all-reduce complete before returning). Bitwise equal.
+  void reduce_gradients(int u, bool last_micro, bool overlap = false);
+  /// Waits for unit u's started reduction, if any, then frees its full gradients (non-resident
+  /// placements); afterwards its owners' gradient shard is complete. No-op when none is pending.
+  void finish_reduce(int u);
   /// Zeroes the gradient shards (and resident full gradients) at the start of a step.
   void zero_gradients();
   /// Multiplies every gradient shard by alpha.
@@ -106,7 +116,8 @@ class UnitBuffers {
   void start_gather(UnitBuffer& unit, CommPhase phase, DType dtype);
   void finish_gather(UnitBuffer& unit);
   int64_t unit_gather_bytes(const UnitBuffer& unit, DType dtype) const;
-  void reduce_to_owners(UnitBuffer& unit);
+  void reduce_to_owners(UnitBuffer& unit, bool overlap);
+  void drop_full_grads(UnitBuffer& unit);
   void all_reduce_gradients(UnitBuffer& unit);
   Tensor buffer(int64_t numel, MemCategory cat, bool materialized) const;
 

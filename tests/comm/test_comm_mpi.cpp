@@ -306,6 +306,62 @@ TEST_CASE("comm.mpi reduce_scatter_v is bitwise deterministic and rank-ordered",
   for (int r = 0; r < n; ++r) REQUIRE(std::memcmp(all.b.data() + r * 404, a.b.data(), 404) == 0);
 }
 
+TEST_CASE("comm.mpi start_reduce_scatter_v: the bytes of reduce_scatter_v, with collectives in between",
+          "[comm]") {
+  for (const CommOptions& o : option_sets()) {
+    auto c = make_mpi_communicator(MPI_COMM_WORLD, o);
+    const int n = c->world_size(), me = c->rank();
+    for (DType dt : kDtypes)
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::accumulate})
+        for (const auto& counts : layouts(n)) {
+          INFO("dtype " << dtype_name(dt) << " accumulate " << (op == ReduceOp::accumulate) << " chunk "
+                        << o.reduce_chunk_bytes << " counts[0] " << counts[0]);
+          const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+          const DType out_dt = op == ReduceOp::accumulate ? DType::f32 : dt;
+          Buf s1(dt, total), s2(dt, total);
+          for (int64_t i = 0; i < total; ++i) {
+            s1.set(i, std::sin(0.37f * float(i) + 1.3f * float(me)) * float(1 + (i + me) % 7));
+            s2.set(i, val(me, i, dt));
+          }
+          auto fresh = [&] {
+            Buf b(out_dt, counts[me]);
+            for (int64_t i = 0; i < counts[me]; ++i) b.set(i, 0.5f * float(i % 9));
+            return b;
+          };
+          Buf want1 = fresh(), want2 = fresh(), got1 = fresh(), got2 = fresh();
+          c->reduce_scatter_v(s1.data(), want1.data(), counts, dt, op, CommPhase::grad_reduce);
+          c->reduce_scatter_v(s2.data(), want2.data(), counts, dt, op, CommPhase::grad_reduce);
+          // two started reductions, a blocking gather and a blocking reduction between start and wait
+          auto p1 = c->start_reduce_scatter_v(s1.data(), got1.data(), counts, dt, op, CommPhase::grad_reduce);
+          auto p2 = c->start_reduce_scatter_v(s2.data(), got2.data(), counts, dt, op, CommPhase::grad_reduce);
+          Buf gs(DType::f32, 3), g(DType::f32, 3 * n);
+          c->all_gather_v(gs.data(), g.data(), std::vector<int64_t>(n, 3), DType::f32, CommPhase::other);
+          Buf blocking = fresh();
+          c->reduce_scatter_v(s2.data(), blocking.data(), counts, dt, op, CommPhase::other);
+          p1->wait();
+          p2->wait();
+          CHECK(got1.b == want1.b);
+          CHECK(got2.b == want2.b);
+          CHECK(blocking.b == want2.b);
+          // destroying an unwaited handle waits
+          Buf got3 = fresh();
+          c->start_reduce_scatter_v(s1.data(), got3.data(), counts, dt, op, CommPhase::grad_reduce).reset();
+          CHECK(got3.b == want1.b);
+        }
+    // counted when started: the same bytes as the blocking call
+    c->reset_counters();
+    std::vector<int64_t> counts(n, 4);
+    Buf s(DType::f32, 4 * n), out(DType::f32, 4);
+    c->start_reduce_scatter_v(s.data(), out.data(), counts, DType::f32, ReduceOp::sum, CommPhase::grad_reduce)->wait();
+    const auto started = c->counters().at(CommPhase::grad_reduce);
+    c->reset_counters();
+    c->reduce_scatter_v(s.data(), out.data(), counts, DType::f32, ReduceOp::sum, CommPhase::grad_reduce);
+    CHECK(started.bytes_sent == c->counters().at(CommPhase::grad_reduce).bytes_sent);
+    CHECK(started.bytes_received == c->counters().at(CommPhase::grad_reduce).bytes_received);
+    CHECK(started.calls == 1);
+  }
+}
+
 TEST_CASE("comm.mpi counters are exact for a known sequence", "[comm]") {
   auto c = make_mpi_communicator();
   const int64_t n = c->world_size(), me = c->rank();

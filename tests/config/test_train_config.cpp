@@ -253,6 +253,15 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   CHECK(unfused.to_json()["runtime"]["attention"] == "unfused");
   CHECK_THROWS_WITH(parse("{" + train + "}", {"runtime.attention=flash"}),
                     Contains("runtime.attention: unknown value \"flash\""));
+  // reduce overlap: auto (the engine resolves it per device), on or off
+  CHECK(d.sharding.overlap_reduce == "auto");
+  CHECK(d.optim.overlap_reduce == -1);
+  CHECK(parse("{" + train + "}", {"sharding.overlap_reduce=on"}).optim.overlap_reduce == 1);
+  const TrainConfig off = parse("{" + train + R"(, "sharding": {"overlap_reduce": "off"}})");
+  CHECK(off.optim.overlap_reduce == 0);
+  CHECK(off.to_json()["sharding"]["overlap_reduce"] == "off");
+  CHECK_THROWS_WITH(parse("{" + train + "}", {"sharding.overlap_reduce=yes"}),
+                    Contains("sharding.overlap_reduce: unknown value \"yes\""));
 }
 
 TEST_CASE("sharding.prefetch_depth and prefetch_limit_bytes", "[config][gpu]") {

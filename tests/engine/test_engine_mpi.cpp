@@ -558,6 +558,41 @@ TEST_CASE("prefetch: bitwise equal at every depth and under a byte limit, which 
       }
 }
 
+TEST_CASE("overlap_reduce: bitwise equal to world 1 under every placement, with prefetch, bf16 and overlap_backward",
+          "[variants][bitwise][overlap]") {
+  const int W = world().world_size();
+  auto overlapped = [](DType param, DType reduce, int prefetch) {
+    return variant([=](EngineOptions& o) {
+      o.overlap_reduce = 1;
+      o.prefetch_depth = prefetch;
+      o.param_dtype = param;
+      o.reduce_dtype = reduce;
+    });
+  };
+  check_placements_bitwise(overlapped(DType::f32, DType::f32, 0), "tied");  // the plain run's reference
+  check_placements_bitwise(overlapped(DType::f32, DType::f32, 1), "tied");
+  check_placements_bitwise(overlapped(DType::bf16, DType::bf16, 1), "bf16-bf16", {Placement::matrixfsdp, Placement::fsdp2});
+  const int64_t B = kGlobalSeqs / W;
+  const Run plain = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.overlap_reduce = 0; }));
+  const Run over = train(world(), Placement::matrixfsdp, 1, B, overlapped(DType::f32, DType::f32, 0));
+  CHECK(over.counters.at(CommPhase::grad_reduce).bytes_sent == plain.counters.at(CommPhase::grad_reduce).bytes_sent);
+  CHECK(over.counters.at(CommPhase::grad_reduce).bytes_received ==
+        plain.counters.at(CommPhase::grad_reduce).bytes_received);
+  // with Muon during backward (each unit's reduction is finished before its orthogonalization)
+  Setup both = variant([](EngineOptions& o) {
+    o.overlap_reduce = 1;
+    o.overlap_backward = true;
+  });
+  both.grad_clip = 0.0;
+  Setup noclip;
+  noclip.grad_clip = 0.0;
+  for (int A : {1, 2}) {
+    INFO("overlap_reduce + overlap_backward at world " << W << ", A = " << A);
+    const int64_t b = kGlobalSeqs / (static_cast<int64_t>(W) * A);
+    check_bitwise(train(world(), Placement::matrixfsdp, A, b, both), world1_reference(W * A, b, noclip, "noclip"));
+  }
+}
+
 TEST_CASE("batched orthogonalization of same-shape owned matrices: bitwise equal, one per matrix",
           "[variants][bitwise][batched]") {
   const int W = world().world_size();

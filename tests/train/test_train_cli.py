@@ -204,7 +204,8 @@ def case_world_sizes(bin_dir, tmp):
 
 def case_mixed_precision(bin_dir, tmp):
     """The same 40 steps at world 2 in f32, in f32 with fused attention, in bf16 (parameters and
-    reduction) and in bf16 with activation recompute. Fused attention sums in another order than
+    reduction) and in bf16 with activation recompute, prefetching and the gradient reduction
+    overlapped with backward (all three bitwise equal to the plain bf16 run). Fused attention sums in another order than
     the unfused kernel, so its losses differ only by f32 rounding (bound: 1e-4 of the loss). bf16 keeps 8 significant bits (relative rounding <= 2^-9) in the gathered
     weights and matmul operands; on this model the losses differ by about 0.1%, so 1% is a bound
     that only a broken mixed-precision path (wrong scaling, unrounded or double-rounded sums) exceeds."""
@@ -212,7 +213,8 @@ def case_mixed_precision(bin_dir, tmp):
     for name, sets in [("f32", []), ("f32_fused", ["runtime.attention=fused"]),
                        ("bf16", ["precision.param_dtype=bf16", "precision.reduce_dtype=bf16"]),
                        ("bf16_recompute", ["precision.param_dtype=bf16", "precision.reduce_dtype=bf16",
-                                           "training.recompute=block"])]:
+                                           "training.recompute=block", "sharding.prefetch_depth=1",
+                                           "sharding.overlap_reduce=on"])]:
         run = os.path.join(tmp, name)
         rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={run}", "training.steps=40", "training.eval_interval=0",
                         "training.sample_tokens=0", *sets)
@@ -232,8 +234,9 @@ def case_mixed_precision(bin_dir, tmp):
         check(abs(float(a[1]) - float(b[1])) < 0.01 * float(a[1]), f"step {a[0]}: loss {b[1]} (bf16) vs {a[1]} (f32)")
     g32, g16 = f32[1]["comm_bytes"]["fwd_gather"], bf16[1]["comm_bytes"]["fwd_gather"]
     check(g32 > 0 and 2 * g16 == g32, f"bf16 fwd_gather bytes {g16}, f32 {g32}: not half")
-    check(rec[0] == bf16[0], "recompute block printed other loss lines than keeping the activations")
-    check(rec[1]["state_fingerprint"] == bf16[1]["state_fingerprint"], "recompute changed the final state")
+    check(rec[0] == bf16[0], "recompute + overlap printed other loss lines than the plain bf16 run")
+    check(rec[1]["state_fingerprint"] == bf16[1]["state_fingerprint"], "recompute + overlap changed the final state")
+    check("reduce overlap: off" in bf16[3] and "reduce overlap: on" in rec[3], "reduce overlap banner missing")
     check("precision: parameters and matmuls bf16, gradient reduction bf16" in bf16[3], "precision banner missing")
     fused = runs["f32_fused"]
     check("attention: unfused" in f32[3] and "attention: fused" in fused[3], "attention kernel banner missing")
