@@ -21,6 +21,7 @@
 #include "optim/muon.h"
 #include "optim/optim_cuda.h"
 #include "runtime/cuda/device_api.h"
+#include "runtime/cuda/gemm_bf16.h"
 #include "runtime/kernels.h"
 #include "runtime/ops.h"
 #include "runtime/tensor.h"
@@ -114,6 +115,23 @@ int main(int argc, char** argv) {
     const double g = time_cuda([&] { G.gemm(false, false, d.M, d.N, d.K, 1.0f, ag.data_f32(), bg.data_f32(), 0.0f, cg.data_f32()); }, 3, reps);
     const double c = time_cpu([&] { C.gemm(false, false, d.M, d.N, d.K, 1.0f, ac.data_f32(), bc.data_f32(), 0.0f, cc.data_f32()); }, cpu_reps);
     row("gemm f32 (NN)", std::to_string(d.M) + "x" + std::to_string(d.K) + "x" + std::to_string(d.N), g, c, gflop);
+  }
+
+  // ---- GEMM bf16 operands, f32 accumulation and output: the linear layers' x W^T (NT) at GPT-2
+  // 124M, B*T = 16384 rows (qkv, MLP up, MLP down), cuBLASLt (the backend's path) vs cublasGemmEx ----
+  for (Dims d : {Dims{16384, 768, 2304}, Dims{16384, 768, 3072}, Dims{16384, 3072, 768}}) {
+    Tensor ag = random_tensor(d.M * d.K, Device::CUDA, 3).to(DType::bf16);
+    Tensor bg = random_tensor(d.N * d.K, Device::CUDA, 4).to(DType::bf16);
+    Tensor cg = Tensor::zeros({d.M * d.N}, DType::f32, Device::CUDA);
+    const double gflop = 2.0 * d.M * d.N * d.K * 1e-9;
+    const double lt = time_cuda([&] {
+      G.gemm_bf16(false, true, d.M, d.N, d.K, 1.0f, ag.data_ptr(), bg.data_ptr(), 0.0f, cg.data_f32());
+    }, 3, reps);
+    const double ex = time_cuda([&] {
+      cuda_gemm::gemm_bf16_gemmex(false, true, d.M, d.N, d.K, 1.0f, ag.data_ptr(), bg.data_ptr(), 0.0f, cg.data_f32());
+    }, 3, reps);
+    std::printf("gemm bf16->f32 (NT) %ldx%ldx%ld: cuBLASLt %.3f ms %.1f TFLOP/s | cublasGemmEx %.3f ms %.1f TFLOP/s\n",
+                static_cast<long>(d.M), static_cast<long>(d.K), static_cast<long>(d.N), lt, gflop / lt, ex, gflop / ex);
   }
 
   // ---- causal attention, GPT-2 small: B=4, T=1024, C=768, H=12 ----

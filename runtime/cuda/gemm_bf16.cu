@@ -1,11 +1,15 @@
 #include "runtime/cuda/gemm_bf16.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "runtime/core/cuda_check.h"
 #include "runtime/cuda/device_api.h"
@@ -21,6 +25,81 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// Column-major sizes of one call after the row-major -> column-major operand swap.
+struct ColMajor {
+  int m, n, k, lda, ldb;  // first operand B (m x k as op'd), second A (k x n), C m x n
+  cublasOperation_t op_first, op_second;
+};
+
+ColMajor col_major(bool ta, bool tb, int64_t M, int64_t N, int64_t K) {
+  return {as_int(N, "N"), as_int(M, "M"), as_int(K, "K"), as_int(ta ? M : K, "lda"), as_int(tb ? K : N, "ldb"),
+          tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N};
+}
+
+// One shape's matmul: descriptors and the algorithm the heuristic chose (found = false: none).
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+};
+
+// The process's cuBLASLt handle, workspace and per-shape plans (never freed: they live as long as
+// the CUDA context, like the shared cuBLAS handle).
+class LtContext {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+
+  static LtContext& get() {
+    static LtContext ctx;
+    return ctx;
+  }
+
+  // The plan of (ta, tb, M, N, K), made on first use. Called with mu_ held.
+  const LtPlan& plan(bool ta, bool tb, const ColMajor& s) {
+    const auto key = std::make_tuple(ta, tb, s.m, s.n, s.k);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    LtPlan p;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &s.op_first, sizeof(s.op_first)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &s.op_second, sizeof(s.op_second)));
+    // stored shapes: the first operand is m x k (k x m when transposed), the second k x n (n x k)
+    const bool t1 = s.op_first == CUBLAS_OP_T, t2 = s.op_second == CUBLAS_OP_T;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, t1 ? s.k : s.m, t1 ? s.m : s.k, s.ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, t2 ? s.n : s.k, t2 ? s.k : s.n, s.lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, s.m, s.n, s.m));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kWorkspaceBytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle_, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+      p.algo = result.algo;
+      p.found = true;
+    }
+    return plans_.emplace(key, p).first->second;
+  }
+
+  cublasLtHandle_t handle() const { return handle_; }
+  void* workspace() const { return workspace_; }
+  std::mutex& mutex() { return mu_; }
+
+ private:
+  LtContext() {
+    CUBLAS_CHECK(cublasLtCreate(&handle_));
+    CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  }
+  std::mutex mu_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<std::tuple<bool, bool, int, int, int>, LtPlan> plans_;
+};
+
 }  // namespace
 
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
@@ -30,13 +109,30 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
     kernels(Device::CUDA).gemm(ta, tb, M, N, 0, alpha, nullptr, nullptr, beta, C);
     return;
   }
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-  const int m = as_int(N, "N"), n = as_int(M, "M"), k = as_int(K, "K");
-  const int lda = as_int(ta ? M : K, "lda"), ldb = as_int(tb ? K : N, "ldb");
+  const ColMajor s = col_major(ta, tb, M, N, K);
+  LtContext& lt = LtContext::get();
+  std::lock_guard<std::mutex> lock(lt.mutex());  // one workspace: one matmul enqueued at a time
+  const LtPlan& p = lt.plan(ta, tb, s);
+  if (!p.found) {
+    gemm_bf16_gemmex(ta, tb, M, N, K, alpha, A, B, beta, C);
+    return;
+  }
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B is the first operand.
+  CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, lt.workspace(),
+                          LtContext::kWorkspaceBytes, static_cast<cudaStream_t>(cuda::compute_stream())));
+}
+
+void gemm_bf16_gemmex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
+                      float beta, float* C) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    kernels(Device::CUDA).gemm(ta, tb, M, N, 0, alpha, nullptr, nullptr, beta, C);
+    return;
+  }
+  const ColMajor s = col_major(ta, tb, M, N, K);
   auto h = static_cast<cublasHandle_t>(cuda::cublas_handle());
-  CUBLAS_CHECK(cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, B,
-                            CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmEx(h, s.op_first, s.op_second, s.m, s.n, s.k, &alpha, B, CUDA_R_16BF, s.ldb, A, CUDA_R_16BF,
+                            s.lda, &beta, C, CUDA_R_32F, s.m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace mfsdp::cuda_gemm

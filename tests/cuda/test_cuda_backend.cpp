@@ -13,6 +13,7 @@
 
 #include "runtime/autograd.h"
 #include "runtime/cuda/device_api.h"
+#include "runtime/cuda/gemm_bf16.h"
 #include "runtime/kernels.h"
 #include "runtime/memory.h"
 #include "runtime/ops.h"
@@ -561,9 +562,16 @@ TEST_CASE("cuda: gemm_bf16 (tensor cores, f32 accumulation) vs CPU for every tra
           const Tensor b = Tensor::from_vector(randn(d.K * d.N, 21), {d.K * d.N}).to(DType::bf16);
           const Tensor ag = a.to(Device::CUDA), bg = b.to(Device::CUDA);
           Pair Cm(randn(d.M * d.N, 22));
-          GK().gemm_bf16(ta, tb, d.M, d.N, d.K, 0.7f, ag.data_ptr(), bg.data_ptr(), beta, Cm.g());
+          const Tensor c0 = Cm.gpu.clone();
+          GK().gemm_bf16(ta, tb, d.M, d.N, d.K, 0.7f, ag.data_ptr(), bg.data_ptr(), beta, Cm.g());  // cuBLASLt
           CK().gemm_bf16(ta, tb, d.M, d.N, d.K, 0.7f, a.data_ptr(), b.data_ptr(), beta, Cm.c());
           CHECK(norm_err(Cm) <= 1e-5);  // exact products; only the f32 summation order differs
+          // the cublasGemmEx fallback, and cuBLASLt again: the same algorithm gives the same bits
+          Tensor ex = c0.clone(), again = c0.clone();
+          cuda_gemm::gemm_bf16_gemmex(ta, tb, d.M, d.N, d.K, 0.7f, ag.data_ptr(), bg.data_ptr(), beta, ex.data_f32());
+          CHECK(norm_err(ex.to_vector(), Cm.cpu.to_vector()) <= 1e-5);
+          GK().gemm_bf16(ta, tb, d.M, d.N, d.K, 0.7f, ag.data_ptr(), bg.data_ptr(), beta, again.data_f32());
+          CHECK(again.to_vector() == Cm.gpu.to_vector());
         }
       }
     }
