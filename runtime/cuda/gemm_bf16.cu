@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <cstdint>
+#include <utility>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -17,6 +19,14 @@
 
 namespace mfsdp::cuda_gemm {
 namespace {
+
+// The largest power of two up to 256 that divides the address.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
 
 int as_int(int64_t v, const char* what) {
   if (v < 0 || v > INT_MAX)
@@ -55,9 +65,12 @@ class LtContext {
     return ctx;
   }
 
-  // The plan of (ta, tb, M, N, K), made on first use. Called with mu_ held.
-  const LtPlan& plan(bool ta, bool tb, const ColMajor& s) {
-    const auto key = std::make_tuple(ta, tb, s.m, s.n, s.k);
+  // The plan of (ta, tb, M, N, K) for operands of these alignments (bytes: the largest power of
+  // two up to 256 dividing the address; the heuristic otherwise assumes 256 and may pick an
+  // algorithm that refuses a gradient view at a 4-byte offset), made on first use. Called with mu_ held.
+  const LtPlan& plan(bool ta, bool tb, const ColMajor& s, uint32_t align_first, uint32_t align_second,
+                     uint32_t align_c) {
+    const auto key = std::make_tuple(ta, tb, s.m, s.n, s.k, align_first, align_second, align_c);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     LtPlan p;
@@ -73,6 +86,11 @@ class LtContext {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspaceBytes;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    for (auto [attr, align] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+                               std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}})
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     const cublasStatus_t st =
@@ -97,7 +115,7 @@ class LtContext {
   std::mutex mu_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
-  std::map<std::tuple<bool, bool, int, int, int>, LtPlan> plans_;
+  std::map<std::tuple<bool, bool, int, int, int, uint32_t, uint32_t, uint32_t>, LtPlan> plans_;
 };
 
 }  // namespace
@@ -112,7 +130,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   const ColMajor s = col_major(ta, tb, M, N, K);
   LtContext& lt = LtContext::get();
   std::lock_guard<std::mutex> lock(lt.mutex());  // one workspace: one matmul enqueued at a time
-  const LtPlan& p = lt.plan(ta, tb, s);
+  const LtPlan& p = lt.plan(ta, tb, s, alignment_of(B), alignment_of(A), alignment_of(C));
   if (!p.found) {
     gemm_bf16_gemmex(ta, tb, M, N, K, alpha, A, B, beta, C);
     return;

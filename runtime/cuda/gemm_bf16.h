@@ -8,7 +8,8 @@ namespace mfsdp::cuda_gemm {
 /// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; A, B bf16 device buffers (op(A) [M,K],
 /// A stored [K,M] when trans_a; op(B) [K,N], B stored [N,K] when trans_b), C f32, on the compute
 /// stream. cuBLASLt (cublasLtMatmul, CUBLAS_COMPUTE_32F, the heuristic's first algorithm for the
-/// shape, cached with its descriptors; a 32 MiB workspace allocated on the first call), or
+/// shape and the operands' pointer alignments, cached with its descriptors; a 32 MiB workspace
+/// allocated on the first call), or
 /// gemm_bf16_gemmex when the heuristic offers no algorithm. Empty shapes are handled (K = 0
 /// scales C by beta). Throws std::invalid_argument when a size exceeds int, std::runtime_error
 /// on a cuBLAS error.

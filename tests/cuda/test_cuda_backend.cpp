@@ -576,6 +576,16 @@ TEST_CASE("cuda: gemm_bf16 (tensor cores, f32 accumulation) vs CPU for every tra
       }
     }
   }
+  // operands at 2-byte (bf16) and 4-byte (f32) offsets, as gradient views inside a unit's buffer
+  const int64_t M = 64, N = 96, K = 128;
+  const Tensor a = Tensor::from_vector(randn(M * K + 1, 23), {M * K + 1}).to(DType::bf16);
+  const Tensor b = Tensor::from_vector(randn(K * N + 1, 24), {K * N + 1}).to(DType::bf16);
+  const Tensor ag = a.to(Device::CUDA), bg = b.to(Device::CUDA);
+  Pair Cm(randn(M * N + 1, 25));
+  auto at = [](const Tensor& t, int64_t i) { return static_cast<const char*>(t.data_ptr()) + 2 * i; };
+  GK().gemm_bf16(false, true, M, N, K, 1.0f, at(ag, 1), at(bg, 1), 1.0f, Cm.g() + 1);
+  CK().gemm_bf16(false, true, M, N, K, 1.0f, at(a, 1), at(b, 1), 1.0f, Cm.c() + 1);
+  CHECK(norm_err(Cm) <= 1e-5);
 }
 
 TEST_CASE("cuda: the op chain with bf16 matmuls matches the CPU's bf16 matmuls", "[cuda][ops][bf16]") {
