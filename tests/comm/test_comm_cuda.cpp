@@ -103,6 +103,23 @@ void compare_backends(Communicator& dev, Communicator& ref) {
         dev.reduce_scatter_v(dfull.p, dacc.p, counts, dt, ReduceOp::accumulate, CommPhase::grad_reduce);
         REQUIRE(dacc.get() == acc);
       }
+      {  // the same reduction started, a gather run before it is waited for: the same bytes
+        auto full = host_values(dt, total, me, 0);
+        auto acc = host_values(DType::f32, counts[me], me + 17, off);
+        DevBuf dfull(full.size()), dacc(acc.size());
+        dfull.put(full);
+        dacc.put(acc);
+        auto started_ref = ref.start_reduce_scatter_v(full.data(), counts[me] ? acc.data() : nullptr, counts, dt,
+                                                      ReduceOp::accumulate, CommPhase::grad_reduce);
+        auto started_dev =
+            dev.start_reduce_scatter_v(dfull.p, dacc.p, counts, dt, ReduceOp::accumulate, CommPhase::grad_reduce);
+        ref.all_gather_v(hs.data(), hr.data(), counts, dt, CommPhase::fwd_gather);
+        dev.all_gather_v(ds.p, dr.p, counts, dt, CommPhase::fwd_gather);
+        started_ref->wait();
+        started_dev->wait();
+        REQUIRE(dacc.get() == acc);
+        REQUIRE(dr.get() == hr);
+      }
     }
     // broadcast from the last rank, equal-part all_gather / reduce_scatter
     auto hb = host_values(dt, 777, me, 0);

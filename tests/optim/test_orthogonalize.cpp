@@ -6,7 +6,10 @@
 // - Every method maps the singular values of G through its scalar iteration
 //   x <- a_t x + b_t x^3 + c_t x^5 from x0 = sigma / normalizer (exact for polynomials of G G^T
 //   applied to G); the sorted output singular values match that map to <= 5e-5 absolute (f32
-//   round-off, measured <= 9e-6).
+//   round-off, measured <= 1.6e-5 on AVX-512 and AVX2 machines), and to <= 2e-4 for
+//   gram_newton_schulz, which iterates on the f32 Gram matrix G G^T, so its rounding enters at
+//   the squared scale and is carried through the polynomial until a restart (measured <= 5.3e-5
+//   with oneDNN's AVX2 kernels, 9e-6 with its AVX-512 ones).
 // - newton_schulz5 does not converge to orthogonality: singular values of inputs with
 //   sigma >= 5% sigma_max land in [0.675, 1.21]; ||O - U V^T||_F / ||U V^T||_F < 0.25 (random,
 //   rank-deficient; measured <= 0.233) and < 0.40 (condition number 1e3; measured <= 0.356).
@@ -126,8 +129,14 @@ TEST_CASE("orthogonalizers vs the f64 polar factor: scalar map, bands, relative 
       const Eigen::VectorXd sv = singular_values(o.data(), c.rows, c.cols);
       const auto f = scalar_map(c, 5, m);
       double map_diff = 0.0;
-      for (Eigen::Index i = 0; i < sv.size(); ++i) map_diff = std::max(map_diff, std::abs(sv(i) - f[static_cast<size_t>(i)]));
-      CHECK(map_diff < 5e-5);
+      Eigen::Index worst = 0;
+      for (Eigen::Index i = 0; i < sv.size(); ++i)
+        if (const double d = std::abs(sv(i) - f[static_cast<size_t>(i)]); d > map_diff) {
+          map_diff = d;
+          worst = i;
+        }
+      INFO("largest difference at singular value " << worst << " of " << sv.size() << " (rank " << c.rank << ")");
+      CHECK(map_diff < (m == Orthogonalizer::gram_newton_schulz ? 2e-4 : 5e-5));
 
       const bool ns5 = m == Orthogonalizer::newton_schulz5;
       const double lo = ns5 ? 0.675 : 0.85, hi = ns5 ? 1.21 : 1.145;
