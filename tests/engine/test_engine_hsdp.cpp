@@ -31,13 +31,14 @@ struct Run {
 
 // kSteps steps with `accum` micro-batches of B sequences per rank; world rank g = q*S + s feeds
 // global micro-batch k*W + g. `replicas` null: a plain (unreplicated) engine on `shard`.
-Run train(Communicator& shard, Communicator* replicas, Placement p, int accum, int64_t B) {
+Run train(Communicator& shard, Communicator* replicas, Placement p, int accum, int64_t B,
+          const EngineOptions& opts = test_options()) {
   const int S = shard.world_size(), R = replicas ? replicas->world_size() : 1, W = R * S;
   const int g = (replicas ? replicas->rank() : 0) * S + shard.rank();
   const GPTConfig cfg = tiny_config();
   GPT model(cfg);
   const ShardPlan plan = make_plan(model.inventory(), S, p);
-  ShardedEngine engine(model, shard, plan, test_options(), replicas);
+  ShardedEngine engine(model, shard, plan, opts, replicas);
   engine.init_parameters(kSeed);
   Run run;
   for (int step = 0; step < kSteps; ++step) {
@@ -102,6 +103,10 @@ TEST_CASE("HSDP training is bitwise identical to world 1 on every replica", "[en
         CHECK(run.replica_counters.at(CommPhase::grad_reduce).bytes_sent +
                   run.replica_counters.at(CommPhase::grad_reduce).bytes_received > 0);
         CHECK(run.replica_counters.at(CommPhase::fwd_gather).calls == 0);  // gathers stay in the shard group
+        // overlap_reduce asked for: the replica chain stays blocking, the result the same
+        EngineOptions overlap = test_options();
+        overlap.overlap_reduce = 1;
+        check_bitwise(train(*groups.shard, groups.replica.get(), p, A, B, overlap), ref);
       }
   }
 }
