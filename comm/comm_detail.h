@@ -44,6 +44,10 @@ Traffic traffic_broadcast(int64_t count, int world, int rank, int root, DType dt
 int64_t check_counts(const char* op, const std::vector<int64_t>& counts, int world);
 /// Throws std::invalid_argument naming `op` when count < 0 or `ptr` is null while count > 0.
 void check_buffer(const char* op, const char* which, const void* ptr, int64_t count);
+/// The argument checks of reduce_scatter_v and start_reduce_scatter_v (counts, both buffers,
+/// the reduce op; throws std::invalid_argument naming "reduce_scatter_v"). Returns sum(counts).
+int64_t check_reduce_scatter_v_args(const void* send, const void* recv, const std::vector<int64_t>& counts,
+                                    int world, int rank, DType dt, ReduceOp op);
 /// Exclusive prefix sums of counts (offset of each rank's segment).
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
 

@@ -290,6 +290,15 @@ void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const Call
   }
 }
 
+int64_t check_reduce_scatter_v_args(const void* send, const void* recv, const std::vector<int64_t>& counts,
+                                    int world, int rank, DType dt, ReduceOp op) {
+  const int64_t total = check_counts("reduce_scatter_v", counts, world);
+  check_buffer("reduce_scatter_v", "send", send, total);
+  check_buffer("reduce_scatter_v", "recv", recv, counts[rank]);
+  check_reduce_op("reduce_scatter_v", op, dt, true);
+  return total;
+}
+
 void check_reduce_op(const char* op, ReduceOp reduce, DType dt, bool allow_accumulate) {
   if (reduce != ReduceOp::accumulate) return;
   if (!allow_accumulate)

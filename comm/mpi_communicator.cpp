@@ -285,10 +285,7 @@ struct MpiCommunicator::PendingReduce final : PendingCollective {
 std::unique_ptr<PendingCollective> MpiCommunicator::start_reduce_scatter_v(const void* send, void* recv,
                                                                            const std::vector<int64_t>& counts,
                                                                            DType dt, ReduceOp op, CommPhase ph) {
-  const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
-  detail::check_buffer("reduce_scatter_v", "send", send, total);
-  detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
-  detail::check_reduce_op("reduce_scatter_v", op, dt, true);
+  const int64_t total = detail::check_reduce_scatter_v_args(send, recv, counts, world_, rank_, dt, op);
   auto p = std::make_unique<PendingReduce>();
   p->comm = this;
   p->send = send;
@@ -301,7 +298,12 @@ std::unique_ptr<PendingCollective> MpiCommunicator::start_reduce_scatter_v(const
   debug_check(p->call);
   const ReduceRounds r = reduce_rounds(counts, dt);
   if (r.rounds > 0) {
-    p->stage.resize(static_cast<size_t>(world_ * r.my_chunk * dtype_size(dt)));
+    if (!spare_stages_.empty()) {  // reuse a finished handle's staging: no allocation in the steady state
+      p->stage = std::move(spare_stages_.back());
+      spare_stages_.pop_back();
+    }
+    if (p->stage.size() < static_cast<size_t>(world_ * r.my_chunk * dtype_size(dt)))
+      p->stage.resize(static_cast<size_t>(world_ * r.my_chunk * dtype_size(dt)));
     post_reduce_round(0, r, send, counts, dt, p->call, p->stage.data(), p->reqs, kTagStartedReduce);
   }
   account(ph, detail::traffic_reduce_scatter_v(counts, rank_, dt), MPI_Wtime() - t0);
@@ -315,6 +317,7 @@ void MpiCommunicator::finish_started_reduce(PendingReduce& p) {
     detail::wait_requests(static_cast<int>(p.reqs.size()), p.reqs.data(), opts_.timeout_seconds, comm_, rank_, p.call);
     finish_reduce_round(0, r, p.send, p.recv, p.counts, p.dt, p.op, p.stage.data());
     reduce_scatter_v_impl(p.send, p.recv, p.counts, p.dt, p.op, p.call, 1);
+    spare_stages_.push_back(std::move(p.stage));
   }
   counters_.at(p.call.phase).seconds += MPI_Wtime() - t0;
 }
@@ -335,10 +338,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
 void MpiCommunicator::reduce_scatter_v(const void* send, void* recv,
                                        const std::vector<int64_t>& counts, DType dt, ReduceOp op,
                                        CommPhase ph) {
-  const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
-  detail::check_buffer("reduce_scatter_v", "send", send, total);
-  detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
-  detail::check_reduce_op("reduce_scatter_v", op, dt, true);
+  const int64_t total = detail::check_reduce_scatter_v_args(send, recv, counts, world_, rank_, dt, op);
   CallInfo call{CommOpId::reduce_scatter_v, ph, dt, total, &counts, -1, op};
   const double t0 = MPI_Wtime();
   debug_check(call);
@@ -438,22 +438,9 @@ void MpiCommunicator::send_recv(const std::vector<P2P>& ops, CommPhase ph) {
   CallInfo call{CommOpId::send_recv, ph, ops.empty() ? DType::f32 : ops[0].dtype,
                 static_cast<int64_t>(ops.size())};
   const double t0 = MPI_Wtime();
-  const int64_t m = opts_.max_message_elements;
   for (const auto& op : ops) {
-    const int64_t e = dtype_size(op.dtype);
-    for (int64_t o = 0; o < op.count; o += m) {
-      MPI_Request req;
-      const int n = static_cast<int>(std::min(m, op.count - o));
-      if (op.is_send)
-        mpi_check(MPI_Isend(bytes(op.buf) + o * e, n, mpi_type(op.dtype), op.peer, kTagP2P, comm_,
-                            &req),
-                  comm_, rank_, call, "MPI_Isend");
-      else
-        mpi_check(MPI_Irecv(bytes(op.buf) + o * e, n, mpi_type(op.dtype), op.peer, kTagP2P, comm_,
-                            &req),
-                  comm_, rank_, call, "MPI_Irecv");
-      reqs_.push_back(req);
-    }
+    if (op.is_send) post_send(op.buf, op.count, op.dtype, op.peer, call, reqs_, kTagP2P);
+    else post_recv(op.buf, op.count, op.dtype, op.peer, call, reqs_, kTagP2P);
   }
   wait_all(call);
   account(ph, t, MPI_Wtime() - t0);

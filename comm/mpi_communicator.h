@@ -93,6 +93,7 @@ class MpiCommunicator final : public Communicator {
   int64_t seq_ = 0;
   std::vector<MPI_Request> reqs_;
   std::vector<unsigned char> stage_;
+  std::vector<std::vector<unsigned char>> spare_stages_;  ///< staging of finished started reductions, reused
   std::vector<float> acc_;
 };
 

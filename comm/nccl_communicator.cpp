@@ -124,10 +124,7 @@ class NcclCommunicator final : public Communicator {
 
   void reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts, DType dt,
                         ReduceOp op, CommPhase ph) override {
-    const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
-    detail::check_buffer("reduce_scatter_v", "send", send, total);
-    detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
-    detail::check_reduce_op("reduce_scatter_v", op, dt, true);
+    const int64_t total = detail::check_reduce_scatter_v_args(send, recv, counts, world_, rank_, dt, op);
     CallInfo call{CommOpId::reduce_scatter_v, ph, dt, total, &counts, -1, op};
     const double t0 = begin(call);
     reduce_scatter_v_impl(send, recv, counts, dt, op, call);
@@ -138,10 +135,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> start_reduce_scatter_v(const void* send, void* recv,
                                                             const std::vector<int64_t>& counts, DType dt,
                                                             ReduceOp op, CommPhase ph) override {
-    const int64_t total = detail::check_counts("reduce_scatter_v", counts, world_);
-    detail::check_buffer("reduce_scatter_v", "send", send, total);
-    detail::check_buffer("reduce_scatter_v", "recv", recv, counts[rank_]);
-    detail::check_reduce_op("reduce_scatter_v", op, dt, true);
+    const int64_t total = detail::check_reduce_scatter_v_args(send, recv, counts, world_, rank_, dt, op);
     auto p = std::make_unique<Pending>(this);
     p->counts = counts;
     p->call = CallInfo{CommOpId::reduce_scatter_v, ph, dt, total, &p->counts, -1, op};

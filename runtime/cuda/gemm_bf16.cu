@@ -122,11 +122,7 @@ class LtContext {
 
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
                float beta, float* C) {
-  if (M == 0 || N == 0) return;
-  if (K == 0) {  // no products: C = beta * C, as the f32 gemm does
-    kernels(Device::CUDA).gemm(ta, tb, M, N, 0, alpha, nullptr, nullptr, beta, C);
-    return;
-  }
+  if (M == 0 || N == 0 || K == 0) return gemm_bf16_gemmex(ta, tb, M, N, K, alpha, A, B, beta, C);  // empty shapes
   const ColMajor s = col_major(ta, tb, M, N, K);
   LtContext& lt = LtContext::get();
   std::lock_guard<std::mutex> lock(lt.mutex());  // one workspace: one matmul enqueued at a time
@@ -143,7 +139,7 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
 void gemm_bf16_gemmex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
                       float beta, float* C) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {
+  if (K == 0) {  // no products: C = beta * C, as the f32 gemm does
     kernels(Device::CUDA).gemm(ta, tb, M, N, 0, alpha, nullptr, nullptr, beta, C);
     return;
   }
