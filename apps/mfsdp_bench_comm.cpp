@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   std::string backend = "mpi", dtype_s = "f32";
   int64_t min_bytes = 4 << 10, max_bytes = 4 << 20, chunk_bytes = 4 << 20;
   int factor = 4, iters = 20, warmup = 5;
-  bool check = true;
+  bool check = true, nccl_blocking = false;
   app.add_option("--backend", backend, "mpi, cuda_staged or nccl")
       ->check(CLI::IsMember({"mpi", "cuda_staged", "nccl"}));
   app.add_option("--dtype", dtype_s, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-bytes", chunk_bytes, "reduce_scatter staging chunk per rank (default 4M)")
       ->transform(CLI::AsSizeValue(false));
   app.add_option("--check", check, "verify results (default true)");
+  app.add_flag("--nccl-blocking", nccl_blocking, "NCCL: a blocking communicator whose calls wait (diagnostics)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -119,11 +120,11 @@ int main(int argc, char** argv) {
   const int64_t e = dtype_size(dt);
   CommOptions opts;
   opts.reduce_chunk_bytes = chunk_bytes;
+  CudaCommOptions cuda_opts;
+  cuda_opts.blocking = nccl_blocking;
   std::unique_ptr<Communicator> comm;
-  try {
-    comm = backend == "mpi"           ? make_mpi_communicator(MPI_COMM_WORLD, opts)
-           : backend == "cuda_staged" ? make_cuda_staged_communicator(MPI_COMM_WORLD, opts)
-                                      : make_nccl_communicator(MPI_COMM_WORLD, opts);
+  try {  // the CUDA backends select this process's device first
+    comm = make_communicator(parse_comm_backend(backend), opts, cuda_opts);
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "%s\n", ex.what());
     return 1;

@@ -116,16 +116,18 @@ int main(int argc, char** argv) {
     copts.debug_checks = cfg.sharding.debug_checks || comm_debug_from_env();
     copts.reduce_chunk_bytes = cfg.sharding.reduce_chunk_bytes;
     copts.timeout_seconds = cfg.sharding.collective_timeout_s;
+    CudaCommOptions cuda_opts;  // the CUDA backends select the process's device first
+    cuda_opts.blocking = cfg.sharding.nccl_blocking;
     TrainerOptions topts{eval_only, program_start, agree_seconds};
     if (cfg.sharding.replicate > 1) {  // HSDP: shard groups of world / R ranks, R replicas
       if (world % cfg.sharding.replicate != 0)
         throw InputError("sharding.replicate = " + std::to_string(cfg.sharding.replicate) +
                          " does not divide the world size " + std::to_string(world));
-      HsdpGroups groups = make_hsdp_groups(cfg.sharding.backend, cfg.sharding.replicate, copts);
+      HsdpGroups groups = make_hsdp_groups(cfg.sharding.backend, cfg.sharding.replicate, copts, cuda_opts);
       topts.replicas = groups.replica.get();
       run_training(cfg, *groups.shard, topts);
     } else {
-      auto comm = make_communicator(cfg.sharding.backend, copts);
+      auto comm = make_communicator(cfg.sharding.backend, copts, cuda_opts);
       run_training(cfg, *comm, topts);
     }
   } catch (const InputError& e) {  // every rank agreed on it: a clean exit, like a config error

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_factory.h"
 #include "comm/communicator.h"
 
 namespace mfsdp::detail {
@@ -50,6 +51,14 @@ int64_t check_reduce_scatter_v_args(const void* send, const void* recv, const st
                                     int world, int rank, DType dt, ReduceOp op);
 /// Exclusive prefix sums of counts (offset of each rank's segment).
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
+
+/// The text set by set_comm_context ("" when none), for reports made outside comm_fatal.
+std::string comm_context_text();
+
+/// The CUDA backends' device check: the device select_device_for_process() chose, after making
+/// sure it is still the current one. Throws std::runtime_error naming `who` when no device was
+/// selected or another one is current. Communicators never select a device themselves.
+ProcessDevice check_process_device(const char* who);
 
 /// Prints "[comm] rank R: <what> in <call.describe()>" to stderr, flushes, then MPI_Abort(comm).
 [[noreturn]] void comm_fatal(MPI_Comm comm, int rank, const CallInfo& call, const std::string& what);

@@ -27,6 +27,7 @@ MpiSession::~MpiSession() {
 }
 
 std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts, CudaCommOptions cuda) {
+  if (b != CommBackend::mpi) select_device_for_process();
   switch (b) {
     case CommBackend::mpi: return make_mpi_communicator(MPI_COMM_WORLD, opts);
     case CommBackend::cuda_staged: return make_cuda_staged_communicator(MPI_COMM_WORLD, opts, cuda);
@@ -38,6 +39,7 @@ std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts,
 std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, int key, CommOptions opts,
                                                       CudaCommOptions cuda) {
   if (color < 0) throw std::invalid_argument("[make_split_communicator] color must be >= 0, got " + std::to_string(color));
+  if (b != CommBackend::mpi) select_device_for_process();  // collective over the world, before the split
   MPI_Comm sub = MPI_COMM_NULL;
   if (MPI_Comm_split(MPI_COMM_WORLD, color, key, &sub) != MPI_SUCCESS)
     throw std::runtime_error("[make_split_communicator] MPI_Comm_split failed");

@@ -31,22 +31,52 @@ class MpiSession {
 /// afterwards starts after the collective.
 struct CudaCommOptions {
   void* compute_stream = nullptr;
-  /// NCCL only: true = each call waits for its communication to finish (seconds are exact and
-  /// errors/timeouts are detected in the call); false = calls only enqueue on the comm stream.
-  bool blocking = true;
+  /// NCCL only. false (the default): a non-blocking NCCL communicator (ncclConfig_t::blocking =
+  /// 0) whose calls only enqueue on the comm stream; NCCL's ncclInProgress states are polled
+  /// with ncclCommGetAsyncError, and a watchdog thread aborts the job when a collective is still
+  /// unfinished after CommOptions::timeout_seconds or NCCL reports an asynchronous error.
+  /// true (diagnostics; config key sharding.nccl_blocking): a blocking NCCL communicator, and
+  /// each call waits for its communication to finish (seconds are exact, errors and timeouts
+  /// are reported by the call that caused them).
+  bool blocking = false;
 };
 
+/// The CUDA device of this process, chosen once by select_device_for_process().
+struct ProcessDevice {
+  int device = -1;        ///< the CUDA device; -1 while none has been selected
+  int local_rank = 0;     ///< rank among the world's processes on this node
+  int local_size = 1;     ///< the world's processes on this node
+  int device_count = 0;   ///< CUDA devices visible to this process
+};
+
+/// Selects this process's CUDA device once: device = node-local rank of MPI_COMM_WORLD
+/// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)) modulo the visible devices, then cudaSetDevice.
+/// The first call is collective over MPI_COMM_WORLD (every process must make it); later calls
+/// return the first result without communicating. Every CUDA communicator, whatever group it
+/// spans (HSDP's shard and replica groups, MPI_COMM_SELF), uses this device and never selects
+/// another. Throws std::runtime_error when built without CUDA, when MPI is not initialised or
+/// when no device is visible.
+ProcessDevice select_device_for_process();
+
+/// The selection made by select_device_for_process() (device -1 when none was made).
+ProcessDevice selected_process_device();
+
+/// Makes the selected device current on the calling thread (a new thread starts on device 0);
+/// for helper threads of the communicators. Throws when no device was selected.
+void bind_thread_to_process_device();
 
 /// A communicator of backend `b` over all MPI processes (MPI must be initialised, e.g. by an
-/// MpiSession). The CUDA backends select this rank's GPU first: nccl uses GPU local_rank and
-/// throws when there are fewer GPUs than local ranks; cuda_staged uses GPU local_rank % count.
+/// MpiSession). For the CUDA backends it first calls select_device_for_process() (collective
+/// over the world on the first call); nccl then throws when a node runs more processes than it
+/// has GPUs, cuda_staged lets processes share GPUs (local rank modulo the GPU count).
 /// Throws std::runtime_error when built without CUDA and `b` is not mpi, or when no GPU is found.
 std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts = {},
                                                 CudaCommOptions cuda = {});
 
 /// A communicator of backend `b` over the MPI processes of the world that pass the same `color`
 /// (MPI_Comm_split of MPI_COMM_WORLD; ranks ordered by `key`, then world rank). Collective over
-/// the whole world: every process calls it, each with its own color and key (color >= 0).
+/// the whole world: every process calls it, each with its own color and key (color >= 0). The
+/// CUDA backends select the process's device first, as make_communicator.
 /// Throws std::invalid_argument for a negative color, and what make_communicator throws.
 std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, int key, CommOptions opts = {},
                                                       CudaCommOptions cuda = {});
@@ -61,9 +91,8 @@ struct HsdpGroups {
 
 /// Splits the world into `replicas` replicas of world/replicas shard ranks (two
 /// make_split_communicator calls). Throws std::invalid_argument when replicas < 1 or does not
-/// divide the world size. Note for NCCL: each group selects the GPU of its own local rank, so the
-/// replica group (one rank per node and shard rank) is only right when every node runs one shard
-/// group; the MPI backend has no such restriction.
+/// divide the world size. Both groups use the device the process selected from its world
+/// node-local rank (select_device_for_process), so they agree on the GPU whatever the layout.
 HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts = {}, CudaCommOptions cuda = {});
 
 }  // namespace mfsdp

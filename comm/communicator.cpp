@@ -185,6 +185,8 @@ std::string& comm_context() {
 }
 }  // namespace
 
+std::string comm_context_text() { return comm_context(); }
+
 void comm_fatal(MPI_Comm comm, int rank, const CallInfo& call, const std::string& what) {
   const std::string& ctx = comm_context();
   std::fprintf(stderr, "[comm] rank %d: %s in %s%s%s; aborting the job\n", rank, what.c_str(),

@@ -48,13 +48,7 @@ class CudaStagedCommunicator final : public Communicator {
   CudaStagedCommunicator(MPI_Comm comm, CommOptions opts, CudaCommOptions cuda)
       : mpi_(std::make_unique<MpiCommunicator>(comm, opts)),
         compute_(static_cast<cudaStream_t>(cuda.compute_stream)) {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
-      throw std::runtime_error("[make_cuda_staged_communicator] no CUDA device is visible");
-    const cudaError_t e = cudaSetDevice(mpi_->local_rank() % ndev);
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string("[make_cuda_staged_communicator] cudaSetDevice failed: ") +
-                               cudaGetErrorString(e));
+    detail::check_process_device("make_cuda_staged_communicator");  // ranks may share it
   }
 
   int rank() const override { return mpi_->rank(); }

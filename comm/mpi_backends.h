@@ -15,14 +15,18 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm = MPI_COMM_WOR
                                                     CommOptions opts = {});
 
 /// CUDA buffers staged through host memory and reduced by the MPI backend (several ranks may share
-/// one GPU). Uses the current CUDA device. Throws std::runtime_error when built without CUDA.
+/// one GPU). Uses the process's device: select_device_for_process() (comm/comm_factory.h) must
+/// have been called on every rank of the world first. Throws std::runtime_error when built
+/// without CUDA or when no device was selected (or the current device is another one).
 std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm comm = MPI_COMM_WORLD,
                                                             CommOptions opts = {},
                                                             CudaCommOptions cuda = {});
 
-/// NCCL backend bootstrapped by MPI: local rank from an MPI shared-memory split,
-/// cudaSetDevice(local_rank), rank 0 ncclGetUniqueId, MPI_Bcast, ncclCommInitRank.
-/// Throws std::runtime_error when built without CUDA or when local_rank >= visible devices.
+/// NCCL backend bootstrapped by MPI: rank 0 ncclGetUniqueId, MPI_Bcast, ncclCommInitRankConfig
+/// (non-blocking unless `cuda.blocking`) on the process's device, which
+/// select_device_for_process() (comm/comm_factory.h) must have chosen on every rank of the world
+/// first. Throws std::runtime_error when built without CUDA, when no device was selected, or
+/// when the node runs more processes than it has GPUs (NCCL needs one GPU per rank).
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm = MPI_COMM_WORLD,
                                                      CommOptions opts = {},
                                                      CudaCommOptions cuda = {});

@@ -2,7 +2,10 @@
 // MFSDP_WITH_CUDA. Collectives run on a dedicated comm stream ordered against the compute stream
 // by events; reductions use the same rank-ordered owner reduction as the MPI backend (grouped
 // ncclSend/ncclRecv of bounded chunks, then a rank-ordered f32-accumulating kernel), so results
-// are deterministic and bitwise equal to the MPI backend's.
+// are deterministic and bitwise equal to the MPI backend's. The communicator is non-blocking by
+// default (ncclConfig_t::blocking = 0): an NCCL call that answers ncclInProgress is followed by
+// ncclCommGetAsyncError polling until NCCL is ready, calls return once their work is enqueued,
+// and a watchdog thread (nccl_watchdog.h) times the enqueued collectives.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sched.h>
@@ -14,6 +17,7 @@
 #include "comm/comm_detail.h"
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_kernels.h"
+#include "comm/nccl_watchdog.h"
 
 namespace mfsdp {
 
@@ -23,7 +27,16 @@ using detail::Traffic;
 
 namespace {
 
-ncclDataType_t nccl_type(DType dt) { return dt == DType::f32 ? ncclFloat32 : ncclBfloat16; }
+// Every DType has its own case (a new one fails to compile with -Wswitch until mapped here).
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+  }
+  throw std::invalid_argument("[nccl] unsupported dtype code " + std::to_string(static_cast<int>(dt)) +
+                              ": no NCCL data type for it");
+}
 const unsigned char* cbytes(const void* p) { return static_cast<const unsigned char*>(p); }
 unsigned char* bytes(void* p) { return static_cast<unsigned char*>(p); }
 
@@ -35,33 +48,41 @@ class NcclCommunicator final : public Communicator {
     world_ = mpi_->world_size();
     local_rank_ = mpi_->local_rank();
     compute_ = static_cast<cudaStream_t>(cuda.compute_stream);
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-    if (local_rank_ >= ndev)
-      throw std::runtime_error("[make_nccl_communicator] rank " + std::to_string(rank_) +
-                               " has local rank " + std::to_string(local_rank_) + " but only " +
-                               std::to_string(ndev) +
+    const ProcessDevice dev = detail::check_process_device("make_nccl_communicator");
+    if (dev.local_size > dev.device_count)  // the same answer on every rank of the node
+      throw std::runtime_error("[make_nccl_communicator] rank " + std::to_string(rank_) + "'s node runs " +
+                               std::to_string(dev.local_size) + " processes but only " +
+                               std::to_string(dev.device_count) +
                                " CUDA devices are visible (NCCL needs one GPU per rank; use "
                                "make_cuda_staged_communicator to share a GPU)");
     CallInfo boot{CommOpId::broadcast, CommPhase::other, DType::f32, sizeof(ncclUniqueId), nullptr, 0};
-    cuda_check(cudaSetDevice(local_rank_), boot, "cudaSetDevice");
     ncclUniqueId id;
     if (rank_ == 0) nccl_check(ncclGetUniqueId(&id), boot, "ncclGetUniqueId", false);
     detail::mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_->mpi_comm()), mpi_->mpi_comm(),
                       rank_, boot, "MPI_Bcast (ncclUniqueId)");
-    nccl_check(ncclCommInitRank(&nccl_, world_, id, rank_), boot, "ncclCommInitRank", false);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = cuda.blocking ? 1 : 0;
+    nccl_check(ncclCommInitRankConfig(&nccl_, world_, id, rank_, &config), boot, "ncclCommInitRankConfig");
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), boot, "cudaStreamCreate");
     cuda_check(cudaEventCreateWithFlags(&ev_in_, cudaEventDisableTiming), boot, "cudaEventCreate");
     cuda_check(cudaEventCreateWithFlags(&ev_out_, cudaEventDisableTiming), boot, "cudaEventCreate");
+    if (!cuda.blocking) watchdog_ = std::make_unique<detail::NcclWatchdog>(nccl_, rank_, opts_.timeout_seconds);
   }
 
   ~NcclCommunicator() override {
     if (stream_) cudaStreamSynchronize(stream_);
+    if (watchdog_) watchdog_->stop();
     if (stage_) cudaFree(stage_);
     if (ev_in_) cudaEventDestroy(ev_in_);
     if (ev_out_) cudaEventDestroy(ev_out_);
     if (stream_) cudaStreamDestroy(stream_);
-    if (nccl_) ncclCommDestroy(nccl_);
+    if (!nccl_) return;
+    // a non-blocking communicator finalizes asynchronously: poll before destroying it
+    if (ncclCommFinalize(nccl_) == ncclInProgress) {
+      ncclResult_t state = ncclInProgress;
+      while (state == ncclInProgress && ncclCommGetAsyncError(nccl_, &state) == ncclSuccess) sched_yield();
+    }
+    ncclCommDestroy(nccl_);
   }
 
   int rank() const override { return rank_; }
@@ -235,6 +256,7 @@ class NcclCommunicator final : public Communicator {
       if (!done) return;
       comm->cuda_check(cudaStreamWaitEvent(comm->compute_, done, 0), call, "cudaStreamWaitEvent");
       if (comm->cuda_.blocking) comm->wait_stream(call);
+      else comm->poll_async_error(call);
       cudaEventDestroy(done);
       done = nullptr;
     }
@@ -245,6 +267,14 @@ class NcclCommunicator final : public Communicator {
   void record_done(Pending& p) {
     cuda_check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), p.call, "cudaEventCreate");
     cuda_check(cudaEventRecord(p.done, stream_), p.call, "cudaEventRecord");
+    watch(p.call);
+  }
+  // Non-blocking: the watchdog times the work enqueued for `call` on the comm stream.
+  void watch(const CallInfo& call) {
+    if (!watchdog_) return;
+    const std::string ctx = detail::comm_context_text();
+    cuda_check(watchdog_->watch(stream_, call.describe() + (ctx.empty() ? "" : " at " + ctx)), call,
+               "cudaEventRecord (watchdog)");
   }
   // Debug check, then make the comm stream wait for work already queued on the compute stream.
   double begin(const CallInfo& call) {
@@ -262,7 +292,37 @@ class NcclCommunicator final : public Communicator {
     cuda_check(cudaEventRecord(ev_out_, stream_), call, "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(compute_, ev_out_, 0), call, "cudaStreamWaitEvent");
     if (cuda_.blocking) wait_stream(call);
+    else watch(call);
     account(call.phase, t, MPI_Wtime() - t0);
+  }
+  // Non-blocking: an asynchronous error NCCL already knows of is reported now (no waiting).
+  void poll_async_error(const CallInfo& call) {
+    ncclResult_t async = ncclSuccess;
+    if (nccl_) ncclCommGetAsyncError(nccl_, &async);
+    if (async != ncclSuccess && async != ncclInProgress) nccl_check(async, call, "ncclCommGetAsyncError");
+  }
+  // A non-blocking NCCL call answered ncclInProgress: NCCL must see its state become ready
+  // (ncclCommGetAsyncError) before any other NCCL call or kernel on its stream.
+  ncclResult_t wait_ready(const CallInfo& call, const char* fn) {
+    const double t0 = MPI_Wtime();
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) {
+      const ncclResult_t r = ncclCommGetAsyncError(nccl_, &state);
+      if (r != ncclSuccess) return r;
+      if (opts_.timeout_seconds > 0 && MPI_Wtime() - t0 > opts_.timeout_seconds) {
+        abort_comm();
+        detail::comm_fatal(mpi_->mpi_comm(), rank_, call,
+                           std::string(fn) + " still in progress after " + std::to_string(opts_.timeout_seconds) +
+                               " s (another rank is missing or stuck)");
+      }
+      if (state == ncclInProgress) sched_yield();
+    }
+    return state;
+  }
+  void abort_comm() {
+    if (watchdog_) watchdog_->stop();
+    if (nccl_) ncclCommAbort(nccl_);
+    nccl_ = nullptr;
   }
   void wait_stream(const CallInfo& call) {
     const double t0 = MPI_Wtime();
@@ -272,10 +332,9 @@ class NcclCommunicator final : public Communicator {
       if (q != cudaErrorNotReady) cuda_check(q, call, "cudaStreamQuery");
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(nccl_, &async);
-      if (async != ncclSuccess) nccl_check(async, call, "ncclCommGetAsyncError");
+      if (async != ncclSuccess && async != ncclInProgress) nccl_check(async, call, "ncclCommGetAsyncError");
       if (opts_.timeout_seconds > 0 && MPI_Wtime() - t0 > opts_.timeout_seconds) {
-        ncclCommAbort(nccl_);
-        nccl_ = nullptr;
+        abort_comm();
         detail::comm_fatal(mpi_->mpi_comm(), rank_, call,
                            "timed out after " + std::to_string(opts_.timeout_seconds) + " s");
       }
@@ -291,17 +350,19 @@ class NcclCommunicator final : public Communicator {
   }
   void cuda_check(cudaError_t e, const CallInfo& call, const char* fn) {
     if (e == cudaSuccess) return;
-    if (nccl_) ncclCommAbort(nccl_);
-    nccl_ = nullptr;
+    abort_comm();
     detail::comm_fatal(mpi_->mpi_comm(), rank_, call,
                        std::string(fn) + " failed: " + cudaGetErrorString(e));
   }
-  void nccl_check(ncclResult_t r, const CallInfo& call, const char* fn, bool abort_comm = true) {
+  // Every NCCL call goes through here: ncclInProgress (non-blocking) is waited out first.
+  void nccl_check(ncclResult_t r, const CallInfo& call, const char* fn, bool abort_on_error = true) {
+    if (r == ncclInProgress && nccl_) r = wait_ready(call, fn);
     if (r == ncclSuccess) return;
     std::string what = std::string(fn) + " failed: " + ncclGetErrorString(r);
-    const char* last = nccl_ ? ncclGetLastError(nccl_) : nullptr;
+    const char* last = ncclGetLastError(nccl_);
     if (last && *last) what += std::string(" (") + last + ")";
-    if (abort_comm && nccl_) ncclCommAbort(nccl_);
+    if (abort_on_error) abort_comm();
+    else if (watchdog_) watchdog_->stop();
     nccl_ = nullptr;
     detail::comm_fatal(mpi_->mpi_comm(), rank_, call, what);
   }
@@ -367,6 +428,7 @@ class NcclCommunicator final : public Communicator {
   CudaCommOptions cuda_;
   int rank_ = 0, world_ = 1, local_rank_ = 0;
   ncclComm_t nccl_ = nullptr;
+  std::unique_ptr<detail::NcclWatchdog> watchdog_;  // non-blocking only
   cudaStream_t compute_ = nullptr, stream_ = nullptr;
   cudaEvent_t ev_in_ = nullptr, ev_out_ = nullptr;
   void* stage_ = nullptr;

@@ -461,6 +461,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.sharding.overlap_reduce = r.choice("sharding.overlap_reduce", {"auto", "on", "off"});
   c.optim.overlap_reduce = c.sharding.overlap_reduce == "auto" ? -1 : c.sharding.overlap_reduce == "on" ? 1 : 0;
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
+  c.sharding.nccl_blocking = r.flag("sharding.nccl_blocking");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
   c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);
   if (c.sharding.collective_timeout_s > 0 && c.sharding.collective_timeout_s < 1)

@@ -86,6 +86,10 @@ struct ShardingSection {
   /// backward (EngineOptions::overlap_reduce)
   std::string overlap_reduce = "auto";
   bool debug_checks = false;
+  /// NCCL: a blocking communicator whose every call waits for its communication (exact
+  /// per-call seconds, errors reported by the call that caused them); for diagnostics. The
+  /// default is non-blocking NCCL (CudaCommOptions::blocking, comm/comm_factory.h).
+  bool nccl_blocking = false;
   int64_t reduce_chunk_bytes = 4 << 20;  ///< staging chunk of the gradient reduce-scatter
   /// a collective still waiting after this many seconds aborts the job naming rank, operation,
   /// phase, step and sizes; 0 = wait forever

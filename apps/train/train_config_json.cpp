@@ -52,6 +52,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"prefetch_limit_bytes", optim.prefetch_limit_bytes},
                    {"overlap_reduce", sharding.overlap_reduce},
                    {"debug_checks", sharding.debug_checks},
+                   {"nccl_blocking", sharding.nccl_blocking},
                    {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},
                    {"collective_timeout_s", sharding.collective_timeout_s}};
   j["training"] = {{"steps", training.steps},

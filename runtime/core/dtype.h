@@ -12,7 +12,8 @@ namespace mfsdp {
 /// i32: token ids and other integer tensors (no arithmetic ops; collectives move it as raw bytes).
 enum class DType : uint8_t { f32 = 0, bf16 = 1, i32 = 2 };
 
-/// Where a buffer lives. CUDA buffers are on the rank's current device (cudaSetDevice(local_rank)).
+/// Where a buffer lives. CUDA buffers are on the process's device, chosen once from the world's
+/// node-local rank (select_device_for_process, comm/comm_factory.h).
 enum class Device : uint8_t { CPU = 0, CUDA = 1 };
 
 /// Bytes per element of `dt`.

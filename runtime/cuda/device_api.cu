@@ -28,14 +28,6 @@ int device_count() {
   return n;
 }
 
-void set_device(int device) {
-  const int n = device_count();
-  if (device < 0 || device >= n)
-    throw std::invalid_argument("[cuda::set_device] device " + std::to_string(device) + " outside [0, " +
-                                std::to_string(n) + ")");
-  CUDA_CHECK(cudaSetDevice(device));
-}
-
 void* malloc_device(int64_t bytes) {
   check_bytes(bytes, "cuda::malloc_device");
   if (bytes == 0) return nullptr;

@@ -10,8 +10,6 @@ namespace mfsdp::cuda {
 int device_count();
 /// True when at least one CUDA device can be used.
 inline bool available() { return device_count() > 0; }
-/// cudaSetDevice; throws on error.
-void set_device(int device);
 /// cudaMalloc / cudaFree. Throws std::runtime_error naming the size on failure.
 void* malloc_device(int64_t bytes);
 void free_device(void* p);

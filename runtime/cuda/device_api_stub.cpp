@@ -10,7 +10,6 @@ namespace {
 }
 }  // namespace
 int device_count() { return 0; }
-void set_device(int) { no_cuda("cuda::set_device"); }
 void* malloc_device(int64_t) { no_cuda("cuda::malloc_device"); }
 void free_device(void*) { no_cuda("cuda::free_device"); }
 void copy_h2d(void*, const void*, int64_t) { no_cuda("cuda::copy_h2d"); }

@@ -448,5 +448,11 @@ TEST_CASE("comm.mpi argument errors throw before communicating", "[comm]") {
     CHECK(std::string(e.what()).find("built without CUDA") != std::string::npos);
   }
   CHECK_THROWS_AS(make_cuda_staged_communicator(), std::runtime_error);
+#else
+  // CUDA communicators never pick a device: without select_device_for_process() they refuse
+  if (selected_process_device().device < 0) {
+    CHECK_THROWS_WITH(make_cuda_staged_communicator(), Catch::Contains("select_device_for_process"));
+    CHECK_THROWS_WITH(make_nccl_communicator(), Catch::Contains("select_device_for_process"));
+  }
 #endif
 }

@@ -262,6 +262,12 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   CHECK(off.to_json()["sharding"]["overlap_reduce"] == "off");
   CHECK_THROWS_WITH(parse("{" + train + "}", {"sharding.overlap_reduce=yes"}),
                     Contains("sharding.overlap_reduce: unknown value \"yes\""));
+  // NCCL: non-blocking unless a blocking communicator is asked for (diagnostics)
+  CHECK(!d.sharding.nccl_blocking);
+  const TrainConfig blocking = parse("{" + train + "}", {"sharding.nccl_blocking=true"});
+  CHECK(blocking.sharding.nccl_blocking);
+  CHECK(blocking.to_json()["sharding"]["nccl_blocking"] == true);
+  CHECK_THROWS_WITH(parse("{" + train + "}", {"sharding.nccl_blocking=3"}), Contains("sharding.nccl_blocking"));
 }
 
 TEST_CASE("sharding.prefetch_depth and prefetch_limit_bytes", "[config][gpu]") {

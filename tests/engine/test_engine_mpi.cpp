@@ -42,7 +42,10 @@ CommBackend test_backend() {
   return true;
 }();
 
+// The CUDA backends use the device the process selected from its world node-local rank (the
+// first call is collective over the world: every rank makes world() and self() in the same order).
 std::unique_ptr<Communicator> make_test_communicator(MPI_Comm comm) {
+  if (test_backend() != CommBackend::mpi) select_device_for_process();
   switch (test_backend()) {
     case CommBackend::cuda_staged: return make_cuda_staged_communicator(comm);
     case CommBackend::nccl: return make_nccl_communicator(comm);
