@@ -1,15 +1,20 @@
 // CUDA backends (host-staged and NCCL) against closed forms and against the MPI backend
-// (bitwise). Skips with a message when no CUDA device is visible; NCCL needs one GPU per rank.
+// (bitwise). MFSDP_TEST_BACKEND=cuda_staged runs the [staged] case, =nccl the [nccl] case (one
+// GPU per rank), unset both. The whole session exits 77 (skipped) on every rank when the GPUs it
+// needs are not there: none visible, or for NCCL fewer than the processes on the node.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "comm/mpi_backends.h"
+#include "tests/mpi_test_skip.h"
 
 using namespace mfsdp;
 
@@ -20,6 +25,28 @@ int device_count() {
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
   return n;
 }
+
+// The world's processes on this node (the same answer on every rank of the node).
+int node_processes() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
+[[maybe_unused]] const bool kSkipRegistered = [] {
+  mfsdp::testing::mpi_test_skip_check = []() -> const char* {
+    if (device_count() == 0) return "no CUDA device is visible (cudaGetDeviceCount reports 0)";
+    const char* b = std::getenv("MFSDP_TEST_BACKEND");
+    const bool nccl = !b || !*b || std::string(b) == "nccl";
+    if (nccl && node_processes() > device_count())
+      return "NCCL needs one GPU per rank and this node runs more processes than it has GPUs";
+    return nullptr;
+  };
+  return true;
+}();
 
 /// Device buffer of `bytes` bytes, copied from/to host vectors.
 struct DevBuf {
@@ -161,11 +188,8 @@ void compare_backends(Communicator& dev, Communicator& ref) {
 
 }  // namespace
 
-TEST_CASE("comm.cuda host-staged backend equals the MPI backend bitwise", "[comm][cuda]") {
-  if (device_count() == 0) {
-    WARN("skipped: cudaGetDeviceCount reports 0 CUDA devices");
-    return;
-  }
+TEST_CASE("comm.cuda host-staged backend equals the MPI backend bitwise", "[comm][cuda][staged]") {
+  select_device_for_process();
   CommOptions small;
   small.reduce_chunk_bytes = 4096;
   auto ref = make_mpi_communicator(MPI_COMM_WORLD, small);
@@ -175,23 +199,49 @@ TEST_CASE("comm.cuda host-staged backend equals the MPI backend bitwise", "[comm
 }
 
 TEST_CASE("comm.cuda NCCL backend equals the MPI backend bitwise", "[comm][cuda][nccl]") {
-  const int ndev = device_count();
-  int local = 0, nlocal = 1;
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_size(node, &nlocal);
-  MPI_Comm_free(&node);
-  if (nlocal > ndev) {  // same decision on every rank of the node
-    WARN("skipped: " << nlocal << " ranks on this node but " << ndev
-                     << " CUDA devices (NCCL needs one GPU per rank)");
-    return;
-  }
+  const ProcessDevice pd = select_device_for_process();
+  REQUIRE(pd.local_size <= pd.device_count);  // the skip check left only runs with one GPU per rank
+  CHECK(pd.device == pd.local_rank);
   CommOptions small;
   small.reduce_chunk_bytes = 4096;
   auto ref = make_mpi_communicator(MPI_COMM_WORLD, small);
-  auto dev = make_nccl_communicator(MPI_COMM_WORLD, small);
-  CHECK(dev->device() == Device::CUDA);
-  CHECK(dev->local_rank() == local);
-  compare_backends(*dev, *ref);
+  for (bool blocking : {false, true}) {  // the default non-blocking communicator, then the diagnostic one
+    INFO("NCCL blocking " << blocking);
+    CudaCommOptions cuda;
+    cuda.blocking = blocking;
+    auto dev = make_nccl_communicator(MPI_COMM_WORLD, small, cuda);
+    CHECK(dev->device() == Device::CUDA);
+    CHECK(dev->local_rank() == pd.local_rank);
+    int current = -1;
+    REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+    CHECK(current == pd.device);  // making a communicator never moves the process to another GPU
+    ref->reset_counters();
+    compare_backends(*dev, *ref);
+  }
+}
+
+TEST_CASE("comm.cuda NCCL over split groups keeps the process's GPU (HSDP)", "[comm][cuda][nccl]") {
+  const ProcessDevice pd = select_device_for_process();
+  const int W = [] {
+    int w = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &w);
+    return w;
+  }();
+  HsdpGroups g = make_hsdp_groups(CommBackend::nccl, W);  // W replicas of one shard rank each
+  int current = -1;
+  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+  CHECK(current == pd.device);
+  CHECK(g.shard->world_size() == 1);
+  CHECK(g.replica->world_size() == W);
+  // a sum over the replica group, whose ranks are not node-local rank 0 of their group
+  DevBuf buf(sizeof(float));
+  std::vector<unsigned char> one(sizeof(float));
+  const float v = 1.0f;
+  std::memcpy(one.data(), &v, sizeof(float));
+  buf.put(one);
+  g.replica->all_reduce(buf.p, 1, DType::f32, ReduceOp::sum, CommPhase::other);
+  float got = 0;
+  const auto back = buf.get();
+  std::memcpy(&got, back.data(), sizeof(float));
+  CHECK(got == static_cast<float>(W));
 }
