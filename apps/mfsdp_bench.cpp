@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <fstream>
 #include <mpi.h>
-#include <thread>
 
 #include "apps/bench/bench_report.h"
 #include "comm/mpi_backends.h"
+#include "runtime/core/cpu_affinity.h"
 #include "runtime/kernels.h"
 
 using namespace mfsdp;
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     MPI_Comm_size(l, &local);
     MPI_Comm_free(&l);
   }
-  set_cpu_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local));
+  set_cpu_threads(default_cpu_threads(local));
   std::vector<BenchResult> results;
   try {
     HsdpGroups groups = base.replicas > 1 ? make_hsdp_groups(CommBackend::mpi, base.replicas) : HsdpGroups{};

@@ -5,13 +5,13 @@
 // 3 training failure, 75 preempted (SIGTERM/SIGINT; a checkpoint was saved).
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <spdlog/spdlog.h>
 
 #include "apps/train/agreement.h"
 #include "apps/train/trainer.h"
 #include "comm/comm_factory.h"
+#include "runtime/core/cpu_affinity.h"
 #include "runtime/kernels.h"
 
 using namespace mfsdp;
@@ -52,7 +52,9 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "override a config value: key.path=value (repeatable)");
   app.add_flag("--print-config", print_config, "print the effective config and exit");
   app.add_flag("--eval-only", eval_only, "only evaluate model.init_from on the validation split");
-  app.add_option("--threads", threads, "CPU threads per rank, 1..1024 (default: cores / ranks on this machine)")
+  app.add_option("--threads", threads,
+                 "CPU threads per rank, 1..1024, at most the CPUs the launcher gave the rank (default: those CPUs; "
+                 "unbound ranks split the machine's cores)")
       ->check(CLI::Range(1, 1024));
   std::string error;
   try {
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- everything that can fail on bad input, before any training collective ----
+  if (error.empty() && threads > 0) error = check_cpu_threads(threads);
   TrainConfig cfg;
   if (error.empty()) {
     try {
@@ -110,7 +113,7 @@ int main(int argc, char** argv) {
   }
   const double agree_seconds = MPI_Wtime() - t_agree;
 
-  set_cpu_threads(threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_size));
+  set_cpu_threads(threads > 0 ? threads : default_cpu_threads(local_size));
   try {
     CommOptions copts;
     copts.debug_checks = cfg.sharding.debug_checks || comm_debug_from_env();

@@ -19,6 +19,8 @@
 #include "apps/train/run_log.h"
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/cpu_affinity.h"
+#include "runtime/kernels.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/engine/sharded_engine.h"
@@ -141,9 +143,11 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
                  "f32 | activation recompute: {} | attention: {} | reduce overlap: {}",
                  dtype_name(cfg.optim.param_dtype), dtype_name(cfg.optim.reduce_dtype), cfg.training.recompute,
                  attention_kernel_name(engine_.attention()), engine_.overlap_reduce() ? "on" : "off");
-    spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {}",
+    spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {} | "
+                 "CPU threads per rank {} (rank 0 may run on CPUs {})",
                  world_, opts.agreement_seconds,
-                 cfg.sharding.collective_timeout_s > 0 ? fmt::format("{:g} s", cfg.sharding.collective_timeout_s) : "off");
+                 cfg.sharding.collective_timeout_s > 0 ? fmt::format("{:g} s", cfg.sharding.collective_timeout_s) : "off",
+                 cpu_threads(), cpu_affinity().list);
   }
   if (!cfg.data.val.resolved.empty()) {
     val_full_ = std::make_unique<EvalSplit>(cfg.data.val.resolved, T_, rank_, world_, cfg.model.vocab_size);
