@@ -56,6 +56,14 @@ def case_bad_configs(bin_dir, tmp):
     check(rc == 2 and "training.steps" in out, f"--set training.steps=-1: rc {rc}: {out[-300:]}")
     rc, out = train(bin_dir, 1, os.path.join(tmp, "missing.json"), expect=2)
     check(rc == 2 and "missing.json" in out, f"missing config file: rc {rc}: {out[-300:]}")
+    # more threads than the one core the launcher bound the rank to: stopped, with the fix named
+    p = subprocess.run(["mpirun", "-np", "1", "--bind-to", "core", os.path.join(bin_dir, "mfsdp-train"),
+                        "--config", TINY, "--threads", "2", "--set", f"logging.run_dir={tmp}/threads"],
+                       env=ENV, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    check(p.returncode == 2 and "--bind-to none" in out and "slot:PE=2" in out and "(CPUs " in out,
+          f"--threads 2 on a rank bound to one core: rc {p.returncode}: {out[-400:]}")
+    check(not os.path.exists(os.path.join(tmp, "threads", "metrics.jsonl")), "a run started despite the thread error")
 
 
 def write_shard(path, tokens, magic=20240520, version=1, ntok=None, truncate=0):
