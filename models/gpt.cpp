@@ -38,10 +38,10 @@ void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed,
   }
 }
 
-Tensor GPT::embed(const Tensor& tokens) const {
+Tensor GPT::embed(const Tensor& tokens, const Tensor& index) const {
   check_arg(tokens.dim() == 2 && tokens.size(1) <= cfg_.seq_len, "GPT::embed",
             "tokens must be [B, T<=" + std::to_string(cfg_.seq_len) + "], got " + tokens.describe());
-  return embedding(param("wte.weight"), param("wpe.weight"), tokens);
+  return embedding(param("wte.weight"), param("wpe.weight"), tokens, index);
 }
 
 Tensor GPT::block(int layer, const Tensor& x) const {

@@ -32,8 +32,9 @@ class GPT : public SequentialModel<GPT, GPTConfig> {
   std::vector<float> take_attention_logit_maxima() override;
 
   // ---- unit forwards ----
-  /// Unit 0: tokens i32 [B, T<=seq_len] -> x [B, T, C].
-  Tensor embed(const Tensor& tokens) const;
+  /// Unit 0: tokens i32 [B, T<=seq_len] -> x [B, T, C]; `index` is embedding_index(tokens) on
+  /// their device or undefined (runtime/ops.h embedding).
+  Tensor embed(const Tensor& tokens, const Tensor& index = Tensor()) const;
   /// Unit 1+layer: x [B, T, C] -> x [B, T, C].
   Tensor block(int layer, const Tensor& x) const;
   /// Head unit: final LayerNorm and output projection, x [B, T, C] -> logits [B*T, Vp]

@@ -17,10 +17,10 @@ void Llama::init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t s
     std::fill(out + static_cast<int64_t>(cfg.vocab_size) * spec.shape[1], out + n, 0.0f);
 }
 
-Tensor Llama::embed(const Tensor& tokens) const {
+Tensor Llama::embed(const Tensor& tokens, const Tensor& index) const {
   check_arg(tokens.dim() == 2 && tokens.size(1) <= cfg_.seq_len, "Llama::embed",
             "tokens must be [B, T<=" + std::to_string(cfg_.seq_len) + "], got " + tokens.describe());
-  return embedding(param("model.embed_tokens.weight"), Tensor(), tokens);
+  return embedding(param("model.embed_tokens.weight"), Tensor(), tokens, index);
 }
 
 Tensor Llama::block(int layer, const Tensor& x) const {

@@ -22,8 +22,9 @@ class Llama : public SequentialModel<Llama, LlamaConfig> {
   using SequentialModel::init_param;
 
   // ---- unit forwards ----
-  /// Unit 0: tokens i32 [B, T<=seq_len] -> x [B, T, C].
-  Tensor embed(const Tensor& tokens) const;
+  /// Unit 0: tokens i32 [B, T<=seq_len] -> x [B, T, C]; `index` is embedding_index(tokens) on
+  /// their device or undefined (runtime/ops.h embedding).
+  Tensor embed(const Tensor& tokens, const Tensor& index = Tensor()) const;
   /// Unit 1+layer: x [B, T, C] -> x [B, T, C].
   Tensor block(int layer, const Tensor& x) const;
   /// Head unit: final RMSNorm and output projection, x [B, T, C] -> logits [B*T, Vp].

@@ -12,12 +12,12 @@
 namespace mfsdp {
 
 /// CRTP base of a model family. Derived provides
-///   Tensor embed(const Tensor& tokens) const;            // unit 0: tokens i32 [B, T] -> x [B, T, C]
+///   Tensor embed(const Tensor& tokens, const Tensor& index) const;  // unit 0: tokens i32 [B, T] -> x [B, T, C]
 ///   Tensor block(int layer, const Tensor& x) const;      // unit 1+layer: x -> x
 ///   Tensor logits(const Tensor& x) const;                // head: x [B, T, C] -> logits [B*T, Vp]
 ///   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor) const;
 ///   static void init_param(const Config&, const ParamSpec&, uint64_t seed, float* out);
-/// and Config has n_layer and tie_embeddings (a tied head also reads unit 0).
+/// and Config has n_layer, vocab_size and tie_embeddings (a tied head also reads unit 0).
 ///
 /// Parameters are not owned by the model: each name is bound to a tensor (a view into an FSDP
 /// unit's gathered buffer, or into one local buffer via allocate_local()); the unit forwards read
@@ -31,6 +31,7 @@ class SequentialModel : public UnitModel {
 
   const Config& config() const { return cfg_; }
   const ParamInventory& inventory() const override { return inv_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
   int head_unit() const { return cfg_.n_layer + 1; }
 
   /// Binds parameter `name` to `t` (shape must match the inventory). Throws std::invalid_argument
@@ -44,12 +45,12 @@ class SequentialModel : public UnitModel {
     if (u == head_unit() && cfg_.tie_embeddings && u != 0) return {u, 0};
     return {u};
   }
-  /// Unit 0 = embed(batch.tokens), 1..n_layer = block(u-1, x), n_layer+1 = head_loss. Throws
+  /// Unit 0 = embed(batch.tokens, batch.embedding_index), 1..n_layer = block(u-1, x), n_layer+1 = head_loss. Throws
   /// std::invalid_argument for a unit outside [0, head_unit()].
   Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const override {
     check_arg(u >= 0 && u <= head_unit(), (name_ + "::forward_unit").c_str(),
               "unit " + std::to_string(u) + " of " + std::to_string(head_unit() + 1));
-    if (u == 0) return self().embed(batch.tokens);
+    if (u == 0) return self().embed(batch.tokens, batch.embedding_index);
     if (u == head_unit()) return self().head_loss(x, batch.targets, loss_divisor);
     return self().block(u - 1, x);
   }
@@ -83,7 +84,7 @@ class SequentialModel : public UnitModel {
  private:
   const Derived& self() const { return static_cast<const Derived&>(*this); }
   Tensor body(const Tensor& tokens) const {
-    Tensor x = self().embed(tokens);
+    Tensor x = self().embed(tokens, Tensor());
     for (int l = 0; l < cfg_.n_layer; ++l) x = self().block(l, x);
     return x;
   }

@@ -59,9 +59,13 @@ class Kernels {
   /// on this device.
   virtual void embedding_forward(const float* wte, const float* wpe, const int32_t* tokens, float* out,
                                  int64_t B, int64_t T, int64_t C) = 0;
-  /// dwte[tok] += dout, dwpe[t] += dout (either may be null). Deterministic order.
-  virtual void embedding_backward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe,
-                                  int64_t B, int64_t T, int64_t C) = 0;
+  /// dwte[tok] += dout, dwpe[t] += dout (either may be null), each element in position order.
+  /// `index` (`index_numel` i32 on this device) is embedding_index(tokens) of runtime/ops.h, the
+  /// positions grouped by id: CUDA needs it for dwte (one thread per (id, column), adding its
+  /// positions in order, with no host copy); the CPU ignores it (nullptr is fine there).
+  virtual void embedding_backward(const float* dout, const int32_t* tokens, const int32_t* index,
+                                  int64_t index_numel, float* dwte, float* dwpe, int64_t B, int64_t T,
+                                  int64_t C) = 0;
 
   /// Causal multi-head self-attention on fused projections. qkv [B,T,3C] (q|k|v, heads of C/H);
   /// out [B,T,C]; probs [B,H,T,T] softmax(q k^T / sqrt(C/H)) with the causal mask, saved for

@@ -242,8 +242,8 @@ class CpuKernels final : public Kernels {
     }
   }
 
-  void embedding_backward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t B, int64_t T,
-                          int64_t C) override {
+  void embedding_backward(const float* dout, const int32_t* tokens, const int32_t* /*index*/, int64_t /*index_numel*/,
+                          float* dwte, float* dwpe, int64_t B, int64_t T, int64_t C) override {
     parallel_ranges(C, 16, [&](int64_t c0, int64_t c1) {
       for (int64_t i = 0; i < B * T; ++i) {
         const float* d = dout + i * C;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "runtime/autograd.h"
@@ -141,7 +142,7 @@ Tensor gelu(const Tensor& x) {
   return y;
 }
 
-Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens) {
+Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens, const Tensor& index) {
   const char* op = "embedding";
   check_f32(wte, op, "wte");
   check_arg(tokens.defined() && tokens.dtype() == DType::i32 && tokens.dim() == 2, op,
@@ -165,10 +166,19 @@ Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens) {
   Tensor y = Tensor::empty({B, T, C}, DType::f32, wte.device());
   kernels(wte.device()).embedding_forward(wte.data_f32(), ptr_or_null(wpe), tokens.data<int32_t>(), y.data_f32(), B, T, C);
   if (needs_grad({&wte, &wpe})) {
-    record(y, op, {wte, wpe}, [wte, wpe, tokens, B, T, C](const Tensor& dy) {
+    Tensor idx = index;
+    if (idx.defined()) {
+      check_arg(idx.dtype() == DType::i32 && idx.device() == tokens.device(), op,
+                "index must be i32 on the tokens' device, got " + idx.describe());
+    } else if (tokens.device() != Device::CPU && wte.requires_grad()) {
+      idx = embedding_index(tokens.to(Device::CPU)).to(tokens.device());  // a direct caller's CUDA tokens
+    }
+    record(y, op, {wte, wpe}, [wte, wpe, tokens, idx, B, T, C](const Tensor& dy) {
       float* dwte = wte.requires_grad() ? grad_buffer(wte).data_f32() : nullptr;
       float* dwpe = wpe.defined() && wpe.requires_grad() ? grad_buffer(wpe).data_f32() : nullptr;
-      kernels(dy.device()).embedding_backward(dy.data_f32(), tokens.data<int32_t>(), dwte, dwpe, B, T, C);
+      kernels(dy.device()).embedding_backward(dy.data_f32(), tokens.data<int32_t>(),
+                                              idx.defined() ? idx.data<int32_t>() : nullptr,
+                                              idx.defined() ? idx.numel() : 0, dwte, dwpe, B, T, C);
     });
   }
   return y;
@@ -364,6 +374,33 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_
     });
   }
   return loss;
+}
+
+void append_embedding_index(const int32_t* ids, int64_t n, std::vector<int32_t>& out) {
+  check_arg(n >= 0 && n <= INT32_MAX, "embedding_index", std::to_string(n) + " positions (at most INT_MAX)");
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [ids](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  std::vector<int32_t> group_ids, start;
+  for (int64_t k = 0; k < n; ++k)
+    if (k == 0 || ids[order[k]] != ids[order[k - 1]]) {
+      group_ids.push_back(ids[order[k]]);
+      start.push_back(static_cast<int32_t>(k));
+    }
+  start.push_back(static_cast<int32_t>(n));
+  out.reserve(out.size() + group_ids.size() + start.size() + order.size());
+  out.insert(out.end(), group_ids.begin(), group_ids.end());
+  out.insert(out.end(), start.begin(), start.end());
+  out.insert(out.end(), order.begin(), order.end());
+}
+
+Tensor embedding_index(const Tensor& tokens) {
+  check_arg(tokens.defined() && tokens.dtype() == DType::i32 && tokens.device() == Device::CPU, "embedding_index",
+            "tokens must be i32 on the CPU, got " + (tokens.defined() ? tokens.describe() : std::string("undefined")));
+  if (tokens.numel() == 0) return Tensor();
+  std::vector<int32_t> idx;
+  append_embedding_index(tokens.data<int32_t>(), tokens.numel(), idx);
+  return tokens_tensor(idx, {static_cast<int64_t>(idx.size())});
 }
 
 Tensor tokens_tensor(const std::vector<int32_t>& ids, const Shape& shape, Device device) {

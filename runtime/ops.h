@@ -57,9 +57,21 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 /// GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2's "gelu_new").
 Tensor gelu(const Tensor& x);
 /// Token + position embedding: wte [Vp, C], wpe [Tmax, C] or undefined (token embedding only, as
-/// Llama), tokens i32 [B, T] with T <= Tmax and ids < Vp (ids are checked on CPU).
-/// Returns [B, T, C] = wte[tokens] + wpe[0..T).
-Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens);
+/// Llama), tokens i32 [B, T] with T <= Tmax and ids < Vp (ids are checked on CPU; the engine
+/// checks every batch on the host before it leaves it). Returns [B, T, C] = wte[tokens] + wpe[0..T).
+/// `index`: embedding_index(tokens) on the tokens' device, which the CUDA backward needs; when it
+/// is undefined for CUDA tokens that require a backward, it is built here from a host copy of the
+/// tokens (one device->host copy; the engine brings it with the batch instead).
+Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens, const Tensor& index = Tensor());
+/// The embedding backward's index of host tokens (any shape, i32 on the CPU): the positions
+/// grouped by id, as i32 [ids (G) | start (G + 1) | positions (n)] where G is the number of
+/// distinct ids, ids ascending, start[g] the first slot of id g's positions and each id's
+/// positions increasing (the order the CPU backward adds them in). Returns a CPU tensor of
+/// 2 G + 1 + n elements (empty tokens: undefined). Throws std::invalid_argument for non-i32 or
+/// device tokens, or more than INT_MAX positions.
+Tensor embedding_index(const Tensor& tokens);
+/// embedding_index of n ids at `ids` (host memory), appended to `out`.
+void append_embedding_index(const int32_t* ids, int64_t n, std::vector<int32_t>& out);
 /// Causal multi-head self-attention on fused projections: qkv [B, T, 3C] laid out q|k|v with
 /// n_head heads of C/n_head each; softmax(q k^T / sqrt(C/H)) v with a causal mask, computed by
 /// attention_kernel(). Returns [B, T, C].

@@ -205,7 +205,8 @@ __global__ void embedding_backward_wpe_kernel(const float* __restrict__ dout, fl
     dwpe[i] = acc;
   }
 }
-// Token rows grouped by id (CSR built on the host, positions in increasing order within a group):
+// Token rows grouped by id (embedding_index of runtime/ops.h, built on the host from the batch's
+// host tokens; positions in increasing order within a group):
 // dwte[ids[g], c] += dout[pos[k], c] for k in [start[g], start[g+1]) in order.
 __global__ void embedding_backward_wte_kernel(const float* __restrict__ dout, const int32_t* __restrict__ ids,
                                               const int32_t* __restrict__ start, const int32_t* __restrict__ pos,
@@ -446,8 +447,9 @@ class CudaKernels final : public Kernels {
     CUDA_CHECK_LAUNCH("embedding_forward_kernel");
   }
 
-  void embedding_backward(const float* dout, const int32_t* tokens, float* dwte, float* dwpe, int64_t B, int64_t T,
-                          int64_t C) override {
+  // dwte from the index the batch brought (ids | start | positions): no device->host copy.
+  void embedding_backward(const float* dout, const int32_t* /*tokens*/, const int32_t* index, int64_t index_numel,
+                          float* dwte, float* dwpe, int64_t B, int64_t T, int64_t C) override {
     const int64_t BT = B * T;
     if (BT <= 0 || C <= 0) return;
     if (dwpe) {
@@ -455,33 +457,13 @@ class CudaKernels final : public Kernels {
       CUDA_CHECK_LAUNCH("embedding_backward_wpe_kernel");
     }
     if (!dwte) return;
-    if (BT > INT_MAX) throw std::invalid_argument("[embedding_backward] B*T=" + std::to_string(BT) + " exceeds INT_MAX");
-    // Group token positions by id on the host (stable: positions stay in increasing order), so each
-    // (id, c) element is owned by one thread that adds in the CPU's order.
-    std::vector<int32_t> tok(static_cast<size_t>(BT));
-    CUDA_CHECK(cudaMemcpy(tok.data(), tokens, tok.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    std::vector<int32_t> order(tok.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return tok[a] < tok[b]; });
-    std::vector<int32_t> ids, start;  // csr: [ids | start(groups+1) | pos(BT)] in one upload
-    for (size_t k = 0; k < order.size(); ++k) {
-      if (k == 0 || tok[order[k]] != tok[order[k - 1]]) {
-        ids.push_back(tok[order[k]]);
-        start.push_back(static_cast<int32_t>(k));
-      }
-    }
-    start.push_back(static_cast<int32_t>(order.size()));
-    const int64_t groups = static_cast<int64_t>(ids.size());
-    std::vector<int32_t> csr;
-    csr.reserve(ids.size() + start.size() + order.size());
-    csr.insert(csr.end(), ids.begin(), ids.end());
-    csr.insert(csr.end(), start.begin(), start.end());
-    csr.insert(csr.end(), order.begin(), order.end());
-    std::lock_guard<std::mutex> lock(mu_);
-    int32_t* d = s_c_.as<int32_t>(static_cast<int64_t>(csr.size()));
-    CUDA_CHECK(cudaMemcpy(d, csr.data(), csr.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-    embedding_backward_wte_kernel<<<grid_for(groups * C), kThreads>>>(dout, d, d + groups, d + 2 * groups + 1, dwte,
-                                                                      groups, C);
+    const int64_t groups = (index_numel - 1 - BT) / 2;  // index_numel = 2 * groups + 1 + BT
+    if (!index || groups < 1 || groups > BT || 2 * groups + 1 + BT != index_numel)
+      throw std::invalid_argument("[embedding_backward] CUDA needs the batch's embedding index (embedding_index, "
+                                  "runtime/ops.h) of 2 * groups + 1 + B*T elements; got " +
+                                  std::to_string(index_numel) + " elements for B*T = " + std::to_string(BT));
+    embedding_backward_wte_kernel<<<grid_for(groups * C), kThreads>>>(dout, index, index + groups,
+                                                                      index + 2 * groups + 1, dwte, groups, C);
     CUDA_CHECK_LAUNCH("embedding_backward_wte_kernel");
   }
 
@@ -654,7 +636,7 @@ class CudaKernels final : public Kernels {
                                   " exceeds the grid limit " + std::to_string(INT_MAX));
   }
   std::mutex mu_;
-  Scratch s_a_, s_b_, s_c_;  // reduction partials / attention score gradients, LN db partials, embedding CSR
+  Scratch s_a_, s_b_;  // reduction partials / attention score gradients, LN db partials
 };
 
 }  // namespace

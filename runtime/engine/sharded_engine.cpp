@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "runtime/autograd.h"
 #include "runtime/core/clock.h"
@@ -15,10 +17,40 @@
 namespace mfsdp {
 namespace {
 
-// Token batches on the engine's device (a copy only when they are elsewhere).
-MicroBatch on_device(const MicroBatch& mb, Device d) {
-  if (mb.tokens.device() == d && mb.targets.device() == d) return mb;
-  return {mb.tokens.to(d), mb.targets.to(d)};
+// Throws std::invalid_argument naming `batch`, the position and the value when an id of the host
+// tensor `ids` ([B, T] or flat) lies outside [0, vocab).
+void check_ids(const Tensor& ids, int64_t vocab, const std::string& batch, const char* what) {
+  check_arg(ids.defined() && ids.dtype() == DType::i32, batch.c_str(),
+            std::string(what) + "s must be i32, got " + (ids.defined() ? ids.describe() : std::string("undefined")));
+  const int32_t* p = ids.data<int32_t>();
+  const int64_t n = ids.numel(), T = ids.dim() == 2 ? ids.size(1) : n;
+  for (int64_t i = 0; i < n; ++i)
+    if (p[i] < 0 || p[i] >= vocab)
+      throw std::invalid_argument("[" + batch + "] " + what + " id " + std::to_string(p[i]) + " at position " +
+                                  std::to_string(i) + " (sequence " + std::to_string(T ? i / T : 0) + ", column " +
+                                  std::to_string(T ? i % T : 0) + ") is outside the vocabulary [0, " +
+                                  std::to_string(vocab) + ") (model.vocab_size)");
+}
+
+// A micro-batch checked and placed on the engine's device. The ids (inputs and targets) are
+// range-checked on the host against the model's vocabulary, on every device, so a bad id stops
+// here, named, instead of reading or writing out of bounds in a CUDA embedding or cross-entropy.
+// For CUDA the embedding backward's index is built from the same host tokens, and tokens, targets
+// and index go up in one copy (three views of one buffer), so the backward copies nothing back.
+MicroBatch prepare_batch(const MicroBatch& mb, Device d, int64_t vocab, const std::string& batch) {
+  const Tensor tok = mb.tokens.defined() && mb.tokens.device() != Device::CPU ? mb.tokens.to(Device::CPU) : mb.tokens;
+  const Tensor tgt = mb.targets.defined() && mb.targets.device() != Device::CPU ? mb.targets.to(Device::CPU) : mb.targets;
+  check_ids(tok, vocab, batch, "input token");
+  check_ids(tgt, vocab, batch, "target");
+  if (d == Device::CPU) return {tok, tgt, Tensor()};
+  const int64_t nt = tok.numel(), ng = tgt.numel();
+  std::vector<int32_t> host(static_cast<size_t>(nt + ng));
+  if (nt) std::memcpy(host.data(), tok.data_ptr(), static_cast<size_t>(nt) * sizeof(int32_t));
+  if (ng) std::memcpy(host.data() + nt, tgt.data_ptr(), static_cast<size_t>(ng) * sizeof(int32_t));
+  append_embedding_index(tok.data<int32_t>(), nt, host);
+  const int64_t total = static_cast<int64_t>(host.size());
+  const Tensor up = tokens_tensor(host, {total}, d);
+  return {up.view(0, tok.shape()), up.view(nt, tgt.shape()), up.view(nt + ng, {total - nt - ng})};
 }
 
 // The plan, after checking that it is for the communicator's world size.
@@ -131,7 +163,8 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   ExactSum loss_sum;  // exact: the printed loss does not depend on the rank split
   int64_t local_tokens = 0;
   for (size_t k = 0; k < micro.size(); ++k) {
-    const MicroBatch mb = on_device(micro[k], units_.device());
+    const MicroBatch mb = prepare_batch(micro[k], units_.device(), model_.vocab_size(),
+                                        "train_step: micro-batch " + std::to_string(k) + " of step " + std::to_string(step));
     local_tokens += mb.tokens.numel();
     loss_sum.add(forward_backward(mb, k + 1 == micro.size(), static_cast<float>(1.0 / denom), st));
   }
@@ -327,9 +360,12 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
   const int U = units_.size();
   ExactSum loss_sum;
   int64_t tokens = 0;
-  for (const MicroBatch& host_mb : batches) {
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const MicroBatch& host_mb = batches[b];
     const bool empty = host_mb.tokens.numel() == 0;  // a rank with no sequences left still joins the gathers
-    const MicroBatch mb = empty ? host_mb : on_device(host_mb, units_.device());
+    const MicroBatch mb = empty ? host_mb
+                                : prepare_batch(host_mb, units_.device(), model_.vocab_size(),
+                                                "evaluate: batch " + std::to_string(b));
     Tensor x;
     for (int u = 0; u < U; ++u) {
       for (int d : model_.units_needed_by(u)) units_.gather(d, CommPhase::other);  // evaluation traffic: "other"

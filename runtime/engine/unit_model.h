@@ -10,10 +10,14 @@
 
 namespace mfsdp {
 
-/// One micro-batch of this rank: tokens and targets, i32 [B, T] (any device; the engine moves
-/// them to its own).
+/// One micro-batch of this rank: tokens and targets, i32 [B, T] (any device; the engine checks
+/// the ids against the model's vocabulary on the host and moves them to its own device).
 struct MicroBatch {
   Tensor tokens, targets;
+  /// embedding_index(tokens) (runtime/ops.h) on the tokens' device, or undefined. The engine
+  /// builds it from the host tokens and uploads it with them, so the CUDA embedding backward
+  /// makes no device->host copy; models pass it to embedding().
+  Tensor embedding_index = Tensor();
 };
 
 /// Rows [first_row, first_row + rows) of parameter `param` along its dim 0 (for a 1-D parameter:
@@ -41,6 +45,9 @@ class UnitModel {
   /// Unit names in forward order and every parameter (name, logical shape, role, unit) in the
   /// canonical order the planner and checkpoints use.
   virtual const ParamInventory& inventory() const = 0;
+
+  /// The vocabulary size V: every token id and target of a batch must lie in [0, V).
+  virtual int64_t vocab_size() const = 0;
   int num_units() const { return static_cast<int>(inventory().unit_names.size()); }
 
   /// Binds parameter `name` to `t` (a view whose shape equals the inventory's). Throws

@@ -147,6 +147,29 @@ TEST_CASE("token embedding without positions: gradients and values", "[gradcheck
   for (int c = 0; c < 5; ++c) CHECK(y[1 * 5 + c] == w[3 * 5 + c]);  // position 1 holds token 3
 }
 
+TEST_CASE("embedding_index: positions grouped by id, ids ascending, positions in order", "[embedding]") {
+  // ids [3, 1, 3, 0, 1]: groups 0 -> {3}, 1 -> {1, 4}, 3 -> {0, 2}
+  const Tensor idx = embedding_index(tokens_tensor({3, 1, 3, 0, 1}, {1, 5}));
+  REQUIRE(idx.numel() == 2 * 3 + 1 + 5);
+  const int32_t* p = idx.data<int32_t>();
+  CHECK(std::vector<int32_t>(p, p + idx.numel()) == std::vector<int32_t>{0, 1, 3, 0, 1, 3, 5, 3, 1, 4, 0, 2});
+  CHECK_FALSE(embedding_index(tokens_tensor({}, {0, 4})).defined());
+  CHECK_THROWS_AS(embedding_index(Tensor::zeros({2})), std::invalid_argument);  // f32, not ids
+  // an explicit index gives the same gradient bits as none on the CPU (which ignores it)
+  std::mt19937 rng(12);
+  const Tensor tok = tokens_tensor({1, 3, 1, 0, 2, 3}, {2, 3});
+  Tensor wte = randn({4, 5}, rng);
+  std::vector<std::vector<float>> grads;
+  for (bool with_index : {false, true}) {
+    Tensor w = wte.clone();
+    w.set_requires_grad(true);
+    Tensor y = embedding(w, Tensor(), tok, with_index ? embedding_index(tok) : Tensor());
+    backward(y, Tensor::from_vector(std::vector<float>(30, 0.5f), y.shape()));
+    grads.push_back(w.grad().to_vector());
+  }
+  CHECK(grads[0] == grads[1]);
+}
+
 TEST_CASE("rms_norm gradients match finite differences; values are x/rms(x)*w", "[gradcheck]") {
   std::mt19937 rng(10);
   gradcheck([](const std::vector<Tensor>& in) { return rms_norm(in[0], in[1], 1e-5f); },
