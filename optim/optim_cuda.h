@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "optim/adamw.h"
 #include "optim/exact_sum.h"
@@ -82,6 +83,13 @@ void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, do
 /// flags. Synchronizes `stream` (returns without touching it when n == 0). Throws
 /// std::invalid_argument for n < 0 or a null x with n > 0.
 void exact_sum_of_squares_cuda(const float* x, int64_t n, ExactSum& acc, cudaStream_t stream);
+
+/// exact_sum_of_squares_cuda over several device buffers (xs[i] with ns[i] elements) in one kernel
+/// launch, one device->host copy and one synchronization: the same state as one call per buffer
+/// (integer sums). Returns without touching `stream` when every buffer is empty. Throws
+/// std::invalid_argument for mismatched lists, a negative length or a null buffer of length > 0.
+void exact_sum_of_squares_cuda(const std::vector<const float*>& xs, const std::vector<int64_t>& ns, ExactSum& acc,
+                               cudaStream_t stream);
 
 /// Sum of squares of x[0..n): exact_sum_of_squares_cuda rounded once to f64, bitwise equal to
 /// sum_of_squares_cpu on the same data. Synchronizes `stream`.

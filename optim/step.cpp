@@ -134,6 +134,32 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
 #endif
 }
 
+void add_sum_of_squares(const std::vector<Tensor>& xs, ExactSum& acc) {
+  std::vector<const Tensor*> live;
+  for (const Tensor& x : xs)
+    if (x.defined() && x.numel() > 0) live.push_back(&x);
+  if (live.empty()) return;
+  const Device d = live[0]->device();
+  for (const Tensor* x : live)
+    check_arg(x->dtype() == DType::f32 && x->device() == d, "add_sum_of_squares",
+              "expected f32 tensors on one device: " + live[0]->describe() + " and " + x->describe());
+  if (d == Device::CPU) {
+    for (const Tensor* x : live) exact_sum_of_squares_cpu(x->data_f32(), x->numel(), acc);
+    return;
+  }
+#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
+  std::vector<const float*> ptrs;
+  std::vector<int64_t> ns;
+  for (const Tensor* x : live) {
+    ptrs.push_back(x->data_f32());
+    ns.push_back(x->numel());
+  }
+  exact_sum_of_squares_cuda(ptrs, ns, acc, stream());
+#else
+  no_cuda("add_sum_of_squares");
+#endif
+}
+
 void add_sum_of_squares(const Tensor& x, ExactSum& acc) {
   if (common_device("add_sum_of_squares", {{&x, x.numel()}}) == Device::CPU) {
     exact_sum_of_squares_cpu(x.data_f32(), x.numel(), acc);

@@ -5,6 +5,7 @@
 // a flat view stands for a matrix.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "optim/adamw.h"
 #include "optim/exact_sum.h"
@@ -51,5 +52,10 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
 
 /// Adds the exact squares of x's elements to `acc` (the same integer state on CPU and CUDA).
 void add_sum_of_squares(const Tensor& x, ExactSum& acc);
+/// Adds the exact squares of every tensor's elements to `acc` (all f32 on one device; undefined
+/// or empty tensors add nothing). CPU: one tensor after another, as add_sum_of_squares on each;
+/// CUDA: one kernel launch and one device->host copy for all of them. The same integer state
+/// either way, so the value is bitwise the one of any other split.
+void add_sum_of_squares(const std::vector<Tensor>& xs, ExactSum& acc);
 
 }  // namespace mfsdp

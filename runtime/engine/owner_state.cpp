@@ -88,8 +88,11 @@ void OwnerState::clip_gradients(StepStats& st) {
     });
   // The exact sum of squares makes the norm, and so the clip coefficient, the same bits at every
   // world size and placement, however the tail tensors are split.
+  // All owned gradient shards in one call: on CUDA one launch and one device->host copy.
   ExactSum sumsq;
-  for (int u = 0; u < units_.size(); ++u) add_sum_of_squares(units_.unit(u).shard_grad, sumsq);
+  std::vector<Tensor> shards;
+  for (int u = 0; u < units_.size(); ++u) shards.push_back(units_.unit(u).shard_grad);
+  add_sum_of_squares(shards, sumsq);
   // every rank updating everything holds all gradients; otherwise each rank holds its owned shards
   if (!traits_.every_rank_updates_all) sumsq = all_reduce_exact(comm_, sumsq, CommPhase::other);
   st.grad_norm = std::sqrt(sumsq.value());

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "optim/optim.h"
+#include "optim/step.h"
 #include "test_helpers.h"
 
 using namespace mfsdp;
@@ -257,6 +258,52 @@ TEST_CASE("sum_of_squares_cuda and scale_cuda", "[cuda][clip]") {
   cu(cudaStreamSynchronize(cuda.stream), "sync");
   const auto y = dx.to_host();
   for (int64_t i = 0; i < n; ++i) REQUIRE(y[i] == x[i] * 0.5f);
+}
+
+TEST_CASE("exact_sum_of_squares_cuda over many buffers: one call, the CPU state digit for digit", "[cuda][clip]") {
+  Cuda cuda;
+  // buffers of varied lengths (the first empty) carved out of one wide-range vector, as a rank's
+  // owned gradient shards; then 133334 tiny buffers, more pieces than one launch's grid rows
+  const auto x = wide_range_floats(400000, 31);
+  DeviceBuffer dx(x);
+  for (int64_t tiny : {int64_t(0), int64_t(3)}) {
+    std::vector<const float*> ptrs;
+    std::vector<int64_t> ns;
+    ExactSum cpu;
+    int64_t at = 0;
+    for (int64_t k = 0; at < static_cast<int64_t>(x.size()); ++k) {
+      const int64_t len = std::min<int64_t>(tiny ? tiny : (k * 7919) % 50000, static_cast<int64_t>(x.size()) - at);
+      ptrs.push_back(dx.ptr + at);
+      ns.push_back(len);
+      exact_sum_of_squares_cpu(x.data() + at, len, cpu);
+      at += len;  // k = 0 of the varied lengths is an empty buffer
+    }
+    INFO(ptrs.size() << " buffers");
+    ExactSum gpu;
+    exact_sum_of_squares_cuda(ptrs, ns, gpu, cuda.stream);
+    CHECK(gpu.to_words() == cpu.to_words());
+    CHECK(same_bits(gpu.value(), cpu.value()));
+  }
+  // through optim/step.h on tensors: CUDA (one launch) and CPU (one tensor after another) agree
+  std::vector<Tensor> on_gpu, on_cpu;
+  for (int64_t len : {int64_t(1000), int64_t(0), int64_t(77777), int64_t(5)}) {
+    const std::vector<float> part(x.begin(), x.begin() + len);
+    on_cpu.push_back(Tensor::from_vector(part, {len}));
+    on_gpu.push_back(on_cpu.back().to(Device::CUDA));
+  }
+  ExactSum a, b;
+  add_sum_of_squares(on_gpu, a);
+  add_sum_of_squares(on_cpu, b);
+  CHECK(a.to_words() == b.to_words());
+  ExactSum none;
+  exact_sum_of_squares_cuda(std::vector<const float*>{dx.ptr}, std::vector<int64_t>{0}, none, cuda.stream);
+  CHECK(none.is_zero());
+  CHECK_THROWS_AS(exact_sum_of_squares_cuda(std::vector<const float*>{nullptr}, std::vector<int64_t>{4}, none,
+                                            cuda.stream),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(exact_sum_of_squares_cuda(std::vector<const float*>{dx.ptr}, std::vector<int64_t>{}, none,
+                                            cuda.stream),
+                  std::invalid_argument);
 }
 
 TEST_CASE("exact_sum_of_squares_cuda: subnormals, huge values, extremes", "[cuda][clip]") {
