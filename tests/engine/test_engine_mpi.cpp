@@ -13,11 +13,9 @@
 #include <functional>
 #include <memory>
 
-#include "comm/mpi_backends.h"
+#include "engine_test_comm.h"
 #include "engine_test_util.h"
-#include "tests/mpi_test_skip.h"
 #include "planner/planner.h"
-#include "runtime/cuda/device_api.h"
 
 using namespace mfsdp;
 using namespace mfsdp::testing;
@@ -28,40 +26,6 @@ constexpr int64_t kGlobalSeqs = 48;  // divisible by W*A for W in {1, 2, 3, 4, 8
 constexpr int64_t kT = 16;
 constexpr int kSteps = 5;
 constexpr uint64_t kSeed = 42;
-
-CommBackend test_backend() {
-  const char* b = std::getenv("MFSDP_TEST_BACKEND");
-  return b && *b ? parse_comm_backend(b) : CommBackend::mpi;
-}
-
-[[maybe_unused]] const bool kSkipRegistered = [] {
-  mfsdp::testing::mpi_test_skip_check = []() -> const char* {
-    if (test_backend() == CommBackend::mpi || cuda::device_count() > 0) return nullptr;
-    return "MFSDP_TEST_BACKEND asks for CUDA tensors and no CUDA device is visible";
-  };
-  return true;
-}();
-
-// The CUDA backends use the device the process selected from its world node-local rank (the
-// first call is collective over the world: every rank makes world() and self() in the same order).
-std::unique_ptr<Communicator> make_test_communicator(MPI_Comm comm) {
-  if (test_backend() != CommBackend::mpi) select_device_for_process();
-  switch (test_backend()) {
-    case CommBackend::cuda_staged: return make_cuda_staged_communicator(comm);
-    case CommBackend::nccl: return make_nccl_communicator(comm);
-    case CommBackend::mpi: break;
-  }
-  return make_mpi_communicator(comm);
-}
-
-Communicator& world() {
-  static std::unique_ptr<Communicator> c = make_test_communicator(MPI_COMM_WORLD);
-  return *c;
-}
-Communicator& self() {  // each rank's private world of size 1 (the reference runs)
-  static std::unique_ptr<Communicator> c = make_test_communicator(MPI_COMM_SELF);
-  return *c;
-}
 
 struct Setup {
   GPTConfig cfg = tiny_config();
@@ -455,7 +419,46 @@ TEST_CASE("bf16 parameters and bf16 gradient reduction: bitwise equal to world 1
                            {Placement::matrixfsdp, Placement::fsdp2, Placement::zero1});
 }
 
-TEST_CASE("bf16 moves half the gather and reduction bytes and tracks the f32 loss", "[variants][precision]") {
+namespace {
+
+// The parameters after kSteps bf16 steps against the f32 run's, per tensor, as the relative
+// difference of their total change from the initial values: ||dW_bf16 - dW_f32|| / ||dW_f32||
+// (Frobenius). The bound: bf16 keeps 8 significant bits, so each rounding of a weight, a matmul
+// operand or a reduced gradient contribution has relative error <= u = 2^-9. A gradient passes
+// through at most L = 4 n_layer + 1 linear layers (qkv, attention projection and the two MLP
+// matmuls per block, then the head), each rounding its operands, plus the bf16 rounding of the
+// reduction: to first order its relative error is <= 2 (L + 1) u. The updates are normalized
+// (Newton-Schulz, AdamW's m / sqrt(v)), so they inherit that relative error, and over S steps the
+// differences of the updates add up: tolerance S * 2 (L + 1) u (0.195 for this model and S = 5).
+// Tensors whose f32 change is below 1e-6 (nothing moved) are compared in absolute terms.
+void check_bf16_tracks_f32(const Run& bf, const Run& f32, int64_t B) {
+  Setup init;
+  init.steps = 0;
+  const Run start = train(world(), Placement::matrixfsdp, 1, B, init);
+  const int L = 4 * init.cfg.n_layer + 1;
+  const double u = std::ldexp(1.0, -9), tol = kSteps * 2.0 * (L + 1) * u;
+  double worst = 0;
+  for (const auto& [name, w0] : start.params) {
+    const std::vector<float>&a = bf.params.at(name), &b = f32.params.at(name);
+    double diff = 0, moved = 0;
+    for (size_t i = 0; i < w0.size(); ++i) {
+      const double da = double(a[i]) - w0[i], db = double(b[i]) - w0[i];
+      diff += (da - db) * (da - db);
+      moved += db * db;
+    }
+    const double rel = std::sqrt(moved) > 1e-6 ? std::sqrt(diff / moved) : std::sqrt(diff);
+    worst = std::max(worst, rel);
+    INFO(name << ": the bf16 change differs from the f32 change by " << rel << " (relative), bound " << tol);
+    CHECK(rel <= tol);
+  }
+  if (world().rank() == 0)  // measured on CPU: 0.055
+    WARN("bf16 vs f32 parameters after " << kSteps << " steps: worst relative difference of the change " << worst
+                                         << " (bound " << tol << ")");
+}
+
+}  // namespace
+
+TEST_CASE("bf16 moves half the gather and reduction bytes and tracks the f32 parameters", "[variants][precision]") {
   const int W = world().world_size();
   const int64_t B = kGlobalSeqs / W;
   const Run f32 = train(world(), Placement::matrixfsdp, 1, B);
@@ -471,13 +474,8 @@ TEST_CASE("bf16 moves half the gather and reduction bytes and tracks the f32 los
   for (const auto& [name, v] : bf.params)
     for (float x : v) off_grid += bf16_to_float(float_to_bf16(x)) != x;
   CHECK(off_grid > 0);
-  // bf16 rounds matmul operands and weights to 8 significant bits (relative error <= 2^-9); over
-  // five steps of this tiny model the loss moves by far less than 1% (measured: about 0.1%).
-  for (int s = 0; s < kSteps; ++s) {
-    INFO("step " << s << ": f32 loss " << f32.stats[s].loss << ", bf16 loss " << bf.stats[s].loss);
-    CHECK(std::abs(bf.stats[s].loss - f32.stats[s].loss) < 0.01 * f32.stats[s].loss);
-    CHECK(!same_bits(bf.stats[s].loss, f32.stats[s].loss));  // bf16 did change the arithmetic
-  }
+  for (int s = 0; s < kSteps; ++s) CHECK(!same_bits(bf.stats[s].loss, f32.stats[s].loss));  // bf16 did change the arithmetic
+  check_bf16_tracks_f32(bf, f32, B);
   // the telemetry the trainer logs: one orthogonalization per owned matrix, no host-device copies on CPU
   int64_t orth = 0;
   for (const StepStats& st : bf.stats) {
