@@ -8,8 +8,9 @@ usage: test_reliability_cli.py BIN_DIR CASE   with CASE one of
   hang        one rank stopped (SIGSTOP) mid-run: the collective timeout ends the job with a
               message naming the operation, the phase and the step
   lock        a second job in a run directory in use is refused; the first finishes
-  run_dir     config.json of the user in logging.run_dir, or the config itself there: refused;
-              metrics.jsonl on a full filesystem: the run fails naming the file
+  run_dir     config.json of the user in logging.run_dir, or the config itself there: refused
+  full_disk   metrics.jsonl on a full filesystem (a 64 KiB tmpfs): the run fails naming the file;
+              skipped (77) when a tmpfs cannot be mounted here
   deep_json   configs and safetensors headers nested 100,000 deep, --set values 60,000: refused (exit 2),
               no crash, in mfsdp-train and mfsdp-plan
 Exit 0 on success, 1 on failure, 77 when skipped.
@@ -155,12 +156,16 @@ def case_run_dir(bin_dir, tmp):
     rc, out = run(mpirun(2, train, "--config", os.path.join(sdir, "config.json")))
     check(rc == 2 and "is the input config" in out, f"config inside its own run_dir: exit {rc}: {out[-500:]}")
     check(open(os.path.join(sdir, "config.json")).read() == text, "the input config was changed")
+
+
+def case_full_disk(bin_dir, tmp):
+    train = os.path.join(bin_dir, "mfsdp-train")
     # a run directory that fills up: the failure names metrics.jsonl, summary.json is not left empty
     mnt = os.path.join(tmp, "small")
     os.makedirs(mnt)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt], capture_output=True).returncode != 0:
-        print("skipped the full-disk part: cannot mount a small tmpfs here")
-        return
+        print("skipped: cannot mount a small tmpfs here")
+        return 77
     try:
         rc, out = run(mpirun(2, train, "--config", TINY, "--threads", "1", "--set", f"logging.run_dir={mnt}",
                              "--set", "training.steps=2000", "--set", "checkpoint.at_end=false",
