@@ -76,8 +76,9 @@ void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm co
 void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call,
                      double timeout_seconds = 0);
 
-/// Throws std::invalid_argument naming `op` when `reduce` is accumulate and either the call is
-/// not a reduce-scatter (`allow_accumulate` false) or the contributions are neither f32 nor bf16.
+/// Throws std::invalid_argument naming `op` when the values are neither f32 nor bf16 (i32 is
+/// only moved, never reduced), or when `reduce` is accumulate and the call is not a
+/// reduce-scatter (`allow_accumulate` false).
 void check_reduce_op(const char* op, ReduceOp reduce, DType dt, bool allow_accumulate);
 
 /// Bytes per element of a reduce-scatter's `recv` buffer: f32 for accumulate, else the dtype's.

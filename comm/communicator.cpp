@@ -302,6 +302,9 @@ int64_t check_reduce_scatter_v_args(const void* send, const void* recv, const st
 }
 
 void check_reduce_op(const char* op, ReduceOp reduce, DType dt, bool allow_accumulate) {
+  if (dt != DType::f32 && dt != DType::bf16)  // i32 has no arithmetic here: it is only moved
+    throw std::invalid_argument(std::string("[") + op + "] reductions take f32 or bf16 values, got " +
+                                dtype_name(dt) + " (" + reduce_op_name(reduce) + ")");
   if (reduce != ReduceOp::accumulate) return;
   if (!allow_accumulate)
     throw std::invalid_argument(std::string("[") + op + "] ReduceOp::accumulate is only defined for reduce_scatter(_v)");

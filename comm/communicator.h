@@ -25,6 +25,8 @@ const char* comm_phase_name(CommPhase p);
 /// each contribution widened to f32 exactly, the additions in f32 on the owner).
 /// It is how gradient accumulation over micro-batches stays bitwise independent of the world
 /// size: each owned element receives the same sequence of f32 additions as at world size 1.
+/// Every reduction takes f32 or bf16 values; i32 (token ids) is only moved (gathers, broadcasts,
+/// send_recv) and a reduction of it throws std::invalid_argument.
 enum class ReduceOp { sum, mean, max, accumulate };
 const char* reduce_op_name(ReduceOp op);
 

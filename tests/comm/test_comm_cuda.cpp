@@ -217,6 +217,19 @@ TEST_CASE("comm.cuda NCCL backend equals the MPI backend bitwise", "[comm][cuda]
     CHECK(current == pd.device);  // making a communicator never moves the process to another GPU
     ref->reset_counters();
     compare_backends(*dev, *ref);
+    // i32 (token ids) moves all four bytes of every element: values that use the high bytes
+    const int n = ref->world_size(), me = ref->rank();
+    std::vector<int64_t> counts(n);
+    for (int r = 0; r < n; ++r) counts[r] = 100 + 37 * r;
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+    std::vector<int32_t> mine(counts[me]), want(total), got(total);
+    for (int64_t i = 0; i < counts[me]; ++i) mine[i] = static_cast<int32_t>(0x01020304 * (me + 1) + 65537 * i);
+    ref->all_gather_v(mine.data(), want.data(), counts, DType::i32, CommPhase::other);
+    DevBuf dm(mine.size() * 4), dg(got.size() * 4);
+    if (!mine.empty()) REQUIRE(cudaMemcpy(dm.p, mine.data(), mine.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    dev->all_gather_v(dm.p, dg.p, counts, DType::i32, CommPhase::other);
+    REQUIRE(cudaMemcpy(got.data(), dg.p, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(got == want);
   }
 }
 

@@ -206,6 +206,30 @@ TEST_CASE("comm.mpi accumulate adds each rank's contribution onto recv in rank o
   }
 }
 
+TEST_CASE("comm.mpi i32 (token ids) moves all four bytes of every element and is never reduced", "[comm]") {
+  auto c = make_mpi_communicator();
+  const int n = c->world_size(), me = c->rank();
+  std::vector<int64_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = 3 + 5 * r;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t(0));
+  auto id = [](int r, int64_t i) { return static_cast<int32_t>(0x01020304 * (r + 1) + 65537 * i); };  // high bytes used
+  std::vector<int32_t> mine(counts[me]), all(total, -1);
+  for (int64_t i = 0; i < counts[me]; ++i) mine[i] = id(me, i);
+  c->all_gather_v(mine.data(), all.data(), counts, DType::i32, CommPhase::other);
+  int64_t at = 0;
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < counts[r]; ++i) REQUIRE(all[at++] == id(r, i));
+  std::vector<int32_t> b(7);
+  for (int64_t i = 0; i < 7; ++i) b[i] = id(me, i);
+  c->broadcast(b.data(), 7, DType::i32, n - 1, CommPhase::other);
+  for (int64_t i = 0; i < 7; ++i) REQUIRE(b[i] == id(n - 1, i));
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::mean, ReduceOp::max})
+    CHECK_THROWS_WITH(c->all_reduce(b.data(), 7, DType::i32, op, CommPhase::other),
+                      Catch::Contains("reductions take f32 or bf16 values, got i32"));
+  CHECK_THROWS_AS(c->reduce_scatter_v(all.data(), mine.data(), counts, DType::i32, ReduceOp::sum, CommPhase::other),
+                  std::invalid_argument);
+}
+
 TEST_CASE("comm.mpi all_gather_host moves every rank's bytes", "[comm]") {
   auto c = make_mpi_communicator();
   const int n = c->world_size(), me = c->rank();
