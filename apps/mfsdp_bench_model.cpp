@@ -1,15 +1,18 @@
-// mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on CPU.
+// mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on CPU, with f32 or bf16
+// matmuls (--dtype bf16: bf16 operands, f32 accumulation, as precision.param_dtype = bf16 runs them).
 // Prints the median step time over the measured steps and the achieved GFLOP/s
 // (training FLOPs = GPTConfig::flops_per_token(T) x B x T, PaLM appendix B).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "runtime/autograd.h"
+#include "runtime/cpu_gemm_bf16.h"
 #include "runtime/kernels.h"
 #include "runtime/ops.h"
 
@@ -24,6 +27,7 @@ int main(int argc, char** argv) {
   cfg.seq_len = 1024;
   cfg.vocab_size = 50257;
   int B = 4, T = 64, warmup = 2, steps = 5, threads = 0;
+  std::string dtype = "f32";
   app.add_option("--n-layer", cfg.n_layer, "transformer blocks")->capture_default_str();
   app.add_option("--n-head", cfg.n_head, "attention heads")->capture_default_str();
   app.add_option("--n-embd", cfg.n_embd, "model width")->capture_default_str();
@@ -33,6 +37,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps")->capture_default_str();
   app.add_option("--steps", steps, "timed steps (>= 1)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app.add_option("--dtype", dtype, "matmul operand dtype: f32 or bf16")->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   cfg.seq_len = std::max(cfg.seq_len, T);
   try {
@@ -55,9 +61,12 @@ int main(int argc, char** argv) {
   Tensor tokens = tokens_tensor(tok, {B, T}), targets = tokens_tensor(tgt, {B, T});
   AdamWOptions opt;
   opt.weight_decay = 0.1;
-  std::printf("GPT n_layer=%d n_head=%d n_embd=%d vocab=%d (padded %lld), %lld parameters, B=%d T=%d, %d threads\n",
+  MatmulDTypeScope matmul_dtype(dtype == "bf16" ? DType::bf16 : DType::f32);
+  std::printf("GPT n_layer=%d n_head=%d n_embd=%d vocab=%d (padded %lld), %lld parameters, B=%d T=%d, %d threads, "
+              "%s matmuls%s%s\n",
               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, static_cast<long long>(cfg.padded_vocab_size()),
-              static_cast<long long>(n), B, T, cpu_threads());
+              static_cast<long long>(n), B, T, cpu_threads(), dtype.c_str(), dtype == "bf16" ? ": " : "",
+              dtype == "bf16" ? cpu_gemm_bf16_path() : "");
   std::vector<double> fwd, bwd, upd, total;
   for (int s = 0; s < warmup + steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "runtime/cpu_gemm_bf16.h"
 #include "runtime/cuda/device_api.h"
 #include "runtime/kernels.h"
 
@@ -92,6 +93,10 @@ class CpuKernels final : public Kernels {
 
   void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
                  float beta, float* C) override {
+    if (cpu_gemm_bf16_native() && M > 0 && N > 0 && K > 0) {  // oneDNN on AVX512-BF16 / AMX
+      cpu_gemm_bf16(ta, tb, M, N, K, alpha, A, B, beta, C);
+      return;
+    }
     widened_a_.resize(static_cast<size_t>(M * K));
     widened_b_.resize(static_cast<size_t>(K * N));
     convert(A, DType::bf16, widened_a_.data(), DType::f32, M * K);

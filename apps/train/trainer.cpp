@@ -20,6 +20,7 @@
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/cpu_affinity.h"
+#include "runtime/cpu_gemm_bf16.h"
 #include "runtime/kernels.h"
 #include "runtime/data/data_loader.h"
 #include "runtime/data/tokenizer.h"
@@ -139,9 +140,12 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
                  device_name(comm.device()),
                  st.muon_params, st.muon_numel / 1e6, st.adamw_params, st.adamw_numel / 1e6, st.flops_ratio(),
                  st.bytes_ratio(), st.empty_segments);
-    spdlog::info("precision: parameters and matmuls {}, gradient reduction {}, master weights and optimizer state "
+    spdlog::info("precision: parameters and matmuls {}{}, gradient reduction {}, master weights and optimizer state "
                  "f32 | activation recompute: {} | attention: {} | reduce overlap: {}",
-                 dtype_name(cfg.optim.param_dtype), dtype_name(cfg.optim.reduce_dtype), cfg.training.recompute,
+                 dtype_name(cfg.optim.param_dtype),
+                 cfg.optim.param_dtype == DType::bf16 && comm.device() == Device::CPU
+                     ? fmt::format(" ({})", cpu_gemm_bf16_path()) : "",
+                 dtype_name(cfg.optim.reduce_dtype), cfg.training.recompute,
                  attention_kernel_name(engine_.attention()), engine_.overlap_reduce() ? "on" : "off");
     spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {} | "
                  "CPU threads per rank {} (rank 0 may run on CPUs {})",
