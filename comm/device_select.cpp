@@ -1,5 +1,5 @@
 // The process's CUDA device: chosen once, from the world's node-local rank, before any CUDA
-// communicator is made (DESIGN.md, "Device choice"). Communicators only check the choice.
+// communicator is made, so every communicator of the process (shard, replica, world) agrees on it.
 #include <mpi.h>
 
 #include <mutex>
