@@ -9,7 +9,8 @@
 #   1. closure of the bundle on this machine, and nvidia-smi;
 #   2. the CUDA op table and backend tests, the CUDA optimizer tests, the rank-ordered reduction
 #      kernel, the comm tests (NCCL at world 1; host-staged at world 2 and 4 on one GPU);
-#   3. the engine on CUDA tensors (NCCL at world 1; host-staged at world 2 and 4);
+#   3. the engine on CUDA tensors (NCCL at world 1; host-staged at world 2 and 4) and its batch checks
+#      (a token id outside the vocabulary stops with an error naming the batch);
 #   4. compute-sanitizer --tool memcheck over the op table;
 #   5. the CUDA benchmark table (mfsdp-bench-cuda --quick);
 #   6. GPT-2 124M, B = 16, T = 1024, bf16, 30 steps with the fused attention and 30 unfused, against
@@ -83,17 +84,18 @@ cat "$LOGS/nvidia-smi.log"
 # ---- 1. closure and the GPU ----
 run closure 20 plain closure
 
-# ---- 2-4. tests side by side (17 processes on 16 cores, one GPU; none of them is timed) ----
+# ---- 2-4. tests side by side (18 processes on 16 cores, one GPU; none of them is timed) ----
 SANITIZER="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || echo compute-sanitizer)"
 start op_table 90 catch test_cuda_backend
 start optim_cuda 90 catch test_optim_cuda
 start reduce_kernel 90 catch test_comm_kernels
-start comm_nccl_np1 90 catch "${MPIRUN[@]}" -np 1 test_comm_cuda
-start comm_staged_np2 90 catch "${MPIRUN[@]}" -np 2 test_comm_cuda
-start comm_staged_np4 90 catch "${MPIRUN[@]}" -np 4 test_comm_cuda
+start comm_nccl_np1 90 catch "${MPIRUN[@]}" -np 1 -x MFSDP_TEST_BACKEND=nccl test_comm_cuda "[nccl]"
+start comm_staged_np2 90 catch "${MPIRUN[@]}" -np 2 -x MFSDP_TEST_BACKEND=cuda_staged test_comm_cuda "[staged]"
+start comm_staged_np4 90 catch "${MPIRUN[@]}" -np 4 -x MFSDP_TEST_BACKEND=cuda_staged test_comm_cuda "[staged]"
 start engine_nccl_np1 90 catch "${MPIRUN[@]}" -np 1 -x MFSDP_TEST_BACKEND=nccl test_engine_mpi "~[equivalence]"
 start engine_staged_np2 90 catch "${MPIRUN[@]}" -np 2 -x MFSDP_TEST_BACKEND=cuda_staged test_engine_mpi "~[equivalence]"
 start engine_staged_np4 90 catch "${MPIRUN[@]}" -np 4 -x MFSDP_TEST_BACKEND=cuda_staged test_engine_mpi "~[equivalence]"
+start engine_batches_nccl_np1 90 catch "${MPIRUN[@]}" -np 1 -x MFSDP_TEST_BACKEND=nccl test_engine_batches
 start memcheck_op_table 90 catch "$SANITIZER" --tool memcheck --error-exitcode 3 test_cuda_backend "[table]"
 wait
 
@@ -103,6 +105,7 @@ run bench_cuda 45 plain mfsdp-bench-cuda --quick
 # ---- 6. GPT-2 124M training against the CPU f32 reference ----
 export REF="$DIR/gpu_train_reference.json"
 train() {  # train ATTENTION
+  [ -f "$REF" ] || { echo "no reference losses at $REF (scripts/gpu_train_reference.sh makes them)"; return 2; }
   local sets=()
   while read -r o; do sets+=(--set "$o"); done < <(python3 -c \
     'import json,sys; print("\n".join(json.load(open(sys.argv[1]))["overrides"]))' "$REF")
@@ -122,11 +125,11 @@ echo
 GPU_NAME="no GPU visible"
 [ "$GPU" = 1 ] && GPU_NAME="$(sed -n 2p "$LOGS/nvidia-smi.log")"
 echo "== GPU check ($GPU_NAME) =="
-printf "  %-22s %-44s %8s %8s\n" step result seconds budget
+printf "  %-24s %-44s %8s %8s\n" step result seconds budget
 for name in "${STEPS[@]}"; do
   IFS='|' read -r name status took budget <"$LOGS/$name.row" || status="FAILED: no result"
   [ "$status" = passed ] || FAILED=1
-  printf "  %-22s %-44s %8s %8s\n" "$name" "$status" "$took" "$budget"
+  printf "  %-24s %-44s %8s %8s\n" "$name" "$status" "$took" "$budget"
 done
 echo "  total: $((SECONDS - T0)) s of 360 s; logs in $LOGS"
 [ -f "$LOGS/bench_cuda.log" ] && { echo; cat "$LOGS/bench_cuda.log"; }

@@ -60,6 +60,9 @@ def main():
     if len(sys.argv) < 3:
         print(__doc__)
         return 2
+    if not os.path.exists(sys.argv[1]):
+        print(f"no reference losses at {sys.argv[1]} (scripts/gpu_train_reference.sh makes them)")
+        return 1
     with open(sys.argv[1]) as f:
         ref = {int(k): v for k, v in json.load(f)["losses"].items()}
     runs = [arg.split("=", 1) for arg in sys.argv[2:]]
