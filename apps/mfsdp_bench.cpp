@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   BenchCase base;
   int layers = 0;
   std::string json_path;
-  app.add_option("--models", models, "model presets (planner/model_presets.h; gpt2-* are runnable)")->capture_default_str();
+  app.add_option("--models", models, "model presets (models/model_presets.h; gpt2-* are runnable)")->capture_default_str();
   app.add_option("--layers", layers, "override the presets' layer count (0 = keep)")->capture_default_str();
   app.add_option("--placements", placements, "placements to measure")->capture_default_str();
   app.add_option("--ns-steps", ns_steps, "Newton-Schulz iterations, one sweep each")->capture_default_str();

@@ -15,6 +15,7 @@
 
 #include "apps/bench/calibrate.h"
 #include "comm/mpi_backends.h"
+#include "models/model_presets.h"
 #include "planner/projection.h"
 
 using namespace mfsdp;
@@ -64,13 +65,13 @@ json paper(const ClusterSpec& c) {
     double opt_claim, step_claim;
   };
   ProjectionInput l7;
-  l7.model = model_preset("llama-7b");
+  l7.model = model_preset("llama-7b").profile();
   l7.seq = 4096;
   l7.activation_checkpointing = true;
   ProjectionInput pub = l7;  // the authors' public runtime: 2 NS steps, 4 GPUs
   pub.ns_steps = 2;
   ProjectionInput pub13 = pub;
-  pub13.model = model_preset("llama-13b");
+  pub13.model = model_preset("llama-13b").profile();
   std::vector<Setup> setups{{"paper optimizer step, 8 GPUs (llama-7b shape assumed)", l7, 8, 4.2, 0},
                             {"paper optimizer step, 64 GPUs (llama-7b shape assumed)", l7, 64, 54.6, 0},
                             {"public runtime, 4 A100-PCIe, 32 layers x 4096, NS 2", pub, 4, 0, 10.43 / 4.22},
@@ -100,7 +101,7 @@ json paper(const ClusterSpec& c) {
       double best_params = 0;
       for (const std::string& name : model_preset_names()) {
         ProjectionInput in = l7;
-        in.model = model_preset(name);
+        in.model = model_preset(name).profile();
         in.placement = parse_placement(p);
         if (in.model.family != "llama" || project(in, c, w).oom) continue;
         const double n = static_cast<double>(in.model.num_params());
@@ -127,7 +128,7 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
               "opt_pred", "factor", "step_meas", "step_pred", "factor");
   for (const json& r : b.at("results")) {
     ProjectionInput in;
-    in.model = model_preset(r.at("model").get<std::string>(), r.at("layers").get<int>());
+    in.model = model_preset(r.at("model").get<std::string>(), r.at("layers").get<int>()).profile();
     in.placement = parse_placement(r.at("placement").get<std::string>());
     in.ns_steps = r.at("ns_steps");
     in.dtype = in.ns_dtype = r.at("dtype").get<std::string>();
@@ -181,7 +182,7 @@ int main(int argc, char** argv) {
   app.add_option("--ratio-tolerance", ratio_tolerance,
                  "--compare fails when a predicted placement / matrixfsdp ratio is off by more than this factor")
       ->capture_default_str();
-  app.add_option("--model", model, "model preset (planner/model_presets.h)")->capture_default_str();
+  app.add_option("--model", model, "model preset (models/model_presets.h)")->capture_default_str();
   app.add_option("--layers", layers, "override the preset's layer count");
   app.add_option("--placements", placements, "placements")->capture_default_str();
   app.add_option("--worlds", worlds, "world sizes")->capture_default_str();
@@ -218,7 +219,7 @@ int main(int argc, char** argv) {
       if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
       return std::exp(worst) <= tolerance && std::exp(worst_ratio) <= ratio_tolerance ? 0 : 1;
     }
-    in.model = model_preset(model, layers);
+    in.model = model_preset(model, layers).profile();
     out["projection"] = sweep(in, placements, c, worlds);
     if (paper_mode) out["paper"] = paper(c);
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

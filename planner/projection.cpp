@@ -148,6 +148,20 @@ nlohmann::json Projection::to_json() const {
           {"oom", oom}};
 }
 
+int64_t ModelProfile::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : inventory.params) n += p.numel();
+  return n;
+}
+
+double ModelProfile::flops_per_token(int context) const {
+  return matmul_flops_per_token + 12.0 * n_layer * n_embd * static_cast<double>(context);
+}
+
+double ModelProfile::activation_bytes_per_token_layer(int context) const {
+  return 2.0 * (34.0 * n_embd + 5.0 * n_head * static_cast<double>(context));
+}
+
 Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int world) {
   const int R = in.replicas;
   if (R < 1 || world % R != 0 || (R > 1 && in.placement == Placement::ddp))
@@ -157,7 +171,7 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
   const Cost cost{cluster, world};
   const double e = dtype_bytes(in.dtype), ens = dtype_bytes(in.ns_dtype);
   const PlannerOptions po{in.ns_steps, false, false};
-  const ShardPlan plan = make_plan(in.model.inventory(), S, in.placement, po);
+  const ShardPlan plan = make_plan(in.model.inventory, S, in.placement, po);
   const bool resident = in.placement == Placement::zero1 || in.placement == Placement::ddp;
   const bool shard_in_node = S <= cluster.gpus_per_node, world_in_node = world <= cluster.gpus_per_node;
   Projection p;

@@ -1,13 +1,15 @@
 // Cluster projection: the step time and per-rank memory of a placement at a world size on a
 // described cluster, from the plan (owners, shards) and a linear cost model whose constants are
-// the cluster's (published or calibrated on this machine by mfsdp-project --calibrate).
+// the cluster's (published or calibrated on this machine by mfsdp-project --calibrate). The model
+// comes as a ModelProfile (its inventory and sizes), so the planner names no model family;
+// models/model_presets.h makes profiles of the GPT-2 and Llama shapes.
 #pragma once
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "planner/model_presets.h"
+#include "planner/param_spec.h"
 #include "planner/shard_plan.h"
 
 namespace mfsdp {
@@ -36,9 +38,32 @@ struct ClusterSpec {
   nlohmann::json to_json() const;
 };
 
+/// What the projection needs of a model: its FSDP inventory and the sizes behind its FLOPs and
+/// activation memory.
+struct ModelProfile {
+  std::string name, family;
+  ParamInventory inventory;
+  int n_layer = 0, n_embd = 0, n_head = 0;
+  int64_t vocab = 0;
+  /// 6 * N_matmul: the context-free part of the training FLOPs per token (matrices and the head,
+  /// not lookups, norms or biases).
+  double matmul_flops_per_token = 0;
+
+  /// Parameter count of the inventory.
+  int64_t num_params() const;
+  /// Training FLOPs per token, forward + backward: 6 * N_matmul + 12 * n_layer * n_embd * context
+  /// (PaLM appendix B).
+  double flops_per_token(int context) const;
+  /// Activation bytes per token per layer kept for backward without activation checkpointing, at
+  /// 4-byte values: 2 * (34 * C + 5 * n_head * context) (Korthikanti et al. 2022, "Reducing
+  /// Activation Recomputation in Large Transformer Models", eq. 1, which counts 2-byte values).
+  /// An estimate for OOM verdicts only.
+  double activation_bytes_per_token_layer(int context) const;
+};
+
 /// What to project.
 struct ProjectionInput {
-  ModelShape model;
+  ModelProfile model;
   Placement placement = Placement::matrixfsdp;
   int replicas = 1;                 ///< HSDP: R replicas of world / R shard ranks
   int ns_steps = 5;
@@ -72,7 +97,7 @@ struct Projection {
 ///    all-gather of the updated parameters;
 ///  - memory: f32 master parameters, gradients and state (12 B Muon, 16 B AdamW per element,
 ///    owned or resident), two gathered units, fsdp2's full Muon input and update, activations
-///    (ModelShape::activation_bytes_per_token_layer; checkpointing keeps one layer's inputs per
+///    (ModelProfile::activation_bytes_per_token_layer; checkpointing keeps one layer's inputs per
 ///    layer), logits and their gradient in f32. OOM when the total exceeds memory - reserve.
 /// Throws std::invalid_argument when replicas does not divide world or is > 1 with ddp.
 Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int world);

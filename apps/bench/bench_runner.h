@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
-#include "planner/model_presets.h"
+#include "models/model_presets.h"
 #include "planner/shard_plan.h"
 
 namespace mfsdp {

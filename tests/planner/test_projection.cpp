@@ -1,7 +1,7 @@
-// Model presets and the cluster projection (planner/model_presets.h, planner/projection.h).
+// Model presets (models/model_presets.h) and the cluster projection (planner/projection.h).
 #include <catch2/catch.hpp>
 
-#include "planner/model_presets.h"
+#include "models/model_presets.h"
 #include "planner/projection.h"
 
 using namespace mfsdp;
@@ -12,7 +12,7 @@ ClusterSpec a100() { return ClusterSpec::load(std::string(MFSDP_SOURCE_DIR) + "/
 
 ProjectionInput llama7b(Placement p) {
   ProjectionInput in;
-  in.model = model_preset("llama-7b");
+  in.model = model_preset("llama-7b").profile();
   in.placement = p;
   in.seq = 4096;
   in.activation_checkpointing = true;
@@ -34,6 +34,14 @@ TEST_CASE("presets have the published parameter counts", "[projection][presets]"
   // 6N + 12 L C T with N the matrices and the head (PaLM appendix B)
   const ModelShape m = model_preset("llama-7b");
   CHECK(m.flops_per_token(4096) == Approx(6.0 * (6738415616.0 - 32000.0 * 4096 - 65.0 * 4096) + 12.0 * 32 * 4096 * 4096));
+  // the profile the projection reads carries the same counts, bit for bit, for both families
+  for (const char* name : {"llama-7b", "gpt2-124m"}) {
+    const ModelShape s = model_preset(name);
+    const ModelProfile p = s.profile();
+    CHECK(p.num_params() == s.num_params());
+    CHECK(p.flops_per_token(4096) == s.flops_per_token(4096));
+    CHECK(p.inventory.params.size() == s.inventory().params.size());
+  }
 }
 
 TEST_CASE("the projection's memory terms are the documented per-element bytes", "[projection][memory]") {

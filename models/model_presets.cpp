@@ -1,4 +1,4 @@
-#include "planner/model_presets.h"
+#include "models/model_presets.h"
 
 #include <stdexcept>
 
@@ -110,8 +110,17 @@ double ModelShape::flops_per_token(int context) const {
   return 6.0 * static_cast<double>(n_matmul) + 12.0 * n_layer * n_embd * static_cast<double>(context);
 }
 
-double ModelShape::activation_bytes_per_token_layer(int context) const {
-  return 2.0 * (34.0 * n_embd + 5.0 * n_head * static_cast<double>(context));
+ModelProfile ModelShape::profile() const {
+  ModelProfile p;
+  p.name = name;
+  p.family = family;
+  p.inventory = inventory();
+  p.n_layer = n_layer;
+  p.n_embd = n_embd;
+  p.n_head = n_head;
+  p.vocab = vocab;
+  p.matmul_flops_per_token = flops_per_token(0);
+  return p;
 }
 
 std::vector<std::string> model_preset_names() {

@@ -1,5 +1,6 @@
 // Model shapes for benchmarks and cluster projections: the GPT-2 family and Llama-shaped
-// decoders, as data (a table of presets, or a JSON object), each giving a ParamInventory.
+// decoders, as data (a table of presets, or a JSON object), each giving a ParamInventory and the
+// ModelProfile the cluster projection (planner/projection.h) reads.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/param_spec.h"
+#include "planner/projection.h"
 
 namespace mfsdp {
 
@@ -31,11 +33,9 @@ struct ModelShape {
   /// Training FLOPs per token, forward + backward: 6 * N_matmul + 12 * n_layer * n_embd * context
   /// (PaLM appendix B; N_matmul = matrices and the head, not lookups, norms or biases).
   double flops_per_token(int context) const;
-  /// Activation bytes per token per layer kept for backward without activation checkpointing, at
-  /// 4-byte values: 2 * (34 * C + 5 * n_head * context) (Korthikanti et al. 2022, "Reducing
-  /// Activation Recomputation in Large Transformer Models", eq. 1, which counts 2-byte values).
-  /// An estimate for OOM verdicts only.
-  double activation_bytes_per_token_layer(int context) const;
+  /// What the cluster projection needs (planner/projection.h): the inventory, the sizes and
+  /// 6 * N_matmul, so that profile().flops_per_token(T) == flops_per_token(T).
+  ModelProfile profile() const;
 };
 
 /// Preset names, e.g. "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama-7b", "llama-13b",
