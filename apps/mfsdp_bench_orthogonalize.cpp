@@ -1,5 +1,6 @@
 // Benchmark (not a test): ms per call of each orthogonalizer at 5 steps on GPT-2 124M's Muon
-// shapes, at the OpenMP thread count of the environment (OMP_NUM_THREADS).
+// shapes, at the OpenMP thread count of the environment (OMP_NUM_THREADS), next to the plain GEMM
+// rate of the same products (f32 SGEMM and the bf16 GEMM, the CPU backend's kernels) in this run.
 // usage: mfsdp-bench-orthogonalize [REPS] [--tiny]   (--tiny: one 32x48 call per method, for ctest)
 #include <omp.h>
 
@@ -14,8 +15,50 @@
 
 #include "optim/orthogonalize.h"
 #include "planner/cost_model.h"
+#include "runtime/core/dtype.h"
+#include "runtime/cpu_gemm_bf16.h"
+#include "runtime/kernels.h"
 
 using namespace mfsdp;
+
+namespace {
+
+/// Best-of-`reps` seconds of `f` after one warm-up call.
+template <class F>
+double best_seconds(int reps, F&& f) {
+  f();
+  double best = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+/// GFLOP/s of Newton-Schulz's two large products on an m x n matrix (m <= n): X X^T ([m,n] x [n,m])
+/// and B X ([m,m] x [m,n]), as f32 SGEMMs and as bf16 GEMMs with f32 accumulation.
+void print_gemm_rates(int64_t m, int64_t n, int reps) {
+  std::vector<float> x(static_cast<size_t>(m * n), 0.5f), a(static_cast<size_t>(m * m), 0.25f);
+  std::vector<float> c(static_cast<size_t>(std::max(m * m, m * n)));
+  std::vector<bf16> xb(x.size(), float_to_bf16(0.5f)), ab(a.size(), float_to_bf16(0.25f));
+  Kernels& k = kernels(Device::CPU);
+  const double flop = 2.0 * m * m * n * 2;  // both products
+  const double f32 = best_seconds(reps, [&] {
+    k.gemm(false, true, m, m, n, 1.f, x.data(), x.data(), 0.f, c.data());
+    k.gemm(false, false, m, n, m, 1.f, a.data(), x.data(), 0.f, c.data());
+  });
+  const double b16 = best_seconds(reps, [&] {
+    k.gemm_bf16(false, true, m, m, n, 1.f, xb.data(), xb.data(), 0.f, c.data());
+    k.gemm_bf16(false, false, m, n, m, 1.f, ab.data(), xb.data(), 0.f, c.data());
+  });
+  std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f\n", static_cast<long>(m), static_cast<long>(n),
+              "plain gemm f32", f32 * 1e3, flop / 1e9, flop / 1e9 / f32);
+  std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f\n", static_cast<long>(m), static_cast<long>(n),
+              "plain gemm bf16", b16 * 1e3, flop / 1e9, flop / 1e9 / b16);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int reps = 3;
@@ -33,22 +76,18 @@ int main(int argc, char** argv) {
   }
   const Orthogonalizer methods[] = {Orthogonalizer::newton_schulz5, Orthogonalizer::polar_express,
                                     Orthogonalizer::gram_newton_schulz};
-  std::printf("orthogonalize_cpu, 5 steps, %d OpenMP threads, best of %d (ms per call; GFLOP = cost model)\n",
-              omp_get_max_threads(), reps);
+  std::printf("orthogonalize_cpu, 5 steps, %d OpenMP threads, best of %d (ms per call; GFLOP = cost model); "
+              "plain gemm: X X^T and B X once each (%s)\n",
+              omp_get_max_threads(), reps, cpu_gemm_bf16_path());
   std::printf("%-12s %-20s %10s %10s %8s\n", "shape", "method", "ms", "GFLOP", "GFLOP/s");
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   for (auto [r, c] : shapes) {
     std::vector<float> g(static_cast<size_t>(r * c)), out(g.size());
     for (float& x : g) x = dist(rng);
+    print_gemm_rates(std::min(r, c), std::max(r, c), reps);
     for (Orthogonalizer m : methods) {
-      orthogonalize_cpu(g.data(), out.data(), r, c, 5, m);  // warm-up: scratch, caches
-      double best = 1e30;
-      for (int rep = 0; rep < reps; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        orthogonalize_cpu(g.data(), out.data(), r, c, 5, m);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
+      const double best = best_seconds(reps, [&] { orthogonalize_cpu(g.data(), out.data(), r, c, 5, m); });
       const double gflop = orthogonalizer_flops(r, c, 5, m) / 1e9;
       std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f\n", static_cast<long>(r), static_cast<long>(c),
                   orthogonalizer_name(m), best * 1e3, gflop, gflop / best);
