@@ -6,7 +6,6 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -81,6 +80,19 @@ struct Fields {
 
 // ---------------------------------------------------------------------------------------- save
 
+namespace {
+SaveObserver g_default_observer;
+SaveObserver* g_observer = nullptr;
+}  // namespace
+
+SaveObserver& save_observer() { return g_observer ? *g_observer : g_default_observer; }
+
+SaveObserver* set_save_observer(SaveObserver* observer) {
+  SaveObserver* previous = g_observer;
+  g_observer = observer;
+  return previous;
+}
+
 std::string save_checkpoint(ShardedEngine& engine, const std::string& root, const CheckpointMeta& meta, int keep_last) {
   Communicator& comm = engine.comm();
   const int rank = comm.rank(), world = comm.world_size();
@@ -122,14 +134,7 @@ std::string save_checkpoint(ShardedEngine& engine, const std::string& root, cons
   } catch (const std::exception& e) {
     error = e.what();
   }
-  // Test-only fault injection: MFSDP_TEST_CHECKPOINT_FAULT=die_after_rank_file:<step> kills the
-  // last rank after it wrote its file of that step's checkpoint, before the manifest.
-  if (const char* fault = std::getenv("MFSDP_TEST_CHECKPOINT_FAULT");
-      fault && std::string(fault) == "die_after_rank_file:" + std::to_string(meta.step) && rank == world - 1) {
-    std::fprintf(stderr, "[test fault] rank %d dies after writing %s\n", rank, file.c_str());
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  }
+  save_observer().after_rank_file(meta.step, rank, world, (tmp_dir / file).string());
   agree(comm, error, "checkpoint " + final_dir.string(), tmp_dir);
 
   // 3. the piece records reach rank 0 (sizes first, then the padded texts)

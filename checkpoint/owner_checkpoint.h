@@ -66,6 +66,22 @@ struct CheckpointManifest {
   const Tensor* find(const std::string& name) const;
 };
 
+/// Watches the steps of save_checkpoint. The default does nothing; a test binary installs its own
+/// (set_save_observer) to stop a rank at a chosen point of the save protocol.
+class SaveObserver {
+ public:
+  virtual ~SaveObserver() = default;
+  /// Called on every rank right after it wrote its rank file `path` of the checkpoint of `step`,
+  /// before any rank learns whether the others succeeded and before the manifest is written.
+  virtual void after_rank_file(int64_t /*step*/, int /*rank*/, int /*world*/, const std::string& /*path*/) {}
+};
+
+/// The observer save_checkpoint calls (the do-nothing default unless one was installed).
+SaveObserver& save_observer();
+/// Installs `observer` for the following saves (nullptr: back to the default); returns the
+/// previous one. The caller keeps `observer` alive while it is installed.
+SaveObserver* set_save_observer(SaveObserver* observer);
+
 /// Saves a checkpoint of `engine` under `root` as step_<8-digit step>/ (collective: every rank
 /// calls it at the same step). Ranks write into step_N.tmp/, rank 0 then writes manifest.json,
 /// renames the directory into place, points `root`/latest at it and deletes the oldest complete

@@ -95,6 +95,8 @@ class Trainer {
   const int B_, T_, A_;
   const bool lead_;
   std::unique_ptr<TrainableModel> model_;
+  std::unique_ptr<UnitModel> wrapped_;  ///< opts.wrap_units(model_->units()), or null
+  UnitModel& units_;                    ///< what the engine trains: *wrapped_ or model_->units()
   ShardPlan plan_;
   ShardedEngine engine_;
   DataLoader loader_;
@@ -121,9 +123,11 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
       world_(comm.world_size() * (opts.replicas ? opts.replicas->world_size() : 1)),
       B_(cfg.training.micro_batch_size), T_(cfg.model.seq_len), A_(cfg.training.grad_accum), lead_(rank_ == 0),
       model_(make_trainable_model(cfg)),
-      plan_(make_plan(model_->units().inventory(), comm.world_size(), cfg.sharding.placement,
-                      planner_options(cfg.optim, model_->units()))),
-      engine_(model_->units(), comm, plan_, cfg.optim, opts.replicas),
+      wrapped_(opts.wrap_units ? opts.wrap_units(model_->units()) : nullptr),
+      units_(wrapped_ ? *wrapped_ : model_->units()),
+      plan_(make_plan(units_.inventory(), comm.world_size(), cfg.sharding.placement,
+                      planner_options(cfg.optim, units_))),
+      engine_(units_, comm, plan_, cfg.optim, opts.replicas),
       loader_(cfg.data.train.resolved, B_, T_, rank_, world_, A_, cfg.data.shuffle,
               static_cast<uint64_t>(cfg.data.seed), cfg.model.vocab_size),
       ckpt_root_(cfg.checkpoint.root(cfg.logging.run_dir.resolved)),
@@ -191,12 +195,8 @@ void Trainer::train() {
   MemoryTracker::instance().reset_peaks();
   t_train_ = now_seconds();
   window_.restart(t_train_);
-  // Test-only fault injection: rank 0 kills itself (SIGKILL) at the start of this step.
-  const char* kill_env = std::getenv("MFSDP_TEST_KILL_AT_STEP");
-  const int64_t kill_at = kill_env ? std::atoll(kill_env) : -1;
   bool preempted = false;
   for (int64_t step = start_step_; step < cfg_.training.steps; ++step) {
-    if (step == kill_at && lead_) std::raise(SIGKILL);
     set_comm_context("step " + std::to_string(step + 1));
     std::vector<MicroBatch> micro = next_batches();
     StepStats s;

@@ -1,12 +1,15 @@
 // The training driver behind mfsdp-train: builds the model, plan and engine from a TrainConfig and
 // runs the step loop with progress, validation, checkpoints, metrics, samples and export.
 #pragma once
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "apps/train/train_config.h"
 #include "apps/train/preflight.h"
 #include "comm/communicator.h"
+#include "runtime/engine/unit_model.h"
 
 namespace mfsdp {
 
@@ -34,6 +37,10 @@ struct TrainerOptions {
   /// HSDP (sharding.replicate > 1): the replica group of this rank (comm/comm_factory.h
   /// make_hsdp_groups); run_training's `comm` is then the shard group. nullptr otherwise.
   Communicator* replicas = nullptr;
+  /// When set, the engine trains wrap(the model's units) instead of the units themselves: a
+  /// UnitModel over the same parameters (it forwards bind() to them), e.g. one that observes or
+  /// alters gradients. mfsdp-train leaves it empty; test binaries set it to inject faults.
+  std::function<std::unique_ptr<UnitModel>(UnitModel&)> wrap_units;
 };
 
 /// Runs training (or evaluation) on every rank of `comm` (and of opts.replicas under HSDP: data,

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
-#include <limits>
 #include <map>
 #include <string>
 
@@ -80,12 +78,6 @@ void OwnerState::reset() {
 }
 
 void OwnerState::clip_gradients(StepStats& st) {
-  // Test-only fault injection: MFSDP_TEST_NAN_GRAD=<tensor> puts a NaN into that tensor's gradient.
-  static const char* nan_grad = std::getenv("MFSDP_TEST_NAN_GRAD");
-  if (nan_grad)
-    for_each_owned([&](OwnedPiece& o) {
-      if (plan_.shards[o.shard].name == nan_grad) grad(o).view(0, {1}).fill(std::numeric_limits<float>::quiet_NaN());
-    });
   // The exact sum of squares makes the norm, and so the clip coefficient, the same bits at every
   // world size and placement, however the tail tensors are split.
   // All owned gradient shards in one call: on CUDA one launch and one device->host copy.

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """End-to-end tests of owner-shard checkpoints under mpirun (stdlib only).
 
-usage: test_checkpoint_cli.py BIN_DIR CASE   with CASE one of
+usage: test_checkpoint_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_faults binary
+(tests/train/train_with_faults.cpp) and CASE one of
   resume     every placement: 4 steps, save, resume, 4 more == 8 uninterrupted steps (export cmp,
-             state fingerprint, losses); and a rank killed (SIGKILL) between two checkpoints
+             state fingerprint, losses); and a rank killed (SIGKILL from this driver) between two
+             checkpoints
   reshard    saved at world 4 (matrixfsdp), resumed at worlds 1, 2, 3 and under fsdp2, zero1, ddp
              with the same global batch and micro-batch shape: bitwise equal to the world-4 run
-  crash      a rank dies after writing its file but before the manifest: resume auto takes the
-             previous checkpoint and says it ignored the incomplete one
+  crash      a rank dies after writing its file but before the manifest (FAULT_BIN's save
+             observer): resume auto takes the previous checkpoint and says it ignored the
+             incomplete one
   corrupt    damaged or foreign checkpoints: exit 2 on every rank with the file named, before
              training; no checkpoint file is changed
   tool       mfsdp-ckpt list / verify / export / diff
@@ -94,11 +97,58 @@ def same_as(ref_run, run, what, compare_losses=True):
         check(ref_losses.get(step) == v, f"{what}: step {step} loss/grad norm {v} != {ref_losses.get(step)}")
 
 
-def faulty_run(bin_dir, run, what, **fault):
-    """8 steps, checkpoints every 3, with a test-only fault injected through the environment: it must fail."""
-    rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3",
-                  env=dict(ENV, **fault), expect=None)
-    check(rc != 0, f"{what} did not fail")
+def rank_pids(launcher_pid):
+    """Process ids of the mfsdp-train ranks that mpirun `launcher_pid` started."""
+    return subprocess.run(["pgrep", "-f", "-P", str(launcher_pid), "mfsdp-train"], capture_output=True,
+                          text=True).stdout.split()
+
+
+def killed_run(bin_dir, run, steps, kill_after):
+    """`steps` steps with checkpoints every 3; once the log shows step `kill_after`, this driver
+    kills one rank (SIGKILL). Returns (exit status, output)."""
+    p = subprocess.Popen(command(bin_dir, 2, [f"logging.run_dir={run}", f"training.steps={steps}",
+                                              "checkpoint.interval=3"]),
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = ""
+    try:
+        for line in p.stdout:
+            out += line
+            m = re.search(r"step +(\d+)/", line)
+            if m and int(m.group(1)) >= kill_after:
+                break
+        pids = rank_pids(p.pid)
+        check(len(pids) == 2, f"expected 2 rank processes, found {pids}")
+        if pids:
+            os.kill(int(pids[0]), signal.SIGKILL)
+        out += p.communicate(timeout=300)[0]
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+    return p.returncode, out
+
+
+def newest_checkpoint(root):
+    """The step of the newest complete checkpoint (a step_N directory with a manifest) under root; -1 if none."""
+    steps = [int(d[5:]) for d in os.listdir(root) if re.fullmatch(r"step_\d{8}", d)
+             and os.path.isfile(os.path.join(root, d, "manifest.json"))] if os.path.isdir(root) else []
+    return max(steps, default=-1)
+
+
+def save_fault_run(fault_bin, run, step):
+    """8 steps, checkpoints every 3, under test_train_faults: the last rank dies right after it
+    wrote its file of the step-`step` checkpoint, before the manifest. The run must fail there."""
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", fault_bin, "--config", TINY, "--threads", "1",
+           "--die-after-rank-file", str(step)]
+    for s in BASE + [f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3"]:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    check(p.returncode != 0, "the run with a crashing save did not fail")
+    check(f"[save fault] rank 1 dies after writing" in out and f"step_{step:08d}.tmp" in out,
+          f"the save fault did not fire at step {step}: {out[-1500:]}")
 
 
 def case_resume(bin_dir, tmp):
@@ -127,13 +177,19 @@ def case_resume(bin_dir, tmp):
                     f"output.export={os.path.join(run, 'checkpoints', 'step_00000008', 'rank_00000.safetensors')}",
                     expect=None)
     check(rc == 2 and "inside checkpoint.dir" in out, f"export into a checkpoint: {rc} {out[-400:]}")
-    # a rank killed between two checkpoints (SIGKILL at the start of step 6, checkpoints every 3)
-    ref = full_run(bin_dir, tmp, "full_cosine", 2, 8)
+    # a rank killed (SIGKILL from this driver) once step 4 is logged, checkpoints every 3: the run
+    # is long enough that the kill lands long before its end, and resume auto continues from the
+    # newest complete checkpoint to the uninterrupted run's bytes
+    steps = 600
+    ref = full_run(bin_dir, tmp, "full_cosine", 2, steps)
     run = os.path.join(tmp, "killed")
-    faulty_run(bin_dir, run, "the killed run", MFSDP_TEST_KILL_AT_STEP="5")
-    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=8", "training.resume=auto",
+    rc, out = killed_run(bin_dir, run, steps, kill_after=4)
+    check(rc != 0 and "done:" not in out, f"the killed run did not fail ({rc}): {out[-800:]}")
+    last = newest_checkpoint(os.path.join(run, "checkpoints"))
+    check(3 <= last < steps, f"the killed run left no checkpoint before its end (newest: {last})")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", f"training.steps={steps}", "training.resume=auto",
                     f"output.export={run}.safetensors")
-    check(rc == 0 and "resumed at step 3" in out, f"resume after kill -9 failed ({rc})")
+    check(rc == 0 and f"resumed at step {last}" in out, f"resume after kill -9 failed ({rc}): {out[-800:]}")
     if rc == 0:
         same_as(ref, run, "resume after kill -9")
 
@@ -257,7 +313,7 @@ def case_reshard(bin_dir, tmp):
 def case_crash(bin_dir, tmp):
     ref = full_run(bin_dir, tmp, "full", 2, 8)
     run = os.path.join(tmp, "crash")
-    faulty_run(bin_dir, run, "the run with a crashing save", MFSDP_TEST_CHECKPOINT_FAULT="die_after_rank_file:6")
+    save_fault_run(sys.argv[3], run, 6)
     ck = os.path.join(run, "checkpoints")
     check(os.path.isfile(os.path.join(ck, "step_00000003", "manifest.json")), "the step-3 checkpoint is gone")
     check(os.path.isdir(os.path.join(ck, "step_00000006.tmp")) and not os.path.exists(os.path.join(ck, "step_00000006")),

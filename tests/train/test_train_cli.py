@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end tests of mfsdp-train under mpirun (stdlib only; the PyTorch case needs torch).
 
-usage: test_train_cli.py BIN_DIR CASE   with CASE one of
+usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_faults binary
+(tests/train/train_with_faults.cpp) and CASE one of
   bad_configs   every malformed config fails with its message and exit code 2 on every rank
   bad_data      broken shards (magic, version, truncated, too short, token >= vocab) are refused
   configs       every config in configs/ is valid (--print-config)
@@ -9,7 +10,8 @@ usage: test_train_cli.py BIN_DIR CASE   with CASE one of
   e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
   world_sizes   -np 1/2/4 with grad_accum 4/2/1, shuffle off and on: bitwise-identical losses,
                 metrics, state fingerprints and exports (cmp)
-  export        export -> import -> --eval-only reproduces the final validation loss exactly
+  export        export -> import -> --eval-only reproduces the final validation loss exactly; NaN
+                init_from weights are refused; a NaN gradient (FAULT_BIN --nan-grad) stops the run
   torch         PyTorch loads the export and gets the same validation loss (within 1e-4)
   mixed_precision  bf16 parameters and reduction track the f32 run (val loss within 1%), move half the
                 gather bytes, log the step telemetry; recompute block prints the same losses
@@ -298,13 +300,13 @@ def case_export(bin_dir, tmp):
           f"NaN in init_from not reported (rc {rc}): {out[-600:]}")
     check(not os.path.exists(out_model), "a model with NaN weights was exported")
     # a NaN gradient under a finite loss stops before any optimizer step, clipping on or off
-    env = dict(ENV, MFSDP_TEST_NAN_GRAD="h.1.mlp.c_fc.weight")
+    # (the fault: test_train_faults trains a test-only model whose h.1.mlp.c_fc.weight gradient gets a NaN)
     for clip in ("0", "1.0"):
-        p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", "-x", "MFSDP_TEST_NAN_GRAD",
-                            os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--set", f"training.grad_clip={clip}",
+        p = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", sys.argv[3], "--nan-grad", "h.1.mlp.c_fc.weight",
+                            "--config", TINY, "--set", f"training.grad_clip={clip}",
                             "--set", f"output.export={out_model}",
                             "--set", f"logging.run_dir={os.path.join(tmp, 'nan' + clip)}"],
-                           env=env, capture_output=True, text=True, timeout=600)
+                           env=ENV, capture_output=True, text=True, timeout=600)
         out = p.stdout + p.stderr
         check(p.returncode != 0 and "gradient norm is nan" in out and "h.1.mlp.c_fc.weight" in out
               and "clip_coefficient" not in out and "step      1/" not in out,
