@@ -5,7 +5,12 @@ Layering (what may include what, by the folder of the including file):
   - runtime/ never includes models/, checkpoint/ or apps/;
   - runtime/core/, comm/ and planner/ include nothing from the rest of runtime/ (runtime/core/ only);
   - runtime/core/ includes only runtime/core/;
-  - only apps/ includes apps/ (and the tests of apps/).
+  - only apps/ includes apps/ (and the tests of apps/);
+  - planner/ never includes models/ (the planner takes inventories; model presets live in
+    models/), and planner/CMakeLists.txt links no library that models/CMakeLists.txt defines.
+Test switches: product code (every source file outside tests/) reads no test-only switch: no
+MFSDP_TEST_* name appears in it (faults are injected from tests/: signals from the drivers,
+test-only models and observers, the filesystem).
 Sizes, in runtime/engine/ and apps/train/: no source file over 600 lines and no function body
 over 80 lines (a function is a definition that starts at column 0 and ends at the first `}` at
 column 0 after it).
@@ -43,7 +48,36 @@ def layering_errors(rel, lineno, target):
         errors.append("runtime/core/ includes only runtime/core/, not " + target)
     if target.startswith("apps/") and not rel.startswith(("apps/", "tests/")):
         errors.append("only apps/ (and its tests) may include apps/, not " + rel)
+    if rel.startswith("planner/") and target.startswith("models/"):
+        errors.append("planner/ must not include models/ (" + target + ")")
     return ["%s:%d: %s" % (rel, lineno, e) for e in errors]
+
+
+TEST_SWITCH = re.compile(r"MFSDP_TEST_?[A-Z_]*")
+LIBRARY = re.compile(r"add_library\(\s*([A-Za-z0-9_]+)")
+
+
+def test_switch_errors(rel, lines):
+    """Product sources (outside tests/) must not name a test-only switch (MFSDP_TEST_*)."""
+    if rel.startswith("tests/"):
+        return []
+    return ["%s:%d: product code names the test-only switch %s (inject the fault from tests/)" %
+            (rel, n, m.group(0)) for n, line in enumerate(lines, 1) for m in [TEST_SWITCH.search(line)] if m]
+
+
+def cmake_link_errors():
+    """planner/CMakeLists.txt must not name a library defined in models/CMakeLists.txt."""
+    def read(rel):
+        path = os.path.join(ROOT, rel)
+        return open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
+    models = set(LIBRARY.findall(read("models/CMakeLists.txt")))
+    errors = []
+    for n, line in enumerate(read("planner/CMakeLists.txt").split("\n"), 1):
+        code = line.split("#", 1)[0]
+        for lib in sorted(models):
+            if re.search(r"(?<![A-Za-z0-9_])%s(?![A-Za-z0-9_])" % lib, code):
+                errors.append("planner/CMakeLists.txt:%d: planner/ must not link %s (a models/ library)" % (n, lib))
+    return errors
 
 
 NOT_FUNCTION = re.compile(r"^(namespace|class|struct|enum|union|extern|template|typedef|using|static_assert|#|//|/\*)")
@@ -96,6 +130,8 @@ def main():
                 errors += layering_errors(rel, n, m.group(1))
         if rel.startswith(SIZE_SCOPE):
             errors += size_errors(rel, lines)
+        errors += test_switch_errors(rel, lines)
+    errors += cmake_link_errors()
     for e in errors:
         print(e)
     print("check_layout: %d files, %d violation(s)" % (checked, len(errors)))
