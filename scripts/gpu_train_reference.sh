@@ -6,7 +6,7 @@
 #
 # The run: GPT-2 124M (configs/gpt2_124m_shakespeare.json) on GPT-2-token Tiny Shakespeare,
 # B = 16, T = 1024, one rank, 30 steps, f32 everywhere, activation recompute (bitwise equal to
-# none; it keeps the CPU run under 6 GiB). The JSON records the overrides, which
+# none; it keeps the CPU run under 9 GiB). The JSON records the overrides, which
 # scripts/gpu_check.sh applies to its GPU runs as they are, so both runs read the same data.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
