@@ -144,12 +144,12 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
                  device_name(comm.device()),
                  st.muon_params, st.muon_numel / 1e6, st.adamw_params, st.adamw_numel / 1e6, st.flops_ratio(),
                  st.bytes_ratio(), st.empty_segments);
-    spdlog::info("precision: parameters and matmuls {}{}, gradient reduction {}, master weights and optimizer state "
-                 "f32 | activation recompute: {} | attention: {} | reduce overlap: {}",
-                 dtype_name(cfg.optim.param_dtype),
+    spdlog::info("precision: parameters and matmuls {}, gradient reduction {}, master weights and optimizer state "
+                 "f32{} | activation recompute: {} | attention: {} | reduce overlap: {}",
+                 dtype_name(cfg.optim.param_dtype), dtype_name(cfg.optim.reduce_dtype),
                  cfg.optim.param_dtype == DType::bf16 && comm.device() == Device::CPU
                      ? fmt::format(" ({})", cpu_gemm_bf16_path()) : "",
-                 dtype_name(cfg.optim.reduce_dtype), cfg.training.recompute,
+                 cfg.training.recompute,
                  attention_kernel_name(engine_.attention()), engine_.overlap_reduce() ? "on" : "off");
     spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {} | "
                  "CPU threads per rank {} (rank 0 may run on CPUs {})",

@@ -248,6 +248,7 @@ def case_mixed_precision(bin_dir, tmp):
     check(rec[1]["state_fingerprint"] == bf16[1]["state_fingerprint"], "recompute + overlap changed the final state")
     check("reduce overlap: off" in bf16[3] and "reduce overlap: on" in rec[3], "reduce overlap banner missing")
     check("precision: parameters and matmuls bf16, gradient reduction bf16" in bf16[3], "precision banner missing")
+    check("(bf16 matmuls " in bf16[3], "the CPU's bf16 matmul path (oneDNN or widened to f32) is not named")
     fused = runs["f32_fused"]
     check("attention: unfused" in f32[3] and "attention: fused" in fused[3], "attention kernel banner missing")
     vf = fused[1]["final_val_loss"]
