@@ -76,12 +76,13 @@ closure() {
   return $bad
 }
 export -f closure
+
+# ---- 1. the GPU and the closure ----
 if nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv >"$LOGS/nvidia-smi.log" 2>&1 &&
    [ "$(grep -c '^[0-9]' "$LOGS/nvidia-smi.log")" -gt 0 ]; then
   GPU=1
 fi
 cat "$LOGS/nvidia-smi.log"
-# ---- 1. closure and the GPU ----
 run closure 20 plain closure
 
 # ---- 2-4. tests side by side (18 processes on 16 cores, one GPU; none of them is timed) ----
