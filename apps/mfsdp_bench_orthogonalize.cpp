@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -91,6 +92,14 @@ int main(int argc, char** argv) {
       const double gflop = orthogonalizer_flops(r, c, 5, m) / 1e9;
       std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f\n", static_cast<long>(r), static_cast<long>(c),
                   orthogonalizer_name(m), best * 1e3, gflop, gflop / best);
+      if (m == Orthogonalizer::gram_newton_schulz) continue;  // f32 only
+      // ns_dtype bf16: the same iterations with bf16 products (f32 accumulation). GFLOP is the
+      // cost model's f32 count (the bf16 path computes the symmetric products in full).
+      const double best_bf16 = best_seconds(
+          reps, [&] { orthogonalize_cpu(g.data(), out.data(), r, c, 5, m, NsDType::bf16); });
+      const std::string name = std::string(orthogonalizer_name(m)) + " bf16";
+      std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f\n", static_cast<long>(r), static_cast<long>(c),
+                  name.c_str(), best_bf16 * 1e3, gflop, gflop / best_bf16);
     }
   }
   return 0;

@@ -55,6 +55,10 @@ void validate_muon_options(const MuonOptions& opt, const char* op) {
   if (!std::isfinite(opt.normuon_eps) || opt.normuon_eps < 0.0)
     throw std::invalid_argument(std::string("[") + op + "] normuon_eps " +
                                 std::to_string(opt.normuon_eps) + " must be finite and >= 0");
+  if (opt.ns_dtype == NsDType::bf16 && opt.orthogonalizer == Orthogonalizer::gram_newton_schulz)
+    throw std::invalid_argument(std::string("[") + op +
+                                "] ns_dtype bf16 is not supported with orthogonalizer gram_newton_schulz "
+                                "(use f32, or newton_schulz5 / polar_express)");
   if (opt.split_heads && opt.head_dim < 1)
     throw std::invalid_argument(std::string("[") + op + "] split_heads needs head_dim >= 1, got " +
                                 std::to_string(opt.head_dim));
@@ -125,7 +129,7 @@ void muon_step_cpu(float* W, const float* G, float* M, int64_t rows, int64_t col
 
   // O overwrites U block by block (each orthogonalization reads its input into scratch first).
   const int64_t brows = rows / blocks;
-  orthogonalize_strided_cpu(U, U, blocks, brows, cols, opt.ns_steps, opt.orthogonalizer);
+  orthogonalize_strided_cpu(U, U, blocks, brows, cols, opt.ns_steps, opt.orthogonalizer, opt.ns_dtype);
 
   muon_apply_update_cpu(W, U, numel, lr, muon_scale(brows, cols, opt.scale_rule), opt.weight_decay);
 }

@@ -33,6 +33,19 @@ const char* orthogonalizer_name(Orthogonalizer o) {
   return "?";
 }
 
+namespace {
+/// The config names of NsDType, indexed by the enumerator: parsing and naming share them.
+constexpr const char* kNsDTypeNames[] = {"f32", "bf16"};
+}  // namespace
+
+NsDType parse_ns_dtype(const std::string& s) {
+  for (int i = 0; i < 2; ++i)
+    if (s == kNsDTypeNames[i]) return static_cast<NsDType>(i);
+  throw std::invalid_argument("[parse_ns_dtype] unknown ns_dtype '" + s + "' (expected f32 or bf16)");
+}
+
+const char* ns_dtype_name(NsDType d) { return kNsDTypeNames[static_cast<int>(d)]; }
+
 MuonVariant parse_muon_variant(const std::string& s) {
   if (s == "muon") return MuonVariant::muon;
   if (s == "normuon") return MuonVariant::normuon;

@@ -28,6 +28,17 @@ Orthogonalizer parse_orthogonalizer(const std::string& s);
 /// The config name of `o` ("newton_schulz5", "polar_express" or "gram_newton_schulz").
 const char* orthogonalizer_name(Orthogonalizer o);
 
+/// Precision of the CPU orthogonalizer's matrix products (config key `ns_dtype`).
+/// f32: f32 GEMMs throughout (the default on CPU).
+/// bf16: newton_schulz5 / polar_express products take bf16-rounded operands with f32 accumulation
+///   (the CPU's bf16 GEMM); normalization and the additions stay f32. gram_newton_schulz is f32 only.
+enum class NsDType { f32, bf16 };
+
+/// Parses "f32" / "bf16"; throws std::invalid_argument naming the bad value and the allowed ones.
+NsDType parse_ns_dtype(const std::string& s);
+/// The config name of `d` ("f32" or "bf16").
+const char* ns_dtype_name(NsDType d);
+
 /// Which update rule the Muon group runs after orthogonalization (config key `variant`).
 /// muon: W <- W (1 - lr wd) - lr * scale * O (scale from MuonScaleRule).
 /// normuon: O is replaced by the NorMuon update of normuon_normalize_cpu (RMS kNorMuonUpdateRms),
@@ -62,6 +73,8 @@ struct MuonOptions {
   /// blocks of head_dim rows (head_dim must divide rows / qkv_blocks). Overrides split_qkv.
   bool split_heads = false;
   int64_t head_dim = 0;  ///< rows per head (C / n_head) when split_heads
+  /// Precision of the CPU orthogonalizer's products (CUDA runs its iterations in bf16 regardless).
+  NsDType ns_dtype = NsDType::f32;
 };
 
 }  // namespace mfsdp

@@ -5,6 +5,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -12,6 +13,7 @@
 
 #include "optim/clip.h"
 #include "optim/muon.h"
+#include "runtime/cpu_gemm_bf16.h"
 
 namespace mfsdp {
 
@@ -31,6 +33,7 @@ using SymMap = Eigen::Map<ColMat>;
 /// q, t, rz: [m, m] (Gram form only: Q, a product temporary, R Z).
 struct OrthoScratch {
   std::vector<float> x, y, a, b, q, t, rz;
+  std::vector<uint16_t> xh, ah, bh;  // bf16 path: bf16 copies of X, A and B
   static void grow(std::vector<float>& v, int64_t size) {
     if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
   }
@@ -158,6 +161,79 @@ float* quintic_iterations(OrthoScratch& s, int64_t m, int64_t n, int steps, Orth
   return xp;
 }
 
+/// Round-to-nearest-even f32 -> bf16 bits (NaN stays NaN).
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// dst[i] = bf16(src[i]) for i < n.
+void round_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
+/// C [M, N] = A op(B) with bf16 A [M, K] and B (row-major; B stored [N, K] when tb, else [K, N])
+/// and f32 accumulation. On the CPU's bf16 instructions when present, else the
+/// operands are widened (exactly) to f32 and multiplied by the serial Eigen GEMM.
+void gemm_bf16_cpu(bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B, float* C) {
+  if (cpu_gemm_bf16_native()) {
+    cpu_gemm_bf16(false, tb, M, N, K, 1.0f, A, B, 0.0f, C);
+    return;
+  }
+  thread_local std::vector<float> wa, wb;
+  wa.resize(static_cast<size_t>(M * K));
+  wb.resize(static_cast<size_t>(K * N));
+  for (int64_t i = 0; i < M * K; ++i) wa[static_cast<size_t>(i)] = from_bf16(A[i]);
+  for (int64_t i = 0; i < K * N; ++i) wb[static_cast<size_t>(i)] = from_bf16(B[i]);
+  MatMap c(C, M, N);
+  c.setZero();
+  ConstMatMap a(wa.data(), M, K);
+  if (tb)
+    gemm_serial(c, a, ConstMatMap(wb.data(), N, K).transpose(), 1.0f);
+  else
+    gemm_serial(c, a, ConstMatMap(wb.data(), K, N), 1.0f);
+}
+
+/// The quintic steps of quintic_iterations with bf16 products: per step, with bf16(.) rounding
+/// to bf16 and every product accumulated in f32, A = bf16(X) bf16(X)^T, B = b A + c bf16(A)
+/// bf16(A), X' = a X + bf16(B) bf16(X) (the additions in f32). Returns the buffer holding X.
+float* quintic_iterations_bf16(OrthoScratch& s, int64_t m, int64_t n, int steps, Orthogonalizer method) {
+  OrthoScratch::grow(s.t, m * m);
+  s.xh.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(s.xh.size()), m * n)));
+  s.ah.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(s.ah.size()), m * m)));
+  s.bh.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(s.bh.size()), m * m)));
+  float* xp = s.x.data();
+  float* yp = s.y.data();
+  float* A = s.a.data();
+  float* B = s.b.data();
+  for (int it = 0; it < steps; ++it) {
+    const Coeffs32 k = coeffs32(method, it);
+    round_to_bf16(xp, s.xh.data(), m * n);
+    gemm_bf16_cpu(true, m, m, n, s.xh.data(), s.xh.data(), A);  // A = X X^T
+    round_to_bf16(A, s.ah.data(), m * m);
+    gemm_bf16_cpu(false, m, m, m, s.ah.data(), s.ah.data(), B);  // B = A A
+    for (int64_t i = 0; i < m * m; ++i) B[i] = k.c * B[i] + k.b * A[i];
+    round_to_bf16(B, s.bh.data(), m * m);
+    gemm_bf16_cpu(false, m, n, m, s.bh.data(), s.xh.data(), yp);  // Y = B X
+    const int64_t mn = m * n;
+#pragma omp parallel for schedule(static) if (mn >= (int64_t(1) << 16))
+    for (int64_t i = 0; i < mn; ++i) yp[i] = k.a * xp[i] + yp[i];  // X' = a X + B X
+    std::swap(xp, yp);
+  }
+  return xp;
+}
+
 /// Gram Newton-Schulz (see orthogonalize.h): the same polynomials as quintic_iterations, with the
 /// loop on R = X X^T and Q (both [m, m]) and restarts; returns the buffer holding the result.
 float* gram_iterations(OrthoScratch& s, int64_t m, int64_t n, int steps, Orthogonalizer method) {
@@ -203,7 +279,9 @@ float* gram_iterations(OrthoScratch& s, int64_t m, int64_t n, int steps, Orthogo
   return yp;
 }
 
-void check_args(const char* op, int64_t rows, int64_t cols, int steps) {
+void check_args(const char* op, int64_t rows, int64_t cols, int steps, Orthogonalizer method, NsDType dtype) {
+  if (dtype == NsDType::bf16 && method == Orthogonalizer::gram_newton_schulz)
+    throw std::invalid_argument(std::string("[") + op + "] ns_dtype bf16 is not supported by gram_newton_schulz");
   if (rows < 0 || cols < 0)
     throw std::invalid_argument(std::string("[") + op + "] negative shape [" + std::to_string(rows) +
                                 ", " + std::to_string(cols) + "]");
@@ -213,7 +291,7 @@ void check_args(const char* op, int64_t rows, int64_t cols, int steps) {
 
 /// orthogonalize_cpu after argument checks and counting.
 void orthogonalize_one(const float* G, float* out, int64_t rows, int64_t cols, int steps,
-                       Orthogonalizer method) {
+                       Orthogonalizer method, NsDType dtype) {
   if (rows == 0 || cols == 0) return;
   const bool transposed = rows > cols;
   const int64_t m = transposed ? cols : rows;  // m <= n: X X^T is the small Gram matrix
@@ -236,7 +314,9 @@ void orthogonalize_one(const float* G, float* out, int64_t rows, int64_t cols, i
   else
     X.noalias() = inv * g;
 
-  float* result = gram ? gram_iterations(s, m, n, steps, method) : quintic_iterations(s, m, n, steps, method);
+  float* result = gram                    ? gram_iterations(s, m, n, steps, method)
+                  : dtype == NsDType::bf16 ? quintic_iterations_bf16(s, m, n, steps, method)
+                                           : quintic_iterations(s, m, n, steps, method);
 
   MatMap o(out, rows, cols);
   MatMap Xf(result, m, n);
@@ -257,18 +337,18 @@ QuinticCoeffs orthogonalizer_coeffs(Orthogonalizer method, int t) {
 }
 
 void orthogonalize_cpu(const float* G, float* out, int64_t rows, int64_t cols, int steps,
-                       Orthogonalizer method) {
-  check_args("orthogonalize_cpu", rows, cols, steps);
+                       Orthogonalizer method, NsDType dtype) {
+  check_args("orthogonalize_cpu", rows, cols, steps, method, dtype);
   detail::count_newton_schulz_call();
   if (rows != 0 && cols != 0 && (G == nullptr || out == nullptr))
     throw std::invalid_argument("[orthogonalize_cpu] null buffer for a [" + std::to_string(rows) + ", " +
                                 std::to_string(cols) + "] matrix");
-  orthogonalize_one(G, out, rows, cols, steps, method);
+  orthogonalize_one(G, out, rows, cols, steps, method, dtype);
 }
 
 void orthogonalize_batched_cpu(const float* const* G, float* const* out, int64_t count, int64_t rows,
-                               int64_t cols, int steps, Orthogonalizer method) {
-  check_args("orthogonalize_batched_cpu", rows, cols, steps);
+                               int64_t cols, int steps, Orthogonalizer method, NsDType dtype) {
+  check_args("orthogonalize_batched_cpu", rows, cols, steps, method, dtype);
   if (count < 0)
     throw std::invalid_argument("[orthogonalize_batched_cpu] count " + std::to_string(count) + " is negative");
   if (count > 0 && (G == nullptr || out == nullptr))
@@ -280,14 +360,15 @@ void orthogonalize_batched_cpu(const float* const* G, float* const* out, int64_t
   for (int64_t i = 0; i < count; ++i) detail::count_newton_schulz_call();
   // Small matrices have too little work per band to use the threads: run the batch in parallel
   // instead (the nested kernels then run on one thread each; bands keep the bits the same).
-  const bool across = count > 1 && std::min(rows, cols) < 2 * kSymBandRows;
+  // bf16: every call runs at the top level (the bf16 GEMM threads each product itself).
+  const bool across = dtype == NsDType::f32 && count > 1 && std::min(rows, cols) < 2 * kSymBandRows;
 #pragma omp parallel for schedule(dynamic, 1) if (across)
-  for (int64_t i = 0; i < count; ++i) orthogonalize_one(G[i], out[i], rows, cols, steps, method);
+  for (int64_t i = 0; i < count; ++i) orthogonalize_one(G[i], out[i], rows, cols, steps, method, dtype);
 }
 
 void orthogonalize_strided_cpu(const float* G, float* out, int64_t count, int64_t rows, int64_t cols,
-                               int steps, Orthogonalizer method) {
-  check_args("orthogonalize_strided_cpu", rows, cols, steps);
+                               int steps, Orthogonalizer method, NsDType dtype) {
+  check_args("orthogonalize_strided_cpu", rows, cols, steps, method, dtype);
   if (count < 0)
     throw std::invalid_argument("[orthogonalize_strided_cpu] count " + std::to_string(count) + " is negative");
   if (count > 0 && rows > 0 && cols > 0 && (G == nullptr || out == nullptr))
@@ -298,16 +379,16 @@ void orthogonalize_strided_cpu(const float* G, float* out, int64_t count, int64_
     gs[static_cast<size_t>(i)] = G == nullptr ? nullptr : G + i * rows * cols;
     os[static_cast<size_t>(i)] = out == nullptr ? nullptr : out + i * rows * cols;
   }
-  orthogonalize_batched_cpu(gs.data(), os.data(), count, rows, cols, steps, method);
+  orthogonalize_batched_cpu(gs.data(), os.data(), count, rows, cols, steps, method, dtype);
 }
 
 void orthogonalize_heads_cpu(const float* G, float* out, int64_t rows, int64_t cols, int64_t head_dim,
-                             int steps, Orthogonalizer method) {
-  check_args("orthogonalize_heads_cpu", rows, cols, steps);
+                             int steps, Orthogonalizer method, NsDType dtype) {
+  check_args("orthogonalize_heads_cpu", rows, cols, steps, method, dtype);
   if (head_dim < 1 || rows % head_dim != 0)
     throw std::invalid_argument("[orthogonalize_heads_cpu] head_dim " + std::to_string(head_dim) +
                                 " must be >= 1 and divide rows " + std::to_string(rows));
-  orthogonalize_strided_cpu(G, out, rows / head_dim, head_dim, cols, steps, method);
+  orthogonalize_strided_cpu(G, out, rows / head_dim, head_dim, cols, steps, method, dtype);
 }
 
 }  // namespace mfsdp

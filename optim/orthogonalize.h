@@ -1,6 +1,7 @@
 // Orthogonalizers for Muon-family optimizers: approximate polar factors U V^T of a whole matrix
 // G = U S V^T, on raw contiguous f32 buffers (CPU). Three methods, one entry point, plus
-// owner-local batching and the per-head split. Bitwise independent of the OpenMP thread count.
+// owner-local batching and the per-head split. f32 products: bitwise independent of the OpenMP
+// thread count; bf16 products (NsDType::bf16): deterministic for a fixed thread count and ISA.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -63,15 +64,18 @@ inline constexpr double kPolarExpressNormEps = 1e-6;
 QuinticCoeffs orthogonalizer_coeffs(Orthogonalizer method, int t);
 
 
-/// Approximate polar factor of G by `method`, `steps` iterations, in f32.
+/// Approximate polar factor of G by `method`, `steps` iterations, in f32 (dtype f32), or with
+/// bf16 products (dtype bf16: every product of a quintic step takes bf16-rounded operands with f32
+/// accumulation on the CPU's bf16 GEMM; normalization and additions in f32; deterministic for a
+/// fixed thread count and ISA; throws std::invalid_argument for gram_newton_schulz).
 /// G: [rows, cols] row-major f32, read only. out: [rows, cols] row-major f32 (may equal G).
-/// Scratch is thread-local and reused; every GEMM runs in fixed shape-dependent bands (each one
+/// Scratch is thread-local and reused; with dtype f32 every GEMM runs in fixed shape-dependent bands (each one
 /// single-threaded Eigen GEMM), so results are bitwise independent of the OpenMP thread count.
 /// steps == 0 returns the normalized input. Increments the Newton-Schulz call counter once
 /// (`newton_schulz_call_count` in optim/muon.h).
 /// Throws std::invalid_argument for negative sizes or steps, or null buffers with a non-empty shape.
 void orthogonalize_cpu(const float* G, float* out, int64_t rows, int64_t cols, int steps,
-                       Orthogonalizer method);
+                       Orthogonalizer method, NsDType dtype = NsDType::f32);
 
 /// `count` independent same-shape orthogonalizations in one call (an owner's matrices of one
 /// shape). G[i], out[i]: [rows, cols] row-major f32 each (out[i] may equal G[i]; distinct i must
@@ -79,12 +83,12 @@ void orthogonalize_cpu(const float* G, float* out, int64_t rows, int64_t cols, i
 /// run in parallel across the batch. No padding. Counts `count` calls.
 /// Throws std::invalid_argument for count < 0, bad shapes/steps or null pointers.
 void orthogonalize_batched_cpu(const float* const* G, float* const* out, int64_t count, int64_t rows,
-                               int64_t cols, int steps, Orthogonalizer method);
+                               int64_t cols, int steps, Orthogonalizer method, NsDType dtype = NsDType::f32);
 
 /// Strided form: matrix i is G + i*rows*cols (one contiguous [count*rows, cols] buffer); out
 /// likewise (may equal G). Same guarantees as orthogonalize_batched_cpu.
 void orthogonalize_strided_cpu(const float* G, float* out, int64_t count, int64_t rows, int64_t cols,
-                               int steps, Orthogonalizer method);
+                               int steps, Orthogonalizer method, NsDType dtype = NsDType::f32);
 
 /// Per-head split of a [rows, cols] matrix whose rows are rows/head_dim heads of head_dim rows
 /// each (e.g. a [n_heads*head_dim, C] projection; a fused QKV with head_dim = rows/3 is the
@@ -92,6 +96,6 @@ void orthogonalize_strided_cpu(const float* G, float* out, int64_t count, int64_
 /// orthogonalize_cpu on that block). head_dim == rows orthogonalizes the whole matrix.
 /// Throws std::invalid_argument unless head_dim >= 1 divides rows (plus the checks above).
 void orthogonalize_heads_cpu(const float* G, float* out, int64_t rows, int64_t cols, int64_t head_dim,
-                             int steps, Orthogonalizer method);
+                             int steps, Orthogonalizer method, NsDType dtype = NsDType::f32);
 
 }  // namespace mfsdp

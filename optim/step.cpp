@@ -66,7 +66,8 @@ void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t 
   const Device d = common_device("muon_orthogonalize", {{&U, rows * cols}, {&O, rows * cols}});
   const int64_t brows = rows / blocks;
   if (d == Device::CPU) {
-    orthogonalize_strided_cpu(U.data_f32(), O.data_f32(), blocks, brows, cols, opt.ns_steps, opt.orthogonalizer);
+    orthogonalize_strided_cpu(U.data_f32(), O.data_f32(), blocks, brows, cols, opt.ns_steps, opt.orthogonalizer,
+                              opt.ns_dtype);
     return;
   }
   check_cuda_orthogonalizer(opt, "muon_orthogonalize");

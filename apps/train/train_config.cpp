@@ -344,6 +344,11 @@ void read_optimizer(const Reader& r, EngineOptions& o) {
   o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
   o.muon.orthogonalizer = parse_orthogonalizer(
       r.choice("optimizer.muon.orthogonalizer", {"newton_schulz5", "polar_express", "gram_newton_schulz"}));
+  o.muon.ns_dtype = parse_ns_dtype(r.choice("optimizer.muon.ns_dtype", {"f32", "bf16"}));
+  if (o.muon.ns_dtype == NsDType::bf16 && o.muon.orthogonalizer == Orthogonalizer::gram_newton_schulz)
+    r.fail("optimizer.muon.ns_dtype",
+           "bf16 is not supported with optimizer.muon.orthogonalizer = gram_newton_schulz (its Gram-matrix "
+           "recurrence stays f32): use f32, or newton_schulz5 / polar_express");
   o.muon.variant = parse_muon_variant(r.choice("optimizer.muon.variant", {"muon", "normuon"}));
   o.muon.beta2 = r.num("optimizer.muon.beta2", 0.0, 1.0, false, true);
   o.muon.split_heads = r.flag("optimizer.muon.split_heads");  // head_dim comes from the model

@@ -29,6 +29,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                             {"scale_rule", muon_scale_rule_name(mu.scale_rule)},
                             {"split_qkv", mu.split_qkv},
                             {"orthogonalizer", orthogonalizer_name(mu.orthogonalizer)},
+                            {"ns_dtype", ns_dtype_name(mu.ns_dtype)},
                             {"variant", muon_variant_name(mu.variant)},
                             {"beta2", mu.beta2},
                             {"split_heads", mu.split_heads},

@@ -212,6 +212,34 @@ def case_world_sizes(bin_dir, tmp):
             check(val == val1, f"shuffle {shuffle}: -np {np} final val loss {val!r} != {val1!r}")
 
 
+def case_world_sizes_bf16(bin_dir, tmp):
+    """optimizer.muon.ns_dtype=bf16 (Newton-Schulz products in bf16): -np 1 x grad_accum 4, -np 2 x 2
+    and -np 4 x 1 give the same loss lines and state fingerprint (--threads 1: the owner of a matrix
+    runs the same bf16 GEMMs whatever the world size), and the run differs from the f32 one."""
+    seen = {}
+    for np, accum, dtype in [(1, 4, "bf16"), (2, 2, "bf16"), (4, 1, "bf16"), (2, 2, "f32")]:
+        run = os.path.join(tmp, f"w{np}_{dtype}")
+        rc, out = train(bin_dir, np, TINY, f"logging.run_dir={run}", f"optimizer.muon.ns_dtype={dtype}",
+                        f"training.grad_accum={accum}", "training.micro_batch_size=2", "training.steps=4",
+                        "training.eval_interval=4", "training.sample_tokens=0", args=("--threads", "1"))
+        check(rc == 0, f"ns_dtype {dtype}: world {np} x grad_accum {accum} failed")
+        if rc:
+            return
+        with open(os.path.join(run, "summary.json")) as f:
+            summary = json.load(f)
+        with open(os.path.join(run, "config.json")) as f:
+            check(json.load(f)["optimizer"]["muon"]["ns_dtype"] == dtype, "config.json lacks ns_dtype")
+        seen[(np, dtype)] = (LOSS_LINE.findall(out), summary["state_fingerprint"])
+        print(f"ns_dtype={dtype} -np {np} grad_accum={accum}: state_fingerprint {summary['state_fingerprint']}")
+    lines1, fp1 = seen[(1, "bf16")]
+    check(len(lines1) == 4, "missing loss lines")
+    for np in (2, 4):
+        lines, fp = seen[(np, "bf16")]
+        check(lines == lines1, f"ns_dtype bf16: -np {np} printed other loss lines than -np 1")
+        check(fp == fp1, f"ns_dtype bf16: -np {np} state_fingerprint {fp} != {fp1}")
+    check(seen[(2, "f32")][1] != seen[(2, "bf16")][1], "ns_dtype bf16 left the state equal to f32's")
+
+
 def case_mixed_precision(bin_dir, tmp):
     """The same 40 steps at world 2 in f32, in f32 with fused attention, in bf16 (parameters and
     reduction) and in bf16 with activation recompute, prefetching and the gradient reduction
