@@ -69,8 +69,9 @@ QuinticCoeffs orthogonalizer_coeffs(Orthogonalizer method, int t);
 /// accumulation on the CPU's bf16 GEMM; normalization and additions in f32; deterministic for a
 /// fixed thread count and ISA; throws std::invalid_argument for gram_newton_schulz).
 /// G: [rows, cols] row-major f32, read only. out: [rows, cols] row-major f32 (may equal G).
-/// Scratch is thread-local and reused; with dtype f32 every GEMM runs in fixed shape-dependent bands (each one
-/// single-threaded Eigen GEMM), so results are bitwise independent of the OpenMP thread count.
+/// Scratch is thread-local and reused; with dtype f32 every GEMM runs in fixed shape-dependent
+/// bands (each one single-threaded Eigen GEMM), so results are bitwise independent of the OpenMP
+/// thread count.
 /// steps == 0 returns the normalized input. Increments the Newton-Schulz call counter once
 /// (`newton_schulz_call_count` in optim/muon.h).
 /// Throws std::invalid_argument for negative sizes or steps, or null buffers with a non-empty shape.
