@@ -13,6 +13,7 @@
 
 #include "optim/clip.h"
 #include "optim/muon.h"
+#include "runtime/core/dtype.h"
 #include "runtime/cpu_gemm_bf16.h"
 
 namespace mfsdp {
@@ -33,7 +34,7 @@ using SymMap = Eigen::Map<ColMat>;
 /// q, t, rz: [m, m] (Gram form only: Q, a product temporary, R Z).
 struct OrthoScratch {
   std::vector<float> x, y, a, b, q, t, rz;
-  std::vector<uint16_t> xh, ah, bh;  // bf16 path: bf16 copies of X, A and B
+  std::vector<bf16> xh, ah, bh;  // bf16 path: bf16 copies of X, A and B
   static void grow(std::vector<float>& v, int64_t size) {
     if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
   }
@@ -161,32 +162,16 @@ float* quintic_iterations(OrthoScratch& s, int64_t m, int64_t n, int steps, Orth
   return xp;
 }
 
-/// Round-to-nearest-even f32 -> bf16 bits (NaN stays NaN).
-inline uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 /// dst[i] = bf16(src[i]) for i < n.
-void round_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+void round_to_bf16(const float* src, bf16* dst, int64_t n) {
 #pragma omp parallel for schedule(static) if (n >= (int64_t(1) << 16))
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
 }
 
 /// C [M, N] = A op(B) with bf16 A [M, K] and B (row-major; B stored [N, K] when tb, else [K, N])
 /// and f32 accumulation. On the CPU's bf16 instructions when present, else the
 /// operands are widened (exactly) to f32 and multiplied by the serial Eigen GEMM.
-void gemm_bf16_cpu(bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B, float* C) {
+void gemm_bf16_cpu(bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, const bf16* B, float* C) {
   if (cpu_gemm_bf16_native()) {
     cpu_gemm_bf16(false, tb, M, N, K, 1.0f, A, B, 0.0f, C);
     return;
@@ -194,8 +179,8 @@ void gemm_bf16_cpu(bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, 
   thread_local std::vector<float> wa, wb;
   wa.resize(static_cast<size_t>(M * K));
   wb.resize(static_cast<size_t>(K * N));
-  for (int64_t i = 0; i < M * K; ++i) wa[static_cast<size_t>(i)] = from_bf16(A[i]);
-  for (int64_t i = 0; i < K * N; ++i) wb[static_cast<size_t>(i)] = from_bf16(B[i]);
+  for (int64_t i = 0; i < M * K; ++i) wa[static_cast<size_t>(i)] = bf16_to_float(A[i]);
+  for (int64_t i = 0; i < K * N; ++i) wb[static_cast<size_t>(i)] = bf16_to_float(B[i]);
   MatMap c(C, M, N);
   c.setZero();
   ConstMatMap a(wa.data(), M, K);
