@@ -17,6 +17,7 @@ const char* cpu_gemm_bf16_path();
 /// ta/tb: stored transposed) and C f32; f32 accumulation. One oneDNN matmul primitive per shape,
 /// transposes, alpha and beta, created on first use and cached. Deterministic for a fixed thread
 /// count and ISA. Requires cpu_gemm_bf16_native(); throws std::runtime_error on a oneDNN failure.
+/// The primitive cache is not locked: call it from one thread at a time (oneDNN parallelises inside).
 void cpu_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
                    float beta, float* C);
 
