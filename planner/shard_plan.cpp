@@ -236,93 +236,100 @@ std::vector<int> ShardPlan::shards_in_unit(int unit) const {
 
 // ---------------------------------------------------------------- validate
 
-void ShardPlan::validate() const {
-  auto fail = [](const std::string& m) { throw std::runtime_error("[ShardPlan::validate] " + m); };
-  const int N = world_size;
-  if (N < 1) fail("world_size " + std::to_string(N) + " < 1");
-  const size_t U = units.size();
-  for (size_t u = 0; u < U; ++u) {
-    if (units[u].segment_numel.size() != static_cast<size_t>(N))
-      fail("unit " + units[u].name + " has " + std::to_string(units[u].segment_numel.size()) +
+namespace {
+
+[[noreturn]] void fail(const std::string& m) { throw std::runtime_error("[ShardPlan::validate] " + m); }
+
+// Every unit has one segment per rank, none negative.
+void validate_units(const std::vector<UnitLayout>& units, int N) {
+  for (const auto& unit : units) {
+    if (unit.segment_numel.size() != static_cast<size_t>(N))
+      fail("unit " + unit.name + " has " + std::to_string(unit.segment_numel.size()) +
            " segments, world size is " + std::to_string(N));
     for (int r = 0; r < N; ++r)
-      if (units[u].segment_numel[r] < 0)
-        fail("unit " + units[u].name + " rank " + std::to_string(r) + " segment numel " +
-             std::to_string(units[u].segment_numel[r]) + " < 0");
+      if (unit.segment_numel[r] < 0)
+        fail("unit " + unit.name + " rank " + std::to_string(r) + " segment numel " +
+             std::to_string(unit.segment_numel[r]) + " < 0");
   }
-  // Intervals [segment_offset, end) per (unit, rank); fsdp2 slot cursor per unit.
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> iv(U * static_cast<size_t>(N));
-  std::vector<int64_t> fsdp2_cursor(U, 0);
-  std::set<std::string> names;
+}
+
+// The tensor's own fields: a unit in range, positive dims, role and optimizer that agree.
+void validate_tensor(const MatrixShard& s, size_t U) {
+  const std::string who = "parameter " + s.name;
+  if (s.unit < 0 || static_cast<size_t>(s.unit) >= U)
+    fail(who + " unit " + std::to_string(s.unit) + " not in [0, " + std::to_string(U) + ")");
+  for (int64_t d : s.shape)
+    if (d < 1) fail(who + " has dim " + std::to_string(d) + " < 1");
+  const bool is_matrix = s.role == ParamRole::matrix;
+  if (is_matrix != (s.optimizer == OptimizerKind::muon))
+    fail(who + " has role " + param_role_name(s.role) + " but optimizer " + optimizer_name(s.optimizer));
+  if (is_matrix && s.shape.size() != 2)
+    fail(who + " has role matrix but " + std::to_string(s.shape.size()) + " dims");
+  if (s.pieces.empty()) fail(who + " has no pieces");
+}
+
+// The pieces are ordered, one per rank at most, cover the tensor once and lie inside their
+// segments; their segment intervals are appended to iv[unit * N + rank].
+void validate_pieces(const MatrixShard& s, const std::vector<UnitLayout>& units, int N,
+                     std::vector<std::vector<std::pair<int64_t, int64_t>>>& iv) {
+  const std::string who = "parameter " + s.name;
   std::vector<char> seen(N, 0);
-  for (const auto& s : shards) {
-    const std::string who = "parameter " + s.name;
-    if (!names.insert(s.name).second) fail(who + " appears twice");
-    if (s.unit < 0 || static_cast<size_t>(s.unit) >= U)
-      fail(who + " unit " + std::to_string(s.unit) + " not in [0, " + std::to_string(U) + ")");
-    for (int64_t d : s.shape)
-      if (d < 1) fail(who + " has dim " + std::to_string(d) + " < 1");
-    const bool is_matrix = s.role == ParamRole::matrix;
-    if (is_matrix != (s.optimizer == OptimizerKind::muon))
-      fail(who + " has role " + param_role_name(s.role) + " but optimizer " +
-           optimizer_name(s.optimizer));
-    if (is_matrix && s.shape.size() != 2)
-      fail(who + " has role matrix but " + std::to_string(s.shape.size()) + " dims");
-    if (s.pieces.empty()) fail(who + " has no pieces");
-    const int64_t n = s.numel();
-    int64_t next = 0;
-    std::fill(seen.begin(), seen.end(), 0);
-    for (const auto& p : s.pieces) {
-      const std::string pw = who + " piece on rank " + std::to_string(p.rank);
-      if (p.rank < 0 || p.rank >= N)
-        fail(pw + ": rank not in [0, " + std::to_string(N) + ")");
-      if (seen[p.rank]) fail(pw + ": second piece on that rank");
-      seen[p.rank] = 1;
-      if (p.numel < 1) fail(pw + ": numel " + std::to_string(p.numel) + " < 1");
-      if (p.param_offset != next)
-        fail(pw + ": param_offset " + std::to_string(p.param_offset) + ", expected " +
-             std::to_string(next) + " (pieces must be ordered and cover the tensor once)");
-      next += p.numel;
-      const int64_t seg = units[s.unit].segment_numel[p.rank];
-      if (p.segment_offset < 0 || p.segment_offset + p.numel > seg)
-        fail(pw + ": [" + std::to_string(p.segment_offset) + ", " +
-             std::to_string(p.segment_offset + p.numel) + ") outside the segment of " +
-             std::to_string(seg) + " elements in unit " + units[s.unit].name);
-      iv[static_cast<size_t>(s.unit) * N + p.rank].emplace_back(p.segment_offset,
-                                                                p.segment_offset + p.numel);
-    }
-    if (next != n)
-      fail(who + " pieces cover " + std::to_string(next) + " of " + std::to_string(n) +
-           " elements");
-    const int expected_owner =
-        placement == Placement::ddp ? -1 : (s.pieces.size() == 1 ? s.pieces[0].rank : -1);
-    if (s.owner != expected_owner)
-      fail(who + " owner " + std::to_string(s.owner) + ", expected " +
-           std::to_string(expected_owner));
-    if (placement == Placement::ddp && (s.pieces.size() != 1 || s.pieces[0].rank != 0))
-      fail(who + ": ddp keeps every tensor as one piece on rank 0");
-    if ((placement == Placement::matrixfsdp || placement == Placement::zero1) && is_matrix &&
-        s.pieces.size() != 1)
-      fail(who + " is a Muon matrix split into " + std::to_string(s.pieces.size()) + " pieces");
-    if (placement == Placement::fsdp2) {
-      const int64_t rpr = s.fsdp2_rows_per_rank(N), cols = s.row_numel();
-      size_t k = 0;
-      for (int r = 0; r < N; ++r) {
-        const int64_t rows_on = s.fsdp2_rows_on(r, N);
-        if (rows_on == 0) continue;
-        if (k >= s.pieces.size() || s.pieces[k].rank != r ||
-            s.pieces[k].segment_offset != fsdp2_cursor[s.unit] ||
-            s.pieces[k].param_offset != r * rpr * cols || s.pieces[k].numel != rows_on * cols)
-          fail(who + ": fsdp2 piece for rank " + std::to_string(r) + " must be " +
-               std::to_string(rows_on) + " rows at segment offset " +
-               std::to_string(fsdp2_cursor[s.unit]));
-        ++k;
-      }
-      if (k != s.pieces.size()) fail(who + ": fsdp2 piece on a rank without rows");
-      fsdp2_cursor[s.unit] += rpr * cols;
-    }
+  int64_t next = 0;
+  for (const auto& p : s.pieces) {
+    const std::string pw = who + " piece on rank " + std::to_string(p.rank);
+    if (p.rank < 0 || p.rank >= N) fail(pw + ": rank not in [0, " + std::to_string(N) + ")");
+    if (seen[p.rank]) fail(pw + ": second piece on that rank");
+    seen[p.rank] = 1;
+    if (p.numel < 1) fail(pw + ": numel " + std::to_string(p.numel) + " < 1");
+    if (p.param_offset != next)
+      fail(pw + ": param_offset " + std::to_string(p.param_offset) + ", expected " + std::to_string(next) +
+           " (pieces must be ordered and cover the tensor once)");
+    next += p.numel;
+    const int64_t seg = units[s.unit].segment_numel[p.rank];
+    if (p.segment_offset < 0 || p.segment_offset + p.numel > seg)
+      fail(pw + ": [" + std::to_string(p.segment_offset) + ", " + std::to_string(p.segment_offset + p.numel) +
+           ") outside the segment of " + std::to_string(seg) + " elements in unit " + units[s.unit].name);
+    iv[static_cast<size_t>(s.unit) * N + p.rank].emplace_back(p.segment_offset, p.segment_offset + p.numel);
   }
-  for (size_t u = 0; u < U; ++u)
+  if (next != s.numel())
+    fail(who + " pieces cover " + std::to_string(next) + " of " + std::to_string(s.numel()) + " elements");
+}
+
+// The placement's rules for one tensor: its owner, ddp's single piece on rank 0, whole Muon
+// matrices under matrixfsdp and zero1, and fsdp2's row slices at the unit's slot `cursor`
+// (advanced past this tensor's slot).
+void validate_placement(const MatrixShard& s, Placement placement, int N, int64_t& cursor) {
+  const std::string who = "parameter " + s.name;
+  const int expected_owner = placement == Placement::ddp ? -1 : (s.pieces.size() == 1 ? s.pieces[0].rank : -1);
+  if (s.owner != expected_owner)
+    fail(who + " owner " + std::to_string(s.owner) + ", expected " + std::to_string(expected_owner));
+  if (placement == Placement::ddp && (s.pieces.size() != 1 || s.pieces[0].rank != 0))
+    fail(who + ": ddp keeps every tensor as one piece on rank 0");
+  if ((placement == Placement::matrixfsdp || placement == Placement::zero1) && s.role == ParamRole::matrix &&
+      s.pieces.size() != 1)
+    fail(who + " is a Muon matrix split into " + std::to_string(s.pieces.size()) + " pieces");
+  if (placement != Placement::fsdp2) return;
+  const int64_t rpr = s.fsdp2_rows_per_rank(N), cols = s.row_numel();
+  size_t k = 0;
+  for (int r = 0; r < N; ++r) {
+    const int64_t rows_on = s.fsdp2_rows_on(r, N);
+    if (rows_on == 0) continue;
+    if (k >= s.pieces.size() || s.pieces[k].rank != r || s.pieces[k].segment_offset != cursor ||
+        s.pieces[k].param_offset != r * rpr * cols || s.pieces[k].numel != rows_on * cols)
+      fail(who + ": fsdp2 piece for rank " + std::to_string(r) + " must be " + std::to_string(rows_on) +
+           " rows at segment offset " + std::to_string(cursor));
+    ++k;
+  }
+  if (k != s.pieces.size()) fail(who + ": fsdp2 piece on a rank without rows");
+  cursor += rpr * cols;
+}
+
+// Per (unit, rank): the pieces' intervals do not overlap and fill the segment exactly (fsdp2: the
+// segment is the unit's slot total, `fsdp2_cursor`).
+void validate_coverage(const std::vector<UnitLayout>& units, int N, Placement placement,
+                       std::vector<std::vector<std::pair<int64_t, int64_t>>>& iv,
+                       const std::vector<int64_t>& fsdp2_cursor) {
+  for (size_t u = 0; u < units.size(); ++u)
     for (int r = 0; r < N; ++r) {
       auto& v = iv[u * N + r];
       std::sort(v.begin(), v.end());
@@ -336,9 +343,29 @@ void ShardPlan::validate() const {
       const int64_t seg = units[u].segment_numel[r];
       const int64_t expected = placement == Placement::fsdp2 ? fsdp2_cursor[u] : covered;
       if (seg != expected || (placement != Placement::fsdp2 && covered != seg))
-        fail("unit " + units[u].name + " rank " + std::to_string(r) + ": segment numel " +
-             std::to_string(seg) + ", expected " + std::to_string(expected));
+        fail("unit " + units[u].name + " rank " + std::to_string(r) + ": segment numel " + std::to_string(seg) +
+             ", expected " + std::to_string(expected));
     }
+}
+
+}  // namespace
+
+void ShardPlan::validate() const {
+  const int N = world_size;
+  if (N < 1) fail("world_size " + std::to_string(N) + " < 1");
+  validate_units(units, N);
+  const size_t U = units.size();
+  // Intervals [segment_offset, end) per (unit, rank); fsdp2 slot cursor per unit.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> iv(U * static_cast<size_t>(N));
+  std::vector<int64_t> fsdp2_cursor(U, 0);
+  std::set<std::string> names;
+  for (const auto& s : shards) {
+    if (!names.insert(s.name).second) fail("parameter " + s.name + " appears twice");
+    validate_tensor(s, U);
+    validate_pieces(s, units, N, iv);
+    validate_placement(s, placement, N, fsdp2_cursor[s.unit]);
+  }
+  validate_coverage(units, N, placement, iv, fsdp2_cursor);
 }
 
 // ---------------------------------------------------------------- JSON
