@@ -11,11 +11,17 @@ Layering (what may include what, by the folder of the including file):
 Test switches: product code (every source file outside tests/) reads no test-only switch: no
 MFSDP_TEST_* name appears in it (faults are injected from tests/: signals from the drivers,
 test-only models and observers, the filesystem).
-Sizes, in runtime/engine/ and apps/train/: no source file over 600 lines and no function body
-over 80 lines (a function is a definition that starts at column 0 and ends at the first `}` at
-column 0 after it).
+Sizes, in every product folder (every source folder but tests/): no source file over 600 lines
+and no function body over 80 lines, counted from the first line of the declaration to the closing
+brace (functions at namespace scope and member functions defined inside a class; lambdas count
+toward the function that holds them). Braces are matched after comments, string literals and
+preprocessor lines are blanked out, so a one-line function or an #if block does not stretch a
+span; a file whose braces do not balance that way is itself reported. ALLOWED_LONG names the few
+functions allowed past 80 lines, each with its reason; an entry that no longer matches a long
+function is reported too, so the list only shrinks.
 Prints every violation with file:line and exits 1 when there is one.
 """
+import bisect
 import os
 import re
 import sys
@@ -25,7 +31,19 @@ SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 FOLDERS = ("runtime", "optim", "models", "comm", "planner", "checkpoint", "apps", "tests")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
-SIZE_SCOPE = ("runtime/engine/", "apps/train/")
+SIZE_SCOPE = tuple(top + "/" for top in FOLDERS if top != "tests")
+# "file: function" -> why it may pass MAX_FUNCTION_LINES for now.
+ALLOWED_LONG = {
+    # being split
+    "checkpoint/owner_checkpoint.cpp: save_checkpoint": "being split",
+    "checkpoint/owner_checkpoint.cpp: CheckpointManifest::read": "being split",
+    "checkpoint/safetensors.cpp: SafetensorsFile::SafetensorsFile": "being split",
+    "apps/mfsdp_bench_comm.cpp: main": "being split",
+    "apps/mfsdp_plan.cpp: main": "being split",
+    "apps/mfsdp_bench.cpp: main": "being split",
+    "apps/mfsdp_bench_model.cpp: main": "being split",
+    "apps/mfsdp_project.cpp: main": "being split",
+}
 
 
 def sources():
@@ -80,58 +98,206 @@ def cmake_link_errors():
     return errors
 
 
-NOT_FUNCTION = re.compile(r"^(namespace|class|struct|enum|union|extern|template|typedef|using|static_assert|#|//|/\*)")
+_RAW = re.compile(r'R"([^()\\ ]{0,16})\(')
 
 
-def function_spans(lines):
-    """(first line index, last line index) of every function defined at column 0: a line that
-    starts with a name, contains '(' and is not a declaration, up to the first '}' at column 0."""
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line[:1].isalpha() or line[:1] == "_":
-            if "(" in line and not NOT_FUNCTION.match(line) and not line.rstrip().endswith(";"):
-                body = i
-                while body < len(lines) and not lines[body].rstrip().endswith("{"):
-                    if lines[body].rstrip().endswith(";"):
-                        body = -1
-                        break
-                    body += 1
-                if body >= 0:
-                    end = body
-                    while end < len(lines) and not lines[end].startswith("}"):
-                        end += 1
-                    yield i, end
-                    i = end
-        i += 1
+def code_only(text):
+    """The text with comments, string and character literals and preprocessor lines blanked
+    (newlines kept, so offsets map to the same lines): what is left is braces, parentheses and
+    names only."""
+    out, i, n = list(text), 0, len(text)
+
+    def blank(a, b):
+        for k in range(a, b):
+            if out[k] != "\n":
+                out[k] = " "
+    line_start = True
+    while i < n:
+        c = text[i]
+        if line_start and c in " \t":
+            i += 1
+            continue
+        if line_start and c == "#":  # a directive, with its backslash continuations
+            j = i
+            while j < n and not (text[j] == "\n" and text[j - 1] != "\\"):
+                j += 1
+            blank(i, j)
+            i = j
+            continue
+        line_start = c == "\n"
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            blank(i, j)
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            blank(i, j)
+            i = j
+        elif c == "R" and _RAW.match(text, i) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            m = _RAW.match(text, i)
+            j = text.find(")" + m.group(1) + '"', m.end())
+            j = n if j < 0 else j + len(m.group(1)) + 2
+            blank(i, j)
+            i = j
+        elif c == '"' or (c == "'" and not (i > 0 and text[i - 1].isalnum())):  # not a digit separator
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            blank(i, j + 1)
+            i = j + 1
+        else:
+            i += 1
+    return "".join(out)
 
 
-def size_errors(rel, lines):
+_ACCESS = re.compile(r"\s*((public|private|protected)\s*:(?!:)\s*)*")
+_OPERATOR = re.compile(r"\boperator\s*(\(\)|[^\s(]+)")
+
+
+def _strip_template(head):
+    """`head` without its leading `template <...>` clauses."""
+    while True:
+        m = re.match(r"\s*template\s*<", head)
+        if not m:
+            return head
+        depth, k = 1, m.end()
+        while k < len(head) and depth:
+            depth += {"<": 1, ">": -1}.get(head[k], 0)
+            k += 1
+        head = head[k:]
+
+
+def _top_level_eq_before_call(head):
+    """True when an `=` stands before the first `(` (a variable's initializer, not a function)."""
+    h = _OPERATOR.sub("operator", head)
+    first = h.find("(")
+    return "=" in h[:first]
+
+
+def _is_member_init(head):
+    """True for the brace of a member initializer `b_{...}` in a constructor's initializer list."""
+    tail = head.rstrip()
+    if not tail or not (tail[-1].isalnum() or tail[-1] in "_>"):
+        return False
+    open_ = head.find("(")
+    if open_ < 0:
+        return False
+    depth, k = 0, open_
+    while k < len(head):
+        depth += {"(": 1, ")": -1}.get(head[k], 0)
+        if depth == 0:
+            break
+        k += 1
+    return re.search(r"(?<!:):(?!:)", head[k:]) is not None
+
+
+def _classify(head):
+    """What a `{` opens at namespace or class scope: 'scope', 'fn' or 'other'."""
+    h = _strip_template(_ACCESS.sub("", head, count=1))
+    if re.match(r"\s*(namespace|extern)\b", h) and "(" not in h:
+        return "scope"
+    if re.match(r"\s*((static|inline|constexpr|typedef)\s+)*(class|struct|union)\b", h):
+        return "scope"
+    if re.match(r"\s*enum\b", h) or "(" not in h or _top_level_eq_before_call(h):
+        return "other"
+    return "fn"
+
+
+def function_spans(text):
+    """(first line, last line), 0-based, of every function body defined at namespace or class
+    scope, from the first line of its declaration to its closing brace; braces are matched in
+    the text left by code_only. Raises ValueError when braces do not balance (a preprocessor
+    branch that opens a brace another branch opens too)."""
+    code = code_only(text)
+    newlines = [k for k, c in enumerate(code) if c == "\n"]
+    line = lambda pos: bisect.bisect_left(newlines, pos)
+    stack, spans = [], []
+    head, paren, fn_first, depth = 0, 0, None, 0
+    for i, c in enumerate(code):
+        if fn_first is not None:
+            depth += {"{": 1, "}": -1}.get(c, 0)
+            if depth == 0:
+                spans.append((fn_first, line(i)))
+                fn_first, head = None, i + 1
+            continue
+        if c in "()":
+            paren += 1 if c == "(" else -1
+        elif c == ";" and paren == 0:
+            head = i + 1
+        elif c == "{":
+            text_ = code[head:i]
+            if paren > 0 or _is_member_init(text_):
+                stack.append("inline")
+            elif any(k != "scope" for k in stack):
+                stack.append("other")
+                head = i + 1
+            elif _classify(text_) == "fn":
+                start = head + _ACCESS.match(text_).end()
+                fn_first, depth = line(start), 1
+            else:
+                stack.append(_classify(text_))
+                head = i + 1
+        elif c == "}":
+            if not stack:
+                raise ValueError("unbalanced '}' at line %d" % (line(i) + 1))
+            if stack.pop() != "inline":
+                head = i + 1
+    if stack or fn_first is not None:
+        raise ValueError("braces do not balance at the end of the file")
+    return spans
+
+
+def function_name(declaration):
+    """The qualified name in a function's declaration: `ShardPlan::validate`, `main`."""
+    names = re.findall(r"((?:[A-Za-z_]\w*\s*::\s*)*~?[A-Za-z_]\w*|operator\s*\S+?)\s*\(",
+                       _strip_template(_ACCESS.sub("", declaration, count=1)))
+    return re.sub(r"\s+", "", names[0]) if names else "?"
+
+
+def size_errors(rel, text, long_seen):
+    """File and function size violations of one product source; adds "file: function" of every
+    allowed long function to `long_seen`."""
+    lines = text.split("\n")
     errors = []
     if len(lines) > MAX_FILE_LINES:
         errors.append("%s: %d lines (limit %d)" % (rel, len(lines), MAX_FILE_LINES))
-    for first, last in function_spans(lines):
+    try:
+        spans = function_spans(text)
+    except ValueError as e:
+        return errors + ["%s: cannot measure functions: %s" % (rel, e)]
+    code = code_only(text).split("\n")
+    for first, last in spans:
         length = last - first + 1
-        if length > MAX_FUNCTION_LINES:
-            errors.append("%s:%d: function of %d lines (limit %d): %s" %
-                          (rel, first + 1, length, MAX_FUNCTION_LINES, lines[first].strip()[:70]))
+        if length <= MAX_FUNCTION_LINES:
+            continue
+        key = "%s: %s" % (rel, function_name(" ".join(code[first:last + 1])))
+        if key in ALLOWED_LONG:
+            long_seen.add(key)
+        else:
+            errors.append("%s:%d: function %s of %d lines (limit %d)" %
+                          (rel, first + 1, key.split(": ", 1)[1], length, MAX_FUNCTION_LINES))
     return errors
 
 
 def main():
-    errors, checked = [], 0
+    errors, checked, long_seen = [], 0, set()
     for rel, path in sources():
         checked += 1
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().split("\n")
+            text = f.read()
+        lines = text.split("\n")
         for n, line in enumerate(lines, 1):
             m = INCLUDE.match(line)
             if m:
                 errors += layering_errors(rel, n, m.group(1))
         if rel.startswith(SIZE_SCOPE):
-            errors += size_errors(rel, lines)
+            errors += size_errors(rel, text, long_seen)
         errors += test_switch_errors(rel, lines)
     errors += cmake_link_errors()
+    errors += ["tests/layout/check_layout.py: ALLOWED_LONG entry '%s' matches no function over %d lines: "
+               "drop it" % (k, MAX_FUNCTION_LINES) for k in sorted(set(ALLOWED_LONG) - long_seen)]
     for e in errors:
         print(e)
     print("check_layout: %d files, %d violation(s)" % (checked, len(errors)))
