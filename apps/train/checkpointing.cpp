@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "apps/train/trainer.h"
+#include "checkpoint/checkpoint_lock.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/json_limits.h"
 
@@ -76,6 +77,13 @@ void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, S
   spdlog::info("step {:>6} | saved checkpoint {} ({}, {:.2f} s)", meta.step, dir, human_bytes(static_cast<double>(bytes)),
                now_seconds() - t0);
   log.record({{"type", "checkpoint"}, {"step", meta.step}, {"dir", dir}, {"bytes", bytes}, {"seconds", now_seconds() - t0}});
+}
+
+std::string lock_checkpoint_dir(const TrainConfig& cfg) {
+  const std::string root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
+  if (root.empty()) return "";
+  const std::string e = lock_checkpoint_root(root, cfg.logging.run_dir.resolved);
+  return e.empty() ? "" : cfg.source + ": checkpoint.dir: " + e;
 }
 
 void remove_stale_temporaries(const std::string& run_dir_str, const std::string& ckpt_root) {

@@ -26,6 +26,12 @@ std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::
 void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, ShardedEngine& engine,
                          const CheckpointMeta& meta, RunLog& log);
 
+/// Takes the lock of the run's checkpoint directory (checkpoint.dir, or <logging.run_dir>/checkpoints)
+/// for this process until it exits: one job per checkpoint directory (lock_checkpoint_root). Rank 0
+/// calls it before any other check touches the directory. Returns "" when held (or when the run has
+/// no checkpoint directory), else "<config>: checkpoint.dir: ..." naming the holder's run directory.
+std::string lock_checkpoint_dir(const TrainConfig& cfg);
+
 /// Removes leftovers of interrupted writes (config.json.tmp / summary.json.tmp in the run
 /// directory, latest.tmp and step_N.tmp under the checkpoint root), saying so; complete files are
 /// never touched. Rank 0 only.
