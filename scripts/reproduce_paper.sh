@@ -92,7 +92,7 @@ cd "${MFSDP_ROOT:-$PWD}"
 # Training at world 64: 8 replicas of 8-GPU shard groups (HSDP, gathers stay in NVLink).
 srun --mpi=pmix --cpu-bind=cores build/bin/mfsdp-train --config configs/gpt2_xl.json
 # The same under mpirun, one rank per GPU:
-# mpirun -np $((SLURM_NNODES * 8)) --map-by ppr:8:node --bind-to core \
+# mpirun -np $((SLURM_NNODES * 8)) --map-by ppr:8:node:PE=${SLURM_CPUS_PER_TASK:-12} --bind-to core \
 #   -x NCCL_IB_HCA -x NCCL_SOCKET_IFNAME -x NCCL_DEBUG -x OMP_NUM_THREADS build/bin/mfsdp-train --config configs/gpt2_xl.json
 SBATCH
 bash -n "$out/matrixfsdp_bench.sbatch" && echo "matrixfsdp_bench.sbatch: syntax ok"
