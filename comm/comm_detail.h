@@ -65,16 +65,21 @@ ProcessDevice check_process_device(const char* who);
 /// comm_fatal with the MPI error string when rc != MPI_SUCCESS.
 void mpi_check(int rc, MPI_Comm comm, int rank, const CallInfo& call, const char* mpi_fn);
 
+/// "timed out after <seconds> s (<name>; another rank is missing or stuck)" (no name: without it),
+/// the text of every timeout report, so it says which bound fired.
+std::string timeout_text(double seconds, const std::string& name);
+
 /// Waits for n requests; with timeout_seconds > 0 a wait longer than that is fatal (comm_fatal
-/// naming the call, "another rank is missing or stuck"). Backend errors are fatal too.
-void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm comm, int rank, const CallInfo& call);
+/// naming the call and timeout_text(timeout_seconds, timeout_name)). Backend errors are fatal too.
+void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm comm, int rank, const CallInfo& call,
+                   const std::string& timeout_name = "");
 
 /// Debug mode: all ranks all-gather (seq, op, dtype, reduce op, root, phase, #counts, total,
 /// counts hash) and compare with rank 0. On the first mismatching rank every rank prints
 /// "[comm debug] rank R: collective #seq mismatch: rank 0 called ... but rank K called ..." and
 /// the job is aborted. Every rank must call it once per collective (`seq` counts them).
 void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call,
-                     double timeout_seconds = 0);
+                     double timeout_seconds = 0, const std::string& timeout_name = "");
 
 /// Throws std::invalid_argument naming `op` when the values are neither f32 nor bf16 (i32 is
 /// only moved, never reduced), or when `reduce` is accumulate and the call is not a

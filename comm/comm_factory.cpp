@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -24,6 +26,17 @@ MpiSession::~MpiSession() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> make_host_communicator(CommOptions opts) {
+  return make_mpi_communicator(MPI_COMM_WORLD, opts);
+}
+
+void abort_job(int exit_code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::abort();  // not reached: MPI_Abort ends the process
 }
 
 std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts, CudaCommOptions cuda) {

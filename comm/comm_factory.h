@@ -26,6 +26,18 @@ class MpiSession {
   bool owns_ = false;
 };
 
+/// A communicator for small host data over all MPI processes (the MPI backend, Device::CPU),
+/// usable before the training backend exists and without selecting a device: start-up checks,
+/// agreements and flags, node-local layout (local_rank / local_size). Its waits are bounded by
+/// opts.timeout_seconds, changeable later with set_timeout. Collective over the world (a
+/// duplicate of it and a node split; no data moves). MPI must be initialised (an MpiSession).
+/// Throws std::runtime_error when it is not, std::invalid_argument for invalid options.
+std::unique_ptr<Communicator> make_host_communicator(CommOptions opts = {});
+
+/// Ends every process of the job with `exit_code` (MPI_Abort on the world), after flushing
+/// stdout and stderr: for a failure on one rank that the others cannot learn of in time.
+[[noreturn]] void abort_job(int exit_code);
+
 /// Options of the CUDA backends. `compute_stream` is a cudaStream_t (nullptr = legacy default
 /// stream): collectives start after the work already queued on it, and work queued on it
 /// afterwards starts after the collective.

@@ -249,7 +249,15 @@ std::string describe_signature(const int64_t* s) {
 }
 }  // namespace
 
-void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm comm, int rank, const CallInfo& call) {
+std::string timeout_text(double seconds, const std::string& name) {
+  char s[64];
+  std::snprintf(s, sizeof(s), "%g", seconds);
+  return std::string("timed out after ") + s + " s (" + (name.empty() ? "" : name + "; ") +
+         "another rank is missing or stuck)";
+}
+
+void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm comm, int rank, const CallInfo& call,
+                   const std::string& timeout_name) {
   if (n == 0) return;
   if (timeout_seconds <= 0) {
     mpi_check(MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE), comm, rank, call, "MPI_Waitall");
@@ -260,21 +268,20 @@ void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm co
     mpi_check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), comm, rank, call, "MPI_Testall");
     if (done) return;
     if (MPI_Wtime() - t0 > timeout_seconds)
-      comm_fatal(comm, rank, call,
-                 "timed out after " + std::to_string(timeout_seconds) + " s (another rank is missing or stuck)");
+      comm_fatal(comm, rank, call, timeout_text(timeout_seconds, timeout_name));
     sched_yield();
   }
 }
 
 void check_signature(MPI_Comm comm, int rank, int world, int64_t seq, const CallInfo& call,
-                     double timeout_seconds) {
+                     double timeout_seconds, const std::string& timeout_name) {
   int64_t mine[kSigFields];
   fill_signature(mine, seq, call);
   std::vector<int64_t> all(static_cast<size_t>(kSigFields) * world);
   MPI_Request req;
   mpi_check(MPI_Iallgather(mine, kSigFields, MPI_INT64_T, all.data(), kSigFields, MPI_INT64_T, comm, &req),
             comm, rank, call, "MPI_Iallgather (debug signature)");
-  wait_requests(1, &req, timeout_seconds, comm, rank, call);  // the same timeout as the collective it guards
+  wait_requests(1, &req, timeout_seconds, comm, rank, call, timeout_name);  // the same timeout as the collective it guards
   for (int r = 1; r < world; ++r) {
     const int64_t* a = all.data();
     const int64_t* b = all.data() + static_cast<size_t>(r) * kSigFields;

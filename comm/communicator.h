@@ -61,6 +61,9 @@ struct CommOptions {
   /// message naming rank, operation, phase and sizes (MPI: polled MPI_Testall; NCCL: polled
   /// stream + ncclCommGetAsyncError, then ncclCommAbort). 0: wait forever.
   double timeout_seconds = 0;
+  /// What timeout messages call this bound, e.g. the config key that set it ("" = unnamed), so a
+  /// report says which of several bounds fired.
+  std::string timeout_name;
   /// Largest element count of one MPI message; larger transfers are split (MPI counts are int).
   /// Lower it only in tests, to exercise the split path with small buffers.
   int64_t max_message_elements = int64_t(1) << 30;
@@ -101,8 +104,10 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  /// Rank among the processes of this node (MPI_COMM_TYPE_SHARED split).
+  /// Rank among the processes of this group on this node (MPI_COMM_TYPE_SHARED split).
   virtual int local_rank() const = 0;
+  /// Number of processes of this group on this node (e.g. to split the node's cores).
+  virtual int local_size() const = 0;
   virtual Device device() const = 0;
   /// Short backend name: "mpi", "cuda_staged" or "nccl".
   virtual const char* backend_name() const = 0;
@@ -156,6 +161,10 @@ class Communicator {
   /// `buf` (count elements) of rank `root` is copied to every rank.
   virtual void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) = 0;
   virtual void barrier() = 0;
+  /// Replaces CommOptions::timeout_seconds and timeout_name for every later call of this rank
+  /// (seconds >= 0; 0 = wait forever). Lets one communicator serve waits with different bounds,
+  /// e.g. a barrier behind one rank's file I/O. Throws std::invalid_argument for a negative value.
+  virtual void set_timeout(double seconds, const std::string& name) = 0;
 
   /// One point-to-point operation of a grouped send_recv.
   struct P2P {

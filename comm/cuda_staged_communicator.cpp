@@ -54,6 +54,7 @@ class CudaStagedCommunicator final : public Communicator {
   int rank() const override { return mpi_->rank(); }
   int world_size() const override { return mpi_->world_size(); }
   int local_rank() const override { return mpi_->local_rank(); }
+  int local_size() const override { return mpi_->local_size(); }
   Device device() const override { return Device::CUDA; }
   const char* backend_name() const override { return "cuda_staged"; }
 
@@ -138,6 +139,7 @@ class CudaStagedCommunicator final : public Communicator {
     sync_compute(CallInfo{CommOpId::barrier, CommPhase::other});
     mpi_->barrier();
   }
+  void set_timeout(double seconds, const std::string& name) override { mpi_->set_timeout(seconds, name); }
   void send_recv(const std::vector<P2P>& ops, CommPhase ph) override {
     CallInfo call{CommOpId::send_recv, ph, DType::f32, static_cast<int64_t>(ops.size())};
     Scope s(this, ph);

@@ -47,6 +47,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions opts) : opts_(opts) 
     throw std::invalid_argument("[make_mpi_communicator] max_message_elements is " +
                                 std::to_string(opts_.max_message_elements) +
                                 " (must be in [1, INT_MAX])");
+  set_timeout(opts_.timeout_seconds, opts_.timeout_name);  // the check of later changes
   if (comm_debug_from_env()) opts_.debug_checks = true;
   if (MPI_Comm_dup(comm, &comm_) != MPI_SUCCESS)
     throw std::runtime_error("[make_mpi_communicator] MPI_Comm_dup failed");
@@ -57,7 +58,15 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions opts) : opts_(opts) 
   if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) != MPI_SUCCESS)
     throw std::runtime_error("[make_mpi_communicator] MPI_Comm_split_type(SHARED) failed");
   MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_size(node, &local_size_);
   MPI_Comm_free(&node);
+}
+
+void MpiCommunicator::set_timeout(double seconds, const std::string& name) {
+  if (!(seconds >= 0))
+    throw std::invalid_argument("[mpi] collective timeout " + std::to_string(seconds) + " s (must be >= 0)");
+  opts_.timeout_seconds = seconds;
+  opts_.timeout_name = name;
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -75,7 +84,7 @@ void MpiCommunicator::account(CommPhase ph, const Traffic& t, double seconds) {
 }
 
 void MpiCommunicator::debug_check(const CallInfo& call) {
-  if (opts_.debug_checks) detail::check_signature(comm_, rank_, world_, seq_, call, opts_.timeout_seconds);
+  if (opts_.debug_checks) detail::check_signature(comm_, rank_, world_, seq_, call, opts_.timeout_seconds, opts_.timeout_name);
   ++seq_;
 }
 
@@ -104,7 +113,8 @@ void MpiCommunicator::post_recv(void* buf, int64_t count, DType dt, int peer, co
 }
 
 void MpiCommunicator::wait_all(const CallInfo& call) {
-  detail::wait_requests(static_cast<int>(reqs_.size()), reqs_.data(), opts_.timeout_seconds, comm_, rank_, call);
+  detail::wait_requests(static_cast<int>(reqs_.size()), reqs_.data(), opts_.timeout_seconds, comm_, rank_, call,
+                        opts_.timeout_name);
   reqs_.clear();
 }
 
@@ -165,11 +175,12 @@ struct MpiPendingGather final : PendingCollective {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   double timeout = 0;
+  std::string timeout_name;
   PhaseCounters* counter = nullptr;
   void wait() override {
     if (req == MPI_REQUEST_NULL) return;
     const double t0 = MPI_Wtime();
-    detail::wait_requests(1, &req, timeout, comm, rank, call);
+    detail::wait_requests(1, &req, timeout, comm, rank, call, timeout_name);
     req = MPI_REQUEST_NULL;
     counter->seconds += MPI_Wtime() - t0;
   }
@@ -202,6 +213,7 @@ std::unique_ptr<PendingCollective> MpiCommunicator::start_all_gather_v(const voi
   p->comm = comm_;
   p->rank = rank_;
   p->timeout = opts_.timeout_seconds;
+  p->timeout_name = opts_.timeout_name;
   p->counter = &counters_.at(ph);
   account(ph, detail::traffic_all_gather_v(counts, rank_, dt), MPI_Wtime() - t0);
   return p;
@@ -324,7 +336,8 @@ void MpiCommunicator::finish_started_reduce(PendingReduce& p) {
   const double t0 = MPI_Wtime();
   const ReduceRounds r = reduce_rounds(p.counts, p.dt);
   if (r.rounds > 0) {
-    detail::wait_requests(static_cast<int>(p.reqs.size()), p.reqs.data(), opts_.timeout_seconds, comm_, rank_, p.call);
+    detail::wait_requests(static_cast<int>(p.reqs.size()), p.reqs.data(), opts_.timeout_seconds, comm_, rank_, p.call,
+                          opts_.timeout_name);
     finish_reduce_round(0, r, p.send, p.recv, p.counts, p.dt, p.op, p.stage.data());
     reduce_scatter_v_impl(p.send, p.recv, p.counts, p.dt, p.op, p.call, 1);
     spare_stages_.push_back(std::move(p.stage));

@@ -24,6 +24,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
   Device device() const override { return Device::CPU; }
   const char* backend_name() const override { return "mpi"; }
 
@@ -39,6 +40,7 @@ class MpiCommunicator final : public Communicator {
   void all_gather_host(const void* send, void* recv, int64_t bytes, CommPhase ph) override;
   void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) override;
   void barrier() override;
+  void set_timeout(double seconds, const std::string& name) override;
   void send_recv(const std::vector<P2P>& ops, CommPhase ph) override;
   /// MPI_Iallgatherv; MPI_Wait (polled, with the collective timeout) in wait().
   std::unique_ptr<PendingCollective> start_all_gather_v(const void* send, void* recv,
@@ -88,7 +90,7 @@ class MpiCommunicator final : public Communicator {
   void wait_all(const detail::CallInfo& call);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0, world_ = 1, local_rank_ = 0;
+  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
   CommOptions opts_;
   int64_t seq_ = 0;
   std::vector<MPI_Request> reqs_;

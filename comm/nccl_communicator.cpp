@@ -48,6 +48,7 @@ class NcclCommunicator final : public Communicator {
     rank_ = mpi_->rank();
     world_ = mpi_->world_size();
     local_rank_ = mpi_->local_rank();
+    local_size_ = mpi_->local_size();
     compute_ = static_cast<cudaStream_t>(cuda.compute_stream);
     const ProcessDevice dev = detail::check_process_device("make_nccl_communicator");
     if (dev.local_size > dev.device_count)  // the same answer on every rank of the node
@@ -67,7 +68,7 @@ class NcclCommunicator final : public Communicator {
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), boot, "cudaStreamCreate");
     cuda_check(cudaEventCreateWithFlags(&ev_in_, cudaEventDisableTiming), boot, "cudaEventCreate");
     cuda_check(cudaEventCreateWithFlags(&ev_out_, cudaEventDisableTiming), boot, "cudaEventCreate");
-    if (!cuda.blocking) watchdog_ = std::make_unique<detail::NcclWatchdog>(nccl_, rank_, opts_.timeout_seconds);
+    if (!cuda.blocking) watchdog_ = std::make_unique<detail::NcclWatchdog>(nccl_, rank_, opts_.timeout_seconds, opts_.timeout_name);
   }
 
   ~NcclCommunicator() override {
@@ -89,6 +90,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
   Device device() const override { return Device::CUDA; }
   const char* backend_name() const override { return "nccl"; }
 
@@ -216,6 +218,12 @@ class NcclCommunicator final : public Communicator {
     mpi_->barrier();
     account(CommPhase::other, Traffic{}, MPI_Wtime() - t0);
   }
+  void set_timeout(double seconds, const std::string& name) override {
+    mpi_->set_timeout(seconds, name);  // checks the value
+    opts_.timeout_seconds = seconds;
+    opts_.timeout_name = name;
+    if (watchdog_) watchdog_->set_timeout(seconds, name);
+  }
 
   void send_recv(const std::vector<P2P>& ops, CommPhase ph) override {
     Traffic t;
@@ -313,8 +321,8 @@ class NcclCommunicator final : public Communicator {
       if (opts_.timeout_seconds > 0 && MPI_Wtime() - t0 > opts_.timeout_seconds) {
         abort_comm();
         detail::comm_fatal(mpi_->mpi_comm(), rank_, call,
-                           std::string(fn) + " still in progress after " + std::to_string(opts_.timeout_seconds) +
-                               " s (another rank is missing or stuck)");
+                           std::string(fn) + " still in progress: " +
+                               detail::timeout_text(opts_.timeout_seconds, opts_.timeout_name));
       }
       if (state == ncclInProgress) sched_yield();
     }
@@ -337,7 +345,7 @@ class NcclCommunicator final : public Communicator {
       if (opts_.timeout_seconds > 0 && MPI_Wtime() - t0 > opts_.timeout_seconds) {
         abort_comm();
         detail::comm_fatal(mpi_->mpi_comm(), rank_, call,
-                           "timed out after " + std::to_string(opts_.timeout_seconds) + " s");
+                           detail::timeout_text(opts_.timeout_seconds, opts_.timeout_name));
       }
       sched_yield();
     }
@@ -427,7 +435,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<MpiCommunicator> mpi_;  // bootstrap, debug signatures, scalars, barrier
   CommOptions opts_;
   CudaCommOptions cuda_;
-  int rank_ = 0, world_ = 1, local_rank_ = 0;
+  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
   ncclComm_t nccl_ = nullptr;
   std::unique_ptr<detail::NcclWatchdog> watchdog_;  // non-blocking only
   cudaStream_t compute_ = nullptr, stream_ = nullptr;

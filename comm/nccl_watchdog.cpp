@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 
+#include "comm/comm_detail.h"
 #include "comm/comm_factory.h"
 
 namespace mfsdp::detail {
@@ -19,9 +20,15 @@ double seconds_now() {
 
 }  // namespace
 
-NcclWatchdog::NcclWatchdog(ncclComm_t comm, int rank, double timeout_seconds)
-    : comm_(comm), rank_(rank), timeout_(timeout_seconds) {
+NcclWatchdog::NcclWatchdog(ncclComm_t comm, int rank, double timeout_seconds, std::string timeout_name)
+    : comm_(comm), rank_(rank), timeout_(timeout_seconds), timeout_name_(std::move(timeout_name)) {
   thread_ = std::thread([this] { run(); });
+}
+
+void NcclWatchdog::set_timeout(double seconds, std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeout_ = seconds;
+  timeout_name_ = std::move(name);
 }
 
 NcclWatchdog::~NcclWatchdog() { stop(); }
@@ -75,13 +82,14 @@ void NcclWatchdog::run() {
     if (stop_ || pending_.empty()) continue;
     const std::string what = pending_.front().what;
     const double waited = seconds_now() - pending_.front().enqueued;
+    const double timeout = timeout_;
+    const std::string timeout_name = timeout_name_;
     lock.unlock();
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess && async != ncclInProgress)
       fail(std::string("NCCL asynchronous error: ") + ncclGetErrorString(async), what);
-    if (timeout_ > 0 && waited > timeout_)
-      fail("timed out after " + std::to_string(timeout_) + " s (another rank is missing or stuck)", what);
+    if (timeout > 0 && waited > timeout) fail(timeout_text(timeout, timeout_name), what);
     lock.lock();
   }
 }

@@ -19,8 +19,8 @@ namespace mfsdp::detail {
 class NcclWatchdog {
  public:
   /// Starts the thread. `comm` is polled with ncclCommGetAsyncError and aborted on a failure;
-  /// `rank` names this rank in the report.
-  NcclWatchdog(ncclComm_t comm, int rank, double timeout_seconds);
+  /// `rank` names this rank in the report, `timeout_name` the bound (CommOptions::timeout_name).
+  NcclWatchdog(ncclComm_t comm, int rank, double timeout_seconds, std::string timeout_name);
   ~NcclWatchdog();
   NcclWatchdog(const NcclWatchdog&) = delete;
   NcclWatchdog& operator=(const NcclWatchdog&) = delete;
@@ -28,6 +28,8 @@ class NcclWatchdog {
   /// Watches the work enqueued on `stream` so far (an event recorded there), described by `what`
   /// (CallInfo::describe()). Returns the cudaRecord error, if any.
   cudaError_t watch(cudaStream_t stream, std::string what);
+  /// Replaces the timeout and its name for the collectives watched from now on and those pending.
+  void set_timeout(double seconds, std::string name);
   /// Stops watching (before the communicator is destroyed or aborted by its owner).
   void stop();
 
@@ -42,7 +44,8 @@ class NcclWatchdog {
 
   ncclComm_t comm_;
   int rank_;
-  double timeout_;
+  double timeout_;          // guarded by mu_
+  std::string timeout_name_;  // guarded by mu_
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> pending_;

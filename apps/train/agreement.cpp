@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -110,43 +109,21 @@ std::map<std::string, std::string> run_facts(const TrainConfig& cfg) {
   return facts;
 }
 
-void wait_or_abort(MPI_Request& req, double timeout_seconds, MPI_Comm comm, const char* what) {
-  const double t0 = MPI_Wtime();
-  for (int done = 0; !done;) {
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (!done && timeout_seconds > 0 && MPI_Wtime() - t0 > timeout_seconds) {
-      int rank = 0;
-      MPI_Comm_rank(comm, &rank);
-      std::fprintf(stderr, "mfsdp-train: rank %d: another rank did not reach %s within %g s "
-                   "(sharding.collective_timeout_s); aborting the job\n", rank, what, timeout_seconds);
-      std::fflush(stderr);
-      MPI_Abort(comm, 3);
-    }
-    if (!done) std::this_thread::yield();
-  }
-}
-
-std::string check_agreement(const std::map<std::string, std::string>& facts, MPI_Comm comm, double timeout_seconds) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &world);
+std::string check_agreement(const std::map<std::string, std::string>& facts, Communicator& comm) {
+  const int world = comm.world_size();
   const std::string text = json(facts).dump();
-  const unsigned long long mine = XXH3_64bits(text.data(), text.size());
-  std::vector<unsigned long long> digests(static_cast<size_t>(world));
-  MPI_Request req;
-  MPI_Iallgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, digests.data(), 1, MPI_UNSIGNED_LONG_LONG, comm, &req);
-  wait_or_abort(req, timeout_seconds, comm, "the start-up agreement");
-  if (std::all_of(digests.begin(), digests.end(), [&](unsigned long long d) { return d == digests[0]; })) return "";
+  const uint64_t mine = XXH3_64bits(text.data(), text.size());
+  std::vector<uint64_t> digests(static_cast<size_t>(world));
+  comm.all_gather_host(&mine, digests.data(), sizeof(mine), CommPhase::other);
+  if (std::all_of(digests.begin(), digests.end(), [&](uint64_t d) { return d == digests[0]; })) return "";
 
   // Someone differs: exchange the facts themselves and name what differs, on every rank.
-  long long len = static_cast<long long>(text.size()), longest = 0;
-  MPI_Iallreduce(&len, &longest, 1, MPI_LONG_LONG, MPI_MAX, comm, &req);
-  wait_or_abort(req, timeout_seconds, comm, "the start-up agreement");
+  // (Lengths are far below 2^53, exact in the f64 maximum.)
+  const auto longest = static_cast<int64_t>(
+      comm.all_reduce_scalar(static_cast<double>(text.size()), ReduceOp::max, CommPhase::other));
   std::vector<char> padded(static_cast<size_t>(longest), ' '), all(static_cast<size_t>(longest) * world);
   std::copy(text.begin(), text.end(), padded.begin());
-  MPI_Iallgather(padded.data(), static_cast<int>(longest), MPI_CHAR, all.data(), static_cast<int>(longest), MPI_CHAR,
-                 comm, &req);
-  wait_or_abort(req, timeout_seconds, comm, "the start-up agreement");
+  comm.all_gather_host(padded.data(), all.data(), longest, CommPhase::other);
   std::vector<std::map<std::string, std::string>> per_rank(static_cast<size_t>(world));
   std::map<std::string, bool> keys;
   for (int r = 0; r < world; ++r) {

@@ -3,12 +3,11 @@
 // other rank. A node with a stale config, data file or binary is then refused with the differing
 // keys named, instead of hanging inside MPI or silently training a wrong model.
 #pragma once
-#include <mpi.h>
-
 #include <map>
 #include <string>
 
 #include "apps/train/train_config.h"
+#include "comm/communicator.h"
 
 namespace mfsdp {
 
@@ -23,16 +22,12 @@ namespace mfsdp {
 /// Unreadable files are recorded as "unreadable" (the preflight check reports them).
 std::map<std::string, std::string> run_facts(const TrainConfig& cfg);
 
-/// Collective over `comm`: one all-gather of a 64-bit digest of the facts, and only on a mismatch
-/// a second exchange of the facts themselves. Returns "" when every rank agrees, else a message
-/// naming each differing key with the value each group of ranks holds (at most 12 keys, values
-/// clipped), the same text on every rank.
-/// `timeout_seconds` > 0 bounds each exchange (wait_or_abort).
-std::string check_agreement(const std::map<std::string, std::string>& facts, MPI_Comm comm,
-                            double timeout_seconds = 0);
-
-/// Waits for `req`; after `timeout_seconds` (> 0) prints which rank gave up waiting for `what`
-/// and aborts the job (a rank is stuck or gone before training started).
-void wait_or_abort(MPI_Request& req, double timeout_seconds, MPI_Comm comm, const char* what);
+/// Collective over `comm` (host data; the host communicator of comm/comm_factory.h): one
+/// all-gather of a 64-bit digest of the facts, and only on a mismatch a second exchange of the
+/// facts themselves. Returns "" when every rank agrees, else a message naming each differing key
+/// with the value each group of ranks holds (at most 12 keys, values clipped), the same text on
+/// every rank. Each exchange is bounded by the communicator's timeout (a rank stuck or gone
+/// before training ends the job with the communicator's report).
+std::string check_agreement(const std::map<std::string, std::string>& facts, Communicator& comm);
 
 }  // namespace mfsdp

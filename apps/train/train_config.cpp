@@ -1,5 +1,6 @@
 #include "apps/train/train_config.h"
 
+#include "apps/train/preemption.h"
 #include "runtime/core/json_limits.h"
 
 #include <algorithm>
@@ -494,6 +495,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.checkpoint.interval = r.i64("checkpoint.interval", 0);
   c.checkpoint.keep_last = r.i32("checkpoint.keep_last", 0);
   c.checkpoint.at_end = r.flag("checkpoint.at_end");
+  c.checkpoint.notice_signal = r.choice("checkpoint.notice_signal", notice_signal_names());
   return c;
 }
 

@@ -117,6 +117,9 @@ struct CheckpointSection {
   int64_t interval = 0;    ///< steps between checkpoints; 0 = none
   int keep_last = 3;       ///< complete checkpoints kept (0 = all); older ones go after a newer one is complete
   bool at_end = true;      ///< save when training ends (also after a preemption signal)
+  /// The scheduler's notice signal that, like SIGTERM and SIGINT, saves at the next step boundary
+  /// and stops (apps/train/preemption.h lists the names)
+  std::string notice_signal = "SIGUSR1";
   /// The checkpoint root this config resolves to ("" when neither dir nor run_dir is set).
   std::string root(const std::string& run_dir) const;
 };

@@ -72,7 +72,8 @@ json TrainConfig::to_json(bool resolved_paths) const {
   j["checkpoint"] = {{"dir", p(checkpoint.dir)},
                      {"interval", checkpoint.interval},
                      {"keep_last", checkpoint.keep_last},
-                     {"at_end", checkpoint.at_end}};
+                     {"at_end", checkpoint.at_end},
+                     {"notice_signal", checkpoint.notice_signal}};
   return j;
 }
 

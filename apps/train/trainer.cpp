@@ -5,17 +5,15 @@
 
 #include <spdlog/spdlog.h>
 
-#include <atomic>
 #include <cmath>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <unistd.h>
 
 #include "apps/train/checkpointing.h"
 #include "apps/train/model_io.h"
+#include "apps/train/preemption.h"
 #include "apps/train/run_log.h"
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
@@ -31,30 +29,6 @@ namespace mfsdp {
 namespace {
 
 using json = nlohmann::json;
-
-// SIGTERM / SIGINT (what Slurm and Kubernetes send before killing): the first asks for a checkpoint
-// at the next step boundary, a second one exits at once. The previous handlers come back after.
-std::atomic<int> g_signal{0};
-extern "C" void on_preemption_signal(int sig) {
-  if (g_signal.exchange(sig) != 0) _exit(128 + sig);
-}
-class PreemptionGuard {
- public:
-  PreemptionGuard() {
-    g_signal = 0;
-    old_term_ = std::signal(SIGTERM, on_preemption_signal);
-    old_int_ = std::signal(SIGINT, on_preemption_signal);
-  }
-  ~PreemptionGuard() {
-    std::signal(SIGTERM, old_term_);
-    std::signal(SIGINT, old_int_);
-  }
-  bool requested() const { return g_signal.load() != 0; }
-
- private:
-  void (*old_term_)(int) = SIG_DFL;
-  void (*old_int_)(int) = SIG_DFL;
-};
 
 // Validation loss over an EvalSplit: every rank runs the same number of batches.
 double evaluate(ShardedEngine& engine, const EvalSplit& split, int B, int T) {
@@ -80,7 +54,8 @@ class Trainer {
   std::vector<MicroBatch> next_batches();
   double run_eval(int64_t step, const EvalSplit& split);
   bool maybe_evaluate(int64_t step, bool last);
-  bool any_rank_preempted();
+  int any_rank_preempted();
+  void wait_for_lead_io(int64_t bytes, const std::string& what);
   void log_progress(int64_t step, const StepStats& s);
   void save(int64_t step);
   void finish(bool preempted);
@@ -91,6 +66,7 @@ class Trainer {
   const TrainConfig& cfg_;
   Communicator& comm_;
   TrainerOptions opts_;
+  PreemptionGuard preemption_;  ///< first: a notice during set-up is kept, not fatal
   const int rank_, world_;  ///< over every replica (HSDP: g = replica * S + shard rank, R * S); else comm_'s
   const int B_, T_, A_;
   const bool lead_;
@@ -104,7 +80,6 @@ class Trainer {
   std::optional<CheckpointManifest> resumed_;
   std::unique_ptr<EvalSplit> val_full_, val_periodic_;
   RunLog log_;
-  PreemptionGuard preemption_;
 
   // progress of this process
   int64_t start_step_ = 0, steps_done_ = 0, tokens_seen_ = 0, start_tokens_ = 0, last_saved_ = -1;
@@ -118,7 +93,7 @@ class Trainer {
 };
 
 Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts)
-    : cfg_(cfg), comm_(comm), opts_(opts),
+    : cfg_(cfg), comm_(comm), opts_(opts), preemption_(notice_signal_number(cfg.checkpoint.notice_signal)),
       rank_(comm.rank() + (opts.replicas ? opts.replicas->rank() * comm.world_size() : 0)),
       world_(comm.world_size() * (opts.replicas ? opts.replicas->world_size() : 1)),
       B_(cfg.training.micro_batch_size), T_(cfg.model.seq_len), A_(cfg.training.grad_accum), lead_(rank_ == 0),
@@ -195,7 +170,7 @@ void Trainer::train() {
   MemoryTracker::instance().reset_peaks();
   t_train_ = now_seconds();
   window_.restart(t_train_);
-  bool preempted = false;
+  int preempted = 0;  // the signal that stops the run
   for (int64_t step = start_step_; step < cfg_.training.steps; ++step) {
     set_comm_context("step " + std::to_string(step + 1));
     std::vector<MicroBatch> micro = next_batches();
@@ -220,12 +195,12 @@ void Trainer::train() {
     preempted = any_rank_preempted();
     if (cfg_.checkpoint.interval > 0 && (step + 1) % cfg_.checkpoint.interval == 0) save(step + 1);
     if (preempted) {
-      if (lead_) spdlog::warn("preemption signal received: stopping after step {}", step + 1);
+      if (lead_) spdlog::warn("{} received: stopping after step {}", signal_name(preempted), step + 1);
       break;
     }
     if (stop) break;
   }
-  finish(preempted);
+  finish(preempted != 0);
 }
 
 // Periodic validation; true when it met training.target_val_loss (the run stops).
@@ -247,11 +222,23 @@ bool Trainer::maybe_evaluate(int64_t step, bool last) {
   return true;
 }
 
-// A SIGTERM/SIGINT on any rank stops every rank at this step boundary (one scalar collective).
-bool Trainer::any_rank_preempted() {
-  double any = comm_.all_reduce_scalar(preemption_.requested() ? 1.0 : 0.0, ReduceOp::max, CommPhase::other);
+// A preemption signal on any rank stops every rank at this step boundary (one scalar collective).
+// Returns the largest signal number that arrived on some rank, 0 when none did.
+int Trainer::any_rank_preempted() {
+  double any = comm_.all_reduce_scalar(preemption_.signal(), ReduceOp::max, CommPhase::other);
   if (opts_.replicas) any = opts_.replicas->all_reduce_scalar(any, ReduceOp::max, CommPhase::other);
-  return any > 0;
+  return static_cast<int>(any);
+}
+
+// The other ranks of rank 0's group wait here while rank 0 writes `bytes` alone (the export):
+// a wait for I/O, bounded by lead_io_timeout_seconds, not by the collective timeout, which is back after.
+void Trainer::wait_for_lead_io(int64_t bytes, const std::string& what) {
+  const double collective = cfg_.sharding.collective_timeout_s;
+  const double bound = lead_io_timeout_seconds(bytes, collective);
+  comm_.set_timeout(bound, fmt::format("the wait for rank 0's {} of {}: {}", what, human_bytes(static_cast<double>(bytes)),
+                                       lead_io_timeout_rule()));
+  comm_.barrier();
+  comm_.set_timeout(collective, kCollectiveTimeoutKey);
 }
 
 // Validation; its time is kept out of tokens/s, MFU and train_seconds. best_val_loss only counts
@@ -343,7 +330,9 @@ void Trainer::finish(bool preempted) {
       model_->export_weights(out.string(), full,
                              {{"step", std::to_string(final_step)}, {"val_loss", std::to_string(last_val_)}});
       spdlog::info("exported the model to {} ({} layout, f32)", out.string(), model_->export_layout());
+      if (opts_.after_export) opts_.after_export(out.string());
     }
+    wait_for_lead_io(model_->num_params() * 4, "export");
   }
   write_summary(train_seconds, counters, peaks, peak_total);
 }

@@ -20,14 +20,31 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// The run stopped at a step boundary after SIGTERM/SIGINT (a checkpoint was saved when a
-/// checkpoint directory is configured). mfsdp-train exits with kExitPreempted.
+/// The run stopped at a step boundary after checkpoint.notice_signal, SIGTERM or SIGINT
+/// (apps/train/preemption.h; a checkpoint was saved when a checkpoint directory is configured).
+/// mfsdp-train exits with kExitPreempted.
 class Preempted : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 /// EX_TEMPFAIL: "try again" to schedulers that requeue preempted jobs.
 constexpr int kExitPreempted = 75;
+
+/// The config key of the collective timeout, as timeout reports name it.
+inline constexpr const char* kCollectiveTimeoutKey = "sharding.collective_timeout_s";
+
+/// The bound on the other ranks' wait while rank 0 alone writes `bytes` (the export), in seconds:
+/// max(collective_timeout_s, 60) plus 1 s per 8 MiB (a slow shared filesystem's pace), so a large
+/// export on slow storage does not end the job the way a lost rank would; 0 (wait forever) when
+/// collective_timeout_s is 0.
+inline double lead_io_timeout_seconds(int64_t bytes, double collective_timeout_s) {
+  if (collective_timeout_s <= 0) return 0;
+  return (collective_timeout_s > 60 ? collective_timeout_s : 60) + static_cast<double>(bytes) / (8 << 20);
+}
+/// The rule of lead_io_timeout_seconds in words, for timeout reports.
+inline const char* lead_io_timeout_rule() {
+  return "max(sharding.collective_timeout_s, 60 s) + 1 s per 8 MiB written";
+}
 
 /// What the command line asks for beyond the config.
 struct TrainerOptions {
@@ -41,6 +58,10 @@ struct TrainerOptions {
   /// UnitModel over the same parameters (it forwards bind() to them), e.g. one that observes or
   /// alters gradients. mfsdp-train leaves it empty; test binaries set it to inject faults.
   std::function<std::unique_ptr<UnitModel>(UnitModel&)> wrap_units;
+  /// When set, rank 0 calls it with the export's path right after writing the export, before
+  /// the other ranks stop waiting for it. mfsdp-train leaves it empty; test binaries set it to
+  /// make the export slow.
+  std::function<void(const std::string&)> after_export;
 };
 
 /// Runs training (or evaluation) on every rank of `comm` (and of opts.replicas under HSDP: data,

@@ -1,6 +1,8 @@
 // Helper for test_comm_faults: run under `mpirun -np 2`, it issues deliberately wrong collectives.
 // Modes: count_mismatch, dtype_mismatch (debug checks on via options), env_ok (matching calls,
-// debug checks via MFSDP_COMM_DEBUG=1), timeout (rank 1 skips a collective; 1 s timeout).
+// debug checks via MFSDP_COMM_DEBUG=1), timeout (rank 1 skips a collective; 1 s timeout),
+// set_timeout (a 30 s bound named "first bound" passes a barrier that rank 1 reaches after 2 s;
+// then set_timeout(1, "second bound") and rank 1 skips a barrier).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -35,6 +37,15 @@ int main(int argc, char** argv) {
     c->all_reduce(send.data(), 8, DType::bf16, ReduceOp::max, CommPhase::other);
     c->barrier();
     if (me == 0) std::printf("fault helper: env_ok passed\n");
+  } else if (mode == "set_timeout") {
+    c->set_timeout(30, "first bound");
+    if (me == 1) std::this_thread::sleep_for(std::chrono::seconds(2));
+    c->barrier();
+    if (me == 0) std::printf("fault helper: the 30 s bound held\n");
+    std::fflush(stdout);
+    c->set_timeout(1, "second bound");
+    if (me == 0) c->barrier();
+    else std::this_thread::sleep_for(std::chrono::seconds(30));
   } else if (mode == "timeout") {
     if (me == 0) c->all_reduce(send.data(), 16, DType::f32, ReduceOp::sum, CommPhase::opt_step);
     else std::this_thread::sleep_for(std::chrono::seconds(30));

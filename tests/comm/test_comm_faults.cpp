@@ -71,3 +71,13 @@ TEST_CASE("comm.faults a collective timeout aborts with rank, op, phase and size
   CHECK(has(r.output, "all_reduce(f32, count 16, op sum, phase opt_step)"));
   CHECK(r.seconds < 25.0);  // the sleeping rank was killed by the abort, not waited for
 }
+
+TEST_CASE("comm.faults set_timeout changes the bound and the name the report gives it", "[comm]") {
+  auto r = run_helper("set_timeout");
+  INFO(r.output);
+  CHECK(r.status != 0);
+  CHECK(has(r.output, "fault helper: the 30 s bound held"));
+  CHECK(has(r.output, "[comm] rank 0: timed out after 1 s (second bound; another rank is missing or stuck) in barrier"));
+  CHECK_FALSE(has(r.output, "first bound"));
+  CHECK(r.seconds < 25.0);
+}

@@ -5,14 +5,21 @@
 //                               checkpoint/owner_checkpoint.h);
 //   --nan-grad TENSOR           the engine trains NanGradModel (tests/nan_grad_model.h) over the
 //                               run's model: TENSOR's gradient gets a NaN under a finite loss
-//                               (TrainerOptions::wrap_units).
-// Exit codes as mfsdp-train: 2 bad input, 3 training failure. Used by test_checkpoint_cli.py (case
-// crash) and test_train_cli.py (case export), under mpirun.
+//                               (TrainerOptions::wrap_units);
+//   --slow-step SECONDS         every training step takes SECONDS longer (SlowStepModel: the first
+//                               unit's forward sleeps; the numbers are the run's own);
+//   --slow-export SECONDS       rank 0 sleeps SECONDS after writing the export, while the other
+//                               ranks wait for it (TrainerOptions::after_export).
+// Exit codes as mfsdp-train: 2 bad input, 3 training failure, 75 preempted. Used by
+// test_checkpoint_cli.py (cases crash and notice) and test_train_cli.py (cases export and
+// slow_export), under mpirun.
 #include <CLI/CLI.hpp>
 #include <mpi.h>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "apps/train/trainer.h"
@@ -40,6 +47,30 @@ class DieAfterRankFile : public SaveObserver {
   int64_t step_;
 };
 
+/// Trains `inner` unchanged, except that the first unit's forward sleeps `seconds` while grad
+/// mode is on (once per micro-batch of a training step, never during evaluation).
+class SlowStepModel : public UnitModel {
+ public:
+  SlowStepModel(UnitModel& inner, double seconds) : inner_(inner), seconds_(seconds) {}
+  const ParamInventory& inventory() const override { return inner_.inventory(); }
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  void bind(const std::string& name, const Tensor& t) override { inner_.bind(name, t); }
+  std::vector<int> units_needed_by(int u) const override { return inner_.units_needed_by(u); }
+  void init_param(const ParamSpec& spec, uint64_t seed, float* out) const override { inner_.init_param(spec, seed, out); }
+  int64_t attention_head_dim() const override { return inner_.attention_head_dim(); }
+  std::vector<AttentionHead> attention_heads() const override { return inner_.attention_heads(); }
+  void record_attention_logits(bool on) override { inner_.record_attention_logits(on); }
+  std::vector<float> take_attention_logit_maxima() override { return inner_.take_attention_logit_maxima(); }
+  Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const override {
+    if (u == 0 && grad_mode_enabled()) std::this_thread::sleep_for(std::chrono::duration<double>(seconds_));
+    return inner_.forward_unit(u, x, batch, loss_divisor);
+  }
+
+ private:
+  UnitModel& inner_;
+  double seconds_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,12 +80,20 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   int threads = 1;
   int64_t die_step = -1;
+  double slow_step = 0, slow_export = 0;
   app.add_option("-c,--config", config_path, "JSON training config")->required();
   app.add_option("--set", overrides, "override a config value: key.path=value (repeatable)");
   app.add_option("--threads", threads, "CPU threads per rank")->check(CLI::Range(1, 1024));
   app.add_option("--die-after-rank-file", die_step, "the step of the checkpoint whose save the last rank dies in");
   app.add_option("--nan-grad", nan_grad, "the parameter whose gradient gets a NaN at every step");
+  app.add_option("--slow-step", slow_step, "seconds added to every training step")->check(CLI::Range(0.0, 600.0));
+  app.add_option("--slow-export", slow_export, "seconds rank 0 sleeps after writing the export")
+      ->check(CLI::Range(0.0, 600.0));
   CLI11_PARSE(app, argc, argv);
+  if (!nan_grad.empty() && slow_step > 0) {
+    std::fprintf(stderr, "test_train_faults: --nan-grad and --slow-step cannot be combined\n");
+    return 2;
+  }
   DieAfterRankFile save_fault(die_step);
   try {
     const TrainConfig cfg = load_train_config(config_path, overrides);
@@ -65,11 +104,25 @@ int main(int argc, char** argv) {
       opts.wrap_units = [&](UnitModel& units) -> std::unique_ptr<UnitModel> {
         return std::make_unique<testing::NanGradModel>(units, nan_grad);
       };
+    if (slow_step > 0)
+      opts.wrap_units = [&](UnitModel& units) -> std::unique_ptr<UnitModel> {
+        return std::make_unique<SlowStepModel>(units, slow_step);
+      };
+    if (slow_export > 0)
+      opts.after_export = [&](const std::string& path) {
+        std::fprintf(stderr, "[export fault] rank 0 sleeps %g s after writing %s\n", slow_export, path.c_str());
+        std::this_thread::sleep_for(std::chrono::duration<double>(slow_export));
+      };
     CommOptions copts;
     copts.timeout_seconds = cfg.sharding.collective_timeout_s;
+    copts.timeout_name = kCollectiveTimeoutKey;
     auto comm = make_communicator(cfg.sharding.backend, copts);
     run_training(cfg, *comm, opts);
     set_save_observer(nullptr);
+  } catch (const Preempted& e) {  // saved and stopped at a step boundary, as mfsdp-train
+    set_save_observer(nullptr);
+    std::fprintf(stderr, "test_train_faults: %s\n", e.what());
+    return kExitPreempted;
   } catch (const std::exception& e) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Preemption under mpirun and waits for rank 0's I/O (stdlib only).
+
+usage: test_preempt_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_faults binary
+(tests/train/train_with_faults.cpp) and CASE one of
+  notice       steps of 2.5 s (longer than mpirun's 1 s kill delay after a SIGTERM): SIGUSR1, the
+               default checkpoint.notice_signal, sent to mpirun stops every rank at the next step
+               boundary with a complete checkpoint and exit 75, well before the next step would
+               end; mfsdp-train resumes from it; checkpoint.notice_signal=SIGUSR2 does the same
+               for SIGUSR2
+  slow_export  rank 0 takes 4 s more to write the export than sharding.collective_timeout_s (1 s):
+               the other ranks wait with the bound for rank 0's I/O, and the run ends with exit 0,
+               the export and summary.json
+Exit 0 on success, 1 on failure.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from cli_common import ENV, TINY, check, run_case
+
+BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1"]
+
+
+def faults_cmd(np, *args, sets=()):
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", sys.argv[3], "--config", TINY, "--threads", "1", *args]
+    for s in BASE + list(sets):
+        cmd += ["--set", s]
+    return cmd
+
+
+def notice_run(bin_dir, tmp, name, sig, sets=()):
+    """A slow-step run on 2 ranks that gets `sig` at mpirun once step 1 is logged."""
+    run = os.path.join(tmp, name)
+    p = subprocess.Popen(faults_cmd(2, "--slow-step", "2.5", sets=[f"logging.run_dir={run}", "training.steps=40",
+                                                                    *sets]),
+                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = ""
+    deadline = time.time() + 120
+    for line in p.stdout:  # wait until training is under way
+        out += line
+        if re.search(r"step +1/40", line) or time.time() > deadline:
+            break
+    t0 = time.time()
+    p.send_signal(sig)
+    out += p.communicate(timeout=300)[0]
+    elapsed = time.time() - t0
+    name_of = signal.Signals(sig).name
+    m = re.search(name_of + r" received: stopping after step (\d+)", out)
+    check(m is not None and "checkpoint saved" in out, f"{name_of}: no notice checkpoint: {out[-1500:]}")
+    check(p.returncode == 75, f"{name_of}: mpirun exit {p.returncode}, expected 75 (the ranks' preempted code)")
+    # The signal lands inside step 2 (or 3): its end, the save and the exit take at most ~2 steps.
+    check(elapsed < 15, f"{name_of}: the job took {elapsed:.1f} s to stop after the signal")
+    if not m:
+        return run, None
+    stopped = int(m.group(1))
+    check(1 <= stopped <= 4, f"{name_of}: stopped after step {stopped}, expected the step under way (1..4)")
+    ckpt = os.path.join(run, "checkpoints", f"step_{stopped:08d}")
+    check(all(os.path.isfile(os.path.join(ckpt, f)) for f in
+              ["manifest.json", "rank_00000.safetensors", "rank_00001.safetensors"]),
+          f"{name_of}: the checkpoint of step {stopped} is incomplete: {os.listdir(os.path.dirname(ckpt))}")
+    return run, stopped
+
+
+def case_notice(bin_dir, tmp):
+    run, stopped = notice_run(bin_dir, tmp, "usr1", signal.SIGUSR1)
+    if stopped is not None:
+        cmd = ["mpirun", "-np", "2", "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", TINY,
+               "--threads", "1"]
+        for s in BASE + [f"logging.run_dir={run}", f"training.steps={stopped + 1}", "training.resume=auto"]:
+            cmd += ["--set", s]
+        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+        out = p.stdout + p.stderr
+        check(p.returncode == 0 and f"resumed at step {stopped}" in out,
+              f"resume after the notice: exit {p.returncode}: {out[-1000:]}")
+    notice_run(bin_dir, tmp, "usr2", signal.SIGUSR2, sets=["checkpoint.notice_signal=SIGUSR2"])
+
+
+def case_slow_export(bin_dir, tmp):
+    run = os.path.join(tmp, "run")
+    model = os.path.join(tmp, "model.safetensors")
+    t0 = time.time()
+    p = subprocess.run(faults_cmd(2, "--slow-export", "4", sets=[f"logging.run_dir={run}", "training.steps=2",
+                                                                 "sharding.collective_timeout_s=1",
+                                                                 f"output.export={model}"]),
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    check("[export fault] rank 0 sleeps 4" in out, f"the export was not slowed: {out[-800:]}")
+    check(p.returncode == 0 and "timed out" not in out, f"slow export: exit {p.returncode}: {out[-1500:]}")
+    check(time.time() - t0 > 4, "the run did not wait for the slow export")
+    check(os.path.isfile(model), "no export")
+    summary = os.path.join(run, "summary.json")
+    check(os.path.isfile(summary), "no summary.json after a slow export")
+    if os.path.isfile(summary):
+        with open(summary) as f:
+            check(json.load(f)["steps"] == 2, "summary.json: steps != 2")
+
+
+if __name__ == "__main__":
+    sys.exit(run_case(globals(), "mfsdp_preempt"))
