@@ -81,6 +81,10 @@ cat > "$out/matrixfsdp_bench.sbatch" <<'SBATCH'
 #SBATCH --cpus-per-task=12
 #SBATCH --time=01:00:00
 #SBATCH --exclusive
+# Notice 300 s before the time limit: SIGUSR1 to every task of the job steps (the srun ranks), the
+# trainer's checkpoint.notice_signal: each rank saves at the next step boundary and exits 75.
+# 300 s covers a step, the save and Slurm's up-to-60 s early delivery.
+#SBATCH --signal=USR1@300
 # One rank per GPU; each rank selects GPU = local rank (comm/comm_factory.h). NCCL over InfiniBand.
 set -euo pipefail
 export NCCL_IB_HCA="${NCCL_IB_HCA:-mlx5}"
@@ -91,11 +95,16 @@ export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-12}"
 cd "${MFSDP_ROOT:-$PWD}"
 # Training at world 64: 8 replicas of 8-GPU shard groups (HSDP, gathers stay in NVLink).
 srun --mpi=pmix --cpu-bind=cores build/bin/mfsdp-train --config configs/gpt2_xl.json
-# The same under mpirun, one rank per GPU:
+# The same under mpirun, one rank per GPU. mpirun is not a job step's task, so ask for the notice
+# on the batch shell instead (#SBATCH --signal=B:USR1@300) and pass it on: Open MPI's mpirun
+# forwards SIGUSR1 to every rank without killing them (a SIGTERM is forwarded too, but the ranks
+# are killed about 1 s later, before a step and a save can finish).
 # mpirun -np $((SLURM_NNODES * 8)) --map-by ppr:8:node:PE=${SLURM_CPUS_PER_TASK:-12} --bind-to core \
-#   -x NCCL_IB_HCA -x NCCL_SOCKET_IFNAME -x NCCL_DEBUG -x OMP_NUM_THREADS build/bin/mfsdp-train --config configs/gpt2_xl.json
+#   -x NCCL_IB_HCA -x NCCL_SOCKET_IFNAME -x NCCL_DEBUG -x OMP_NUM_THREADS build/bin/mfsdp-train --config configs/gpt2_xl.json &
+# launcher=$!; trap 'kill -USR1 "$launcher"' USR1; wait "$launcher" || wait "$launcher"
 SBATCH
-bash -n "$out/matrixfsdp_bench.sbatch" && echo "matrixfsdp_bench.sbatch: syntax ok"
+bash -n "$out/matrixfsdp_bench.sbatch" && grep -q "^#SBATCH --signal=USR1@" "$out/matrixfsdp_bench.sbatch" &&
+  echo "matrixfsdp_bench.sbatch: syntax ok, asks for the notice signal"
 
 {
   echo "# MatrixFSDP paper reproduction (CPU scale) and cluster projection"
