@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "apps/bench/calibrate.h"
+#include "apps/bench/paper_figures.h"
 #include "comm/mpi_backends.h"
 #include "models/model_presets.h"
 #include "planner/projection.h"
@@ -30,6 +31,13 @@ json sweep(const ProjectionInput& base, const std::vector<std::string>& placemen
               (std::to_string(base.model.num_params() / 1000000) + "M params").c_str(), base.ns_steps,
               base.ns_dtype.c_str(), base.dtype.c_str(), base.batch, base.seq,
               base.activation_checkpointing ? ", activation checkpointing" : "", base.replicas, c.name.c_str());
+  const bool gpu = c.gpu();
+  std::printf("schedule: prefetch depth %d, reductions %s, owners %s, owned matrices %s; %s\n",
+              base.prefetch_depth >= 0 ? base.prefetch_depth : (gpu ? 1 : 0),
+              (base.overlap_reduce >= 0 ? base.overlap_reduce == 1 : gpu) ? "overlapped" : "blocking",
+              base.round_robin_owners ? "round-robin" : "LPT",
+              (base.batch_orthogonalize >= 0 ? base.batch_orthogonalize == 1 : gpu) ? "batched by shape" : "one at a time",
+              base.baseline.describe(base.ns_dtype, base.ns_steps).c_str());
   std::printf("%6s %-11s %10s %10s %10s %10s %10s %8s\n", "world", "placement", "fwd_ms", "bwd_ms", "reduce_ms",
               "opt_ms", "step_ms", "mem_GB");
   for (int w : worlds) {
@@ -54,46 +62,14 @@ json sweep(const ProjectionInput& base, const std::vector<std::string>& placemen
   return out;
 }
 
-// The paper's setups with the published figures next to the predictions; then the largest Llama
-// preset that fits per placement.
-json paper(const ClusterSpec& c) {
-  json out;
-  struct Setup {
-    const char* what;
-    ProjectionInput in;
-    int world;
-    double opt_claim, step_claim;
-  };
+// The published figures next to the projection (apps/bench/paper_figures.h); then the largest
+// Llama preset that fits per placement.
+json paper(const ClusterSpec& c, const BaselineOptions& baseline) {
+  json out = paper_figures(c, baseline);
   ProjectionInput l7;
   l7.model = model_preset("llama-7b").profile();
   l7.seq = 4096;
   l7.activation_checkpointing = true;
-  ProjectionInput pub = l7;  // the authors' public runtime: 2 NS steps, 4 GPUs
-  pub.ns_steps = 2;
-  ProjectionInput pub13 = pub;
-  pub13.model = model_preset("llama-13b").profile();
-  std::vector<Setup> setups{{"paper optimizer step, 8 GPUs (llama-7b shape assumed)", l7, 8, 4.2, 0},
-                            {"paper optimizer step, 64 GPUs (llama-7b shape assumed)", l7, 64, 54.6, 0},
-                            {"public runtime, 4 A100-PCIe, 32 layers x 4096, NS 2", pub, 4, 0, 10.43 / 4.22},
-                            {"public runtime, 4 A100-PCIe, 40 layers x 5120, NS 2", pub13, 4, 0, 20.07 / 8.40}};
-  std::printf("\nPaper setups on %s (bf16, NS in bf16, activation checkpointing, B=1 T=4096 per GPU)\n", c.name.c_str());
-  std::printf("%-58s %9s %9s %9s %9s\n", "setup", "opt_pred", "opt_paper", "step_pred", "step_pub");
-  // The public runtime's numbers are from A100-PCIe: no NVLink, so intra-node traffic is capped at
-  // PCIe 4.0 x16 (about 24 GB/s per direction) for those two rows.
-  ClusterSpec pcie = c;
-  pcie.intra_GBps = std::min(c.intra_GBps, 24.0);
-  for (const Setup& s : setups) {
-    const ClusterSpec& cl = s.world == 4 ? pcie : c;
-    ProjectionInput m = s.in, f = s.in;
-    m.placement = Placement::matrixfsdp;
-    f.placement = Placement::fsdp2;
-    const Projection pm = project(m, cl, s.world), pf = project(f, cl, s.world);
-    const double ro = pf.optimizer_ms / pm.optimizer_ms, rs = pf.step_ms / pm.step_ms;
-    std::printf("%-58s %8.2fx %8.1fx %8.2fx %8.2fx\n", s.what, ro, s.opt_claim, rs, s.step_claim);
-    out["setups"].push_back({{"setup", s.what}, {"world", s.world}, {"ns_steps", s.in.ns_steps},
-                             {"optimizer_ratio", ro}, {"optimizer_ratio_paper", s.opt_claim},
-                             {"step_ratio", rs}, {"step_ratio_published", s.step_claim}});
-  }
   std::printf("\nLargest Llama preset that fits in %.0f GB per GPU (bf16, checkpointing, B=1 T=4096)\n", c.memory_gb);
   for (int w : {8, 64})
     for (const char* p : {"matrixfsdp", "fsdp2", "zero1", "ddp"}) {
@@ -193,6 +169,24 @@ int main(int argc, char** argv) {
   app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str();
   app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str();
   app.add_flag("--checkpointing", in.activation_checkpointing, "activation checkpointing");
+  std::string fsdp2_ns;
+  app.add_option("--fsdp2-ns", fsdp2_ns,
+                 "fsdp2 baseline's Newton-Schulz: every_rank (gather each matrix, every rank runs all; default) | "
+                 "row_sharded (torch.optim.Muon on FSDP2 DTensors; --paper's default)")
+      ->check(CLI::IsMember({"every_rank", "row_sharded"}));
+  app.add_option("--fsdp2-gather-dtype", in.baseline.gather_dtype, "fsdp2 baseline's Muon-input gather dtype (default: --ns-dtype)")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--fsdp2-ns-steps", in.baseline.ns_steps, "fsdp2 baseline's Newton-Schulz steps (default: --ns-steps)")
+      ->check(CLI::Range(0, 100));
+  app.add_option("--prefetch-depth", in.prefetch_depth, "units gathered ahead (default: 1 on GPU clusters, 0 on CPU)")
+      ->check(CLI::Range(0, 64));
+  app.add_option("--overlap-reduce", in.overlap_reduce, "1: reductions overlap the next unit's backward, 0: block "
+                                                        "(default: 1 on GPU clusters, 0 on CPU)")
+      ->check(CLI::Range(0, 1));
+  app.add_option("--batch-orthogonalize", in.batch_orthogonalize,
+                 "1: an owner's same-shape matrices in one batched chain (default: 1 on GPU clusters, 0 on CPU)")
+      ->check(CLI::Range(0, 1));
+  app.add_flag("--round-robin-owners", in.round_robin_owners, "owners k % N instead of LPT");
   app.add_flag("--paper", paper_mode, "the paper's setups and the largest Llama that fits");
   app.add_option("--json", json_path, "write the projection as JSON");
   CLI11_PARSE(app, argc, argv);
@@ -220,8 +214,13 @@ int main(int argc, char** argv) {
       return std::exp(worst) <= tolerance && std::exp(worst_ratio) <= ratio_tolerance ? 0 : 1;
     }
     in.model = model_preset(model, layers).profile();
+    if (!fsdp2_ns.empty()) in.baseline.ns = parse_baseline_ns(fsdp2_ns);
     out["projection"] = sweep(in, placements, c, worlds);
-    if (paper_mode) out["paper"] = paper(c);
+    if (paper_mode) {
+      BaselineOptions published = in.baseline;
+      if (fsdp2_ns.empty()) published.ns = BaselineNs::row_sharded;  // torch.optim.Muon on FSDP2 DTensors
+      out["paper"] = paper(c, published);
+    }
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
     return 0;
   } catch (const std::exception& e) {

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <stdexcept>
 
 #include "planner/cost_model.h"
 #include "planner/planner.h"
+#include "planner/projection_terms.h"
 
 namespace mfsdp {
 namespace {
@@ -41,39 +44,41 @@ struct Cost {
   }
 };
 
+using Shape = std::pair<int64_t, int64_t>;
+
 struct RankWork {
-  double muon_flops = 0, muon_elems = 0, adamw_elems = 0, persistent = 0;
+  double muon_elems = 0, adamw_elems = 0, persistent = 0;
+  std::map<Shape, int> matrices;  ///< Muon matrices this rank orthogonalizes, by shape
 };
 
 // Per rank: optimizer work and persistent bytes under the plan (see project()).
-std::vector<RankWork> rank_work(const ShardPlan& plan, const PlannerOptions& po) {
+std::vector<RankWork> rank_work(const ShardPlan& plan) {
   const int N = plan.world_size;
+  const bool everyone = plan.placement == Placement::fsdp2 || plan.placement == Placement::ddp;
   std::vector<RankWork> w(static_cast<size_t>(N));
-  double all_muon = 0;
+  std::map<Shape, int> all;
   int64_t total = 0;
   for (const MatrixShard& s : plan.shards) {
     const bool muon = s.optimizer == OptimizerKind::muon;
-    const double mf = shard_muon_flops(s, po);
-    all_muon += mf;
+    if (muon) ++all[{s.shape[0], s.shape[1]}];
     total += s.numel();
-    for (const ShardPiece& p : s.pieces) {
-      const std::vector<int> ranks = plan.placement == Placement::ddp ? std::vector<int>{} : std::vector<int>{p.rank};
-      for (int r : ranks) {
-        RankWork& x = w[static_cast<size_t>(r)];
-        (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(p.numel);
-        if (muon && plan.placement != Placement::fsdp2) x.muon_flops += mf;
-        const double per = static_cast<double>(owner_bytes_per_element(s.optimizer));
-        x.persistent += static_cast<double>(p.numel) * (plan.placement == Placement::zero1 ? per - 8 : per);
-      }
-    }
-    if (plan.placement == Placement::ddp)
+    if (plan.placement == Placement::ddp) {
       for (RankWork& x : w) {
         (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(s.numel());
         x.persistent += static_cast<double>(s.numel() * owner_bytes_per_element(s.optimizer));
       }
+      continue;
+    }
+    for (const ShardPiece& p : s.pieces) {
+      RankWork& x = w[static_cast<size_t>(p.rank)];
+      (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(p.numel);
+      if (muon && !everyone) ++x.matrices[{s.shape[0], s.shape[1]}];
+      const double per = static_cast<double>(owner_bytes_per_element(s.optimizer));
+      x.persistent += static_cast<double>(p.numel) * (plan.placement == Placement::zero1 ? per - 8 : per);
+    }
   }
   for (RankWork& x : w) {
-    if (plan.placement == Placement::fsdp2 || plan.placement == Placement::ddp) x.muon_flops = all_muon;
+    if (everyone) x.matrices = all;
     if (plan.placement == Placement::zero1) x.persistent += 8.0 * static_cast<double>(total);
   }
   return w;
@@ -121,8 +126,18 @@ ClusterSpec ClusterSpec::load(const std::string& path) {
   MFSDP_CLUSTER_KEY(model_efficiency); MFSDP_CLUSTER_KEY(mem_GBps); MFSDP_CLUSTER_KEY(memory_gb);
   MFSDP_CLUSTER_KEY(reserve_gb); MFSDP_CLUSTER_KEY(gpus_per_node); MFSDP_CLUSTER_KEY(intra_GBps);
   MFSDP_CLUSTER_KEY(inter_GBps); MFSDP_CLUSTER_KEY(intra_latency_us); MFSDP_CLUSTER_KEY(inter_latency_us);
-  MFSDP_CLUSTER_KEY(linear_latency); MFSDP_CLUSTER_KEY(cores_per_node);
+  MFSDP_CLUSTER_KEY(linear_latency); MFSDP_CLUSTER_KEY(cores_per_node); MFSDP_CLUSTER_KEY(launch_us);
+  MFSDP_CLUSTER_KEY(source);
 #undef MFSDP_CLUSTER_KEY
+  try {
+    c.gemm_curve_bf16 = j.value("gemm_curve_bf16", c.gemm_curve_bf16);
+    c.gemm_curve_f32 = j.value("gemm_curve_f32", c.gemm_curve_f32);
+    for (const auto* curve : {&c.gemm_curve_bf16, &c.gemm_curve_f32}) curve_efficiency(*curve, 1.0);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + ": gemm_curve_bf16 / gemm_curve_f32 must be [[size, efficiency], ...]: " +
+                             e.what());
+  }
+  if (c.launch_us < 0) throw std::runtime_error(path + ": launch_us must be >= 0");
   for (double v : {c.gemm_tflops_f32, c.mem_GBps, c.intra_GBps, c.inter_GBps, c.ns_efficiency, c.model_efficiency})
     if (!(v > 0)) throw std::runtime_error(path + ": gemm_tflops_f32, mem_GBps, intra_GBps, inter_GBps and the "
                                                   "efficiencies must be > 0");
@@ -137,13 +152,30 @@ nlohmann::json ClusterSpec::to_json() const {
           {"memory_gb", memory_gb}, {"reserve_gb", reserve_gb}, {"gpus_per_node", gpus_per_node},
           {"intra_GBps", intra_GBps}, {"inter_GBps", inter_GBps}, {"intra_latency_us", intra_latency_us},
           {"inter_latency_us", inter_latency_us}, {"linear_latency", linear_latency},
-          {"cores_per_node", cores_per_node}};
+          {"cores_per_node", cores_per_node}, {"gemm_curve_bf16", gemm_curve_bf16},
+          {"gemm_curve_f32", gemm_curve_f32}, {"launch_us", launch_us}, {"source", source}};
+}
+
+const char* baseline_ns_name(BaselineNs b) { return b == BaselineNs::row_sharded ? "row_sharded" : "every_rank"; }
+
+BaselineNs parse_baseline_ns(const std::string& s) {
+  if (s == "every_rank") return BaselineNs::every_rank;
+  if (s == "row_sharded") return BaselineNs::row_sharded;
+  throw std::invalid_argument("fsdp2 baseline Newton-Schulz must be every_rank or row_sharded, got '" + s + "'");
+}
+
+std::string BaselineOptions::describe(const std::string& ns_dtype, int ns_steps_default) const {
+  return std::string("fsdp2 baseline: ") + baseline_ns_name(ns) + " Newton-Schulz, gather " +
+         (gather_dtype.empty() ? ns_dtype : gather_dtype) + ", NS " +
+         std::to_string(ns_steps >= 0 ? ns_steps : ns_steps_default);
 }
 
 nlohmann::json Projection::to_json() const {
   return {{"world", world},           {"replicas", replicas},         {"forward_ms", forward_ms},
           {"backward_ms", backward_ms}, {"reduce_ms", reduce_ms},     {"optimizer_ms", optimizer_ms},
-          {"step_ms", step_ms},       {"persistent_gb", persistent_gb}, {"gathered_gb", gathered_gb},
+          {"step_ms", step_ms},       {"ns_ms", ns_ms}, {"elementwise_ms", elementwise_ms},
+          {"opt_comm_ms", opt_comm_ms}, {"exposed_gather_ms", exposed_gather_ms},
+          {"persistent_gb", persistent_gb}, {"gathered_gb", gathered_gb},
           {"activations_gb", activations_gb}, {"transient_gb", transient_gb}, {"total_gb", total_gb},
           {"oom", oom}};
 }
@@ -162,6 +194,99 @@ double ModelProfile::activation_bytes_per_token_layer(int context) const {
   return 2.0 * (34.0 * n_embd + 5.0 * n_head * static_cast<double>(context));
 }
 
+namespace {
+
+// Forward compute of each unit, seconds: its matrices' GEMMs, the attention products (block
+// units) and the rest of the model's FLOPs (head) on the last unit, / model_efficiency.
+std::vector<double> unit_forward_seconds(const ProjectionInput& in, const ClusterSpec& c, double share, size_t U) {
+  const ModelProfile& m = in.model;
+  const double tokens = static_cast<double>(in.batch) * in.seq;
+  std::vector<double> f(U, 0.0);
+  double matrix_flops = 0;
+  for (const ParamSpec& p : m.inventory.params) {
+    if (p.role != ParamRole::matrix || p.shape.size() != 2) continue;
+    f[static_cast<size_t>(p.unit)] += gemm_seconds(c, in.dtype, 1, tokens, static_cast<double>(p.shape[0]),
+                                                   static_cast<double>(p.shape[1]), share);
+    matrix_flops += 2.0 * tokens * static_cast<double>(p.numel());
+  }
+  // Attention: Q K^T and P V per head, 4 T C FLOPs per token per layer (1/3 of PaLM's 12 L C T).
+  const int heads = std::max(1, m.n_head);
+  const double hd = static_cast<double>(m.n_embd) / heads, T = in.seq;
+  const double attention = 2 * gemm_seconds(c, in.dtype, static_cast<double>(in.batch) * heads, T, T, hd, share);
+  const bool blocks = U >= 3 && m.n_layer > 0;
+  for (size_t u = blocks ? 1 : 0; u < (blocks ? U - 1 : U); ++u)
+    f[u] += attention * m.n_layer / static_cast<double>(blocks ? U - 2 : U);
+  const double rest = m.flops_per_token(in.seq) / 3 * tokens - matrix_flops - 4.0 * m.n_layer * m.n_embd * T * tokens;
+  if (rest > 0 && m.n_embd > 0)  // the head's GEMM (and any other matmul FLOPs) at a [tokens, C] x [C, rest] shape
+    f[U - 1] += gemm_seconds(c, in.dtype, 1, tokens, rest / (2 * tokens * m.n_embd), m.n_embd, share);
+  for (double& x : f) x /= c.model_efficiency;
+  return f;
+}
+
+// Seconds of fsdp2's row-sharded Newton-Schulz of one rows x cols matrix over S ranks (BaselineNs).
+double row_sharded_seconds(const ClusterSpec& c, const std::string& dt, int64_t rows, int64_t cols, int steps,
+                           int S, double share, const std::function<double(double)>& gather,
+                           const std::function<double(double)>& all_reduce) {
+  const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  const double e = dt == "f32" ? 4.0 : 2.0, launch = c.launch_us * 1e-6;
+  double it = 0;
+  if (rows > cols) {  // transposed to [m, n], sharded along n: X X^T partial sums, A A whole
+    it = gemm_seconds(c, dt, 1, m, m, n / S, share) + all_reduce(m * m * e) + gemm_seconds(c, dt, 1, m, m, m, share) +
+         gemm_seconds(c, dt, 1, m, n / S, m, share);
+  } else {  // sharded along m: X, A and X gathered for the three products
+    it = gather(m * n * e) + gemm_seconds(c, dt, 1, m / S, m, n, share) + gather(m * m * e) +
+         gemm_seconds(c, dt, 1, m / S, m, m, share) + gather(m * n * e) + gemm_seconds(c, dt, 1, m / S, n, m, share);
+  }
+  return kNsNormalizeLaunches * launch + steps * (it + kNsExtraLaunchesPerIteration * launch);
+}
+
+// The optimizer step of the slowest rank (Newton-Schulz + elementwise) and the step's
+// collectives into p; the largest persistent bytes of a rank into `persistent`.
+void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const ShardPlan& plan, const Cost& cost,
+                     Projection& p, double& persistent) {
+  const int S = plan.world_size;
+  const bool in_node = S <= c.gpus_per_node, fsdp2 = in.placement == Placement::fsdp2;
+  const int steps = fsdp2 && in.baseline.ns_steps >= 0 ? in.baseline.ns_steps : in.ns_steps;
+  const bool owners = in.placement == Placement::matrixfsdp || in.placement == Placement::zero1;
+  const bool batched = owners && (in.batch_orthogonalize >= 0 ? in.batch_orthogonalize == 1 : c.gpu());
+  const bool row_sharded = fsdp2 && in.baseline.ns == BaselineNs::row_sharded;
+  const std::function<double(double)> gather = [&](double b) { return cost.coll(b * (S - 1) / S, S, in_node); };
+  const std::function<double(double)> all_reduce = [&](double b) { return cost.coll(2 * b * (S - 1) / S, S, in_node); };
+  const std::function<double(double)> free = [](double) { return 0.0; };
+  double ns = 0, elem = 0, comm = 0;
+  for (const RankWork& w : rank_work(plan)) {
+    double t = 0, exchange = 0;
+    for (const auto& [shape, count] : w.matrices) {
+      if (!row_sharded) {
+        t += newton_schulz_seconds(c, in.ns_dtype, shape.first, shape.second, steps, count, batched, cost.share());
+        continue;
+      }
+      const double alone = row_sharded_seconds(c, in.ns_dtype, shape.first, shape.second, steps, S, cost.share(), free, free);
+      t += count * alone;
+      exchange += count * (row_sharded_seconds(c, in.ns_dtype, shape.first, shape.second, steps, S, cost.share(),
+                                               gather, all_reduce) - alone);
+    }
+    const double el = (w.adamw_elems * kAdamWBytesPerElement + w.muon_elems * kMuonElementwiseBytes) /
+                      (c.mem_GBps * 1e9 * cost.share());
+    if (t + el + exchange > ns + elem + comm) ns = t, elem = el, comm = exchange;
+    persistent = std::max(persistent, w.persistent);
+  }
+  if (fsdp2 && !row_sharded) {
+    const double eg = dtype_bytes(in.baseline.gather_dtype.empty() ? in.ns_dtype : in.baseline.gather_dtype);
+    for (const MatrixShard& s : plan.shards)
+      if (s.optimizer == OptimizerKind::muon)
+        comm += cost.coll(static_cast<double>(s.fsdp2_slot_numel(S)) * (S - 1) * eg, S, in_node);
+  }
+  if (in.placement == Placement::zero1)
+    for (const UnitLayout& u : plan.units) comm += cost.coll(static_cast<double>(u.total_numel()) * 4 * (S - 1) / S, S, in_node);
+  p.ns_ms = 1e3 * ns;
+  p.elementwise_ms = 1e3 * elem;
+  p.opt_comm_ms = 1e3 * comm;
+  p.optimizer_ms = p.ns_ms + p.elementwise_ms + p.opt_comm_ms;
+}
+
+}  // namespace
+
 Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int world) {
   const int R = in.replicas;
   if (R < 1 || world % R != 0 || (R > 1 && in.placement == Placement::ddp))
@@ -169,46 +294,45 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
                                 std::to_string(world) + " (and ddp is not replicated)");
   const int S = world / R;
   const Cost cost{cluster, world};
-  const double e = dtype_bytes(in.dtype), ens = dtype_bytes(in.ns_dtype);
-  const PlannerOptions po{in.ns_steps, false, false};
+  const double e = dtype_bytes(in.dtype);
+  dtype_bytes(in.ns_dtype);
+  PlannerOptions po;
+  po.ns_steps = in.ns_steps;
+  po.round_robin = in.round_robin_owners;
   const ShardPlan plan = make_plan(in.model.inventory, S, in.placement, po);
   const bool resident = in.placement == Placement::zero1 || in.placement == Placement::ddp;
   const bool shard_in_node = S <= cluster.gpus_per_node, world_in_node = world <= cluster.gpus_per_node;
   Projection p;
   p.world = world;
   p.replicas = R;
-  const double flops = in.model.flops_per_token(in.seq) * in.batch * in.seq / (cost.rate(in.dtype) * cluster.model_efficiency);
-  double gather = 0, reduce = 0;
-  for (const UnitLayout& u : plan.units) {
-    const double bytes = static_cast<double>(u.total_numel()) * e;
-    if (!resident) gather += cost.coll(bytes * (S - 1) / S, S, shard_in_node);
+  const std::vector<double> fwd = unit_forward_seconds(in, cluster, cost.share(), plan.units.size());
+  std::vector<UnitTimes> units(plan.units.size());
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const double bytes = static_cast<double>(plan.units[i].total_numel()) * e;
+    UnitTimes& u = units[i];
+    u.forward = fwd[i];
+    u.backward = fwd[i] * (in.activation_checkpointing ? 3.0 : 2.0);
+    if (!resident) u.gather = cost.coll(bytes * (S - 1) / S, S, shard_in_node);
     if (in.placement == Placement::ddp) {
-      reduce += cost.coll(2.0 * bytes * (world - 1) / world, world, world_in_node);
-      continue;
+      u.reduce = cost.coll(2.0 * bytes * (world - 1) / world, world, world_in_node);
+    } else {
+      u.reduce = R * cost.coll(bytes * (S - 1) / S, S, shard_in_node);
+      if (R > 1)  // the replica chain: R - 1 hops of the owned shard, then a broadcast from the last replica
+        u.reduce += (R - 1) * cost.coll(bytes / S, 2, world_in_node) + cost.coll(bytes / S, R, world_in_node);
     }
-    reduce += R * cost.coll(bytes * (S - 1) / S, S, shard_in_node);
-    if (R > 1)  // the replica chain: R - 1 hops of the owned shard, then a broadcast from the last replica
-      reduce += (R - 1) * cost.coll(bytes / S, 2, world_in_node) + cost.coll(bytes / S, R, world_in_node);
   }
-  p.forward_ms = 1e3 * (flops / 3 + gather);
-  p.backward_ms = 1e3 * (flops * (in.activation_checkpointing ? 1.0 : 2.0 / 3.0) + gather);
-  p.reduce_ms = 1e3 * reduce;
-  double opt = 0, persistent = 0;
-  for (const RankWork& w : rank_work(plan, po)) {
-    const double t = w.muon_flops / (cost.rate(in.ns_dtype) * cluster.ns_efficiency) +
-                     (w.adamw_elems * kAdamWBytesPerElement + w.muon_elems * kMuonElementwiseBytes) /
-                         (cluster.mem_GBps * 1e9 * cost.share());
-    opt = std::max(opt, t);
-    persistent = std::max(persistent, w.persistent);
-  }
-  if (in.placement == Placement::fsdp2)
-    for (const MatrixShard& s : plan.shards)
-      if (s.optimizer == OptimizerKind::muon)
-        opt += cost.coll(static_cast<double>(s.fsdp2_slot_numel(S)) * (S - 1) * ens, S, shard_in_node);
-  if (in.placement == Placement::zero1)
-    for (const UnitLayout& u : plan.units)
-      opt += cost.coll(static_cast<double>(u.total_numel()) * 4 * (S - 1) / S, S, shard_in_node);
-  p.optimizer_ms = 1e3 * opt;
+  const int depth = in.prefetch_depth >= 0 ? in.prefetch_depth : (cluster.gpu() ? 1 : 0);
+  const bool overlap = (in.overlap_reduce >= 0 ? in.overlap_reduce == 1 : cluster.gpu()) && R == 1 &&
+                       in.placement != Placement::ddp;
+  const UnitSchedule sched = schedule_units(units, depth, overlap);
+  double compute = 0;
+  for (const UnitTimes& u : units) compute += u.forward + u.backward;
+  p.forward_ms = 1e3 * sched.forward;
+  p.backward_ms = 1e3 * sched.backward;
+  p.reduce_ms = 1e3 * sched.reduce_wait;
+  p.exposed_gather_ms = 1e3 * (sched.forward + sched.backward - compute);
+  double persistent = 0;
+  optimizer_terms(in, cluster, plan, cost, p, persistent);
   p.step_ms = p.forward_ms + p.backward_ms + p.reduce_ms + p.optimizer_ms;
   p.total_gb = memory_gb(in, plan, persistent, p);
   p.oom = p.total_gb > cluster.memory_gb - cluster.reserve_gb;

@@ -5,6 +5,7 @@
 // models/model_presets.h makes profiles of the GPT-2 and Llama shapes.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,8 +18,8 @@ namespace mfsdp {
 /// A cluster, per device (GPU, or CPU rank). JSON keys are the field names.
 struct ClusterSpec {
   std::string name = "cluster";
-  double gemm_tflops_bf16 = 0;  ///< achieved dense GEMM rate per device, bf16, TFLOP/s
-  double gemm_tflops_f32 = 0;   ///< achieved dense GEMM rate per device, f32 (TF32 on GPUs), TFLOP/s
+  double gemm_tflops_bf16 = 0;  ///< dense GEMM rate per device, bf16, TFLOP/s (GPU: the peak; the curve scales it)
+  double gemm_tflops_f32 = 0;   ///< the same in f32 (TF32 on GPUs), TFLOP/s
   double ns_efficiency = 1;     ///< Newton-Schulz rate / GEMM rate (matrix shapes, kernel launches)
   double model_efficiency = 0.5;///< forward/backward rate / GEMM rate (attention, norms, kernel mix)
   double mem_GBps = 0;          ///< device memory bandwidth (elementwise optimizer work), GB/s
@@ -31,6 +32,15 @@ struct ClusterSpec {
   double inter_latency_us = 0;  ///< per collective hop between nodes
   bool linear_latency = false;  ///< hops per collective: n - 1 (direct MPI) instead of ceil(log2 n)
   int cores_per_node = 0;       ///< > 0: devices are CPU ranks sharing this many cores (rate scaled)
+  /// GEMM efficiency over size (projection_terms.h curve_efficiency): points (cbrt(M N K batch),
+  /// fraction of gemm_tflops_*); empty = a flat rate (CPU calibration).
+  std::vector<std::pair<double, double>> gemm_curve_bf16, gemm_curve_f32;
+  double launch_us = 0;         ///< per kernel launch (GPU: host launch + tail), microseconds
+  std::string source;           ///< where the rates and the curve come from (citation)
+
+  /// A GPU cluster (cores_per_node == 0): prefetching, overlapped reductions and batched
+  /// Newton-Schulz are on by default there, as in the engine on CUDA.
+  bool gpu() const { return cores_per_node <= 0; }
 
   /// Reads a cluster JSON (keys above; missing keys keep the defaults). Throws std::runtime_error
   /// naming the file when it cannot be read or a rate is missing / not positive.
@@ -61,6 +71,26 @@ struct ModelProfile {
   double activation_bytes_per_token_layer(int context) const;
 };
 
+/// How the fsdp2 baseline runs Muon at the optimizer step.
+enum class BaselineNs {
+  every_rank,   ///< all-gather each Muon input, every rank orthogonalizes every matrix (this engine's fsdp2)
+  row_sharded,  ///< torch.optim.Muon on FSDP2 DTensors: each rank computes its 1/N of each product's
+                ///< rows; per iteration a tall matrix all-reduces its m x m Gram (the A A product then
+                ///< runs whole on every rank) and a wide one all-gathers X, A and X again
+};
+const char* baseline_ns_name(BaselineNs b);
+/// Parses "every_rank" | "row_sharded"; throws std::invalid_argument naming the value otherwise.
+BaselineNs parse_baseline_ns(const std::string& s);
+
+/// The fsdp2 baseline's semantics at the optimizer step.
+struct BaselineOptions {
+  BaselineNs ns = BaselineNs::every_rank;
+  std::string gather_dtype;  ///< dtype of its Muon-input all-gather; "" = the Newton-Schulz dtype
+  int ns_steps = -1;         ///< its Newton-Schulz iterations; < 0 = ProjectionInput::ns_steps
+  /// One line naming each choice, e.g. "fsdp2 baseline: every_rank Newton-Schulz, gather bf16, NS 5".
+  std::string describe(const std::string& ns_dtype, int ns_steps_default) const;
+};
+
 /// What to project.
 struct ProjectionInput {
   ModelProfile model;
@@ -71,30 +101,44 @@ struct ProjectionInput {
   std::string ns_dtype = "bf16";    ///< Newton-Schulz dtype
   int batch = 1, seq = 1024;        ///< sequences x tokens per rank per step
   bool activation_checkpointing = false;
+  int prefetch_depth = -1;          ///< units gathered ahead; < 0: the device default (GPU 1, CPU 0)
+  int overlap_reduce = -1;          ///< 1 on, 0 off, < 0: the device default (GPU on, CPU off)
+  int batch_orthogonalize = -1;     ///< same-shape owned matrices in one batched chain; < 0: GPU on, CPU off
+  bool round_robin_owners = false;  ///< owners k % N (PlannerOptions::round_robin) instead of LPT
+  BaselineOptions baseline;         ///< the fsdp2 placement's optimizer-step semantics
 };
 
 /// Predicted step of one rank (the slowest). Times in ms, memory in GB (1e9 bytes).
 struct Projection {
   int world = 1, replicas = 1;
   double forward_ms = 0, backward_ms = 0, reduce_ms = 0, optimizer_ms = 0, step_ms = 0;
+  /// Parts of optimizer_ms: the slowest rank's Newton-Schulz, its elementwise work, and the
+  /// step's collectives (fsdp2's gathers or row_sharded exchanges, zero1's parameter gather).
+  double ns_ms = 0, elementwise_ms = 0, opt_comm_ms = 0;
+  /// Communication not hidden behind compute: gathers compute waited for, and reductions.
+  double exposed_gather_ms = 0;
   double persistent_gb = 0, gathered_gb = 0, activations_gb = 0, transient_gb = 0, total_gb = 0;
   bool oom = false;
   nlohmann::json to_json() const;
 };
 
-/// The projection of `in` at `world` ranks on `cluster`. Model (no overlap of compute and
-/// communication, as in the engine's step schedule):
-///  - compute: flops_per_token * tokens (1/3 forward, 2/3 backward, +1/3 with checkpointing) /
-///    (rate * model_efficiency); rate per device, scaled by cores / ranks on shared CPU nodes;
+/// The projection of `in` at `world` ranks on `cluster`. Model (cost terms in projection_terms.h):
+///  - compute per unit: each matrix's GEMM (tokens x fan_out x fan_in) and the attention products
+///    and head at their shapes on the cluster's GEMM curve (gemm_seconds), / model_efficiency;
+///    backward 2x forward (+1x with checkpointing); rate per device, scaled by cores / ranks on
+///    shared CPU nodes;
 ///  - a collective over n ranks moving X bytes per rank (the communicator's direct-model bytes):
 ///    X / bw + hops(n) * latency, with the intra-node bandwidth when the group fits in a node;
 ///  - gathers (non-resident placements): the parameters at the compute dtype, forward and backward;
 ///    gradient reduction: reduce-scatter (all-reduce for ddp); HSDP adds the replica chain of
 ///    the engine (R reduce-scatters in turn, R - 1 hops and a broadcast of the owned shard);
-///  - optimizer: the slowest rank's Newton-Schulz FLOPs (cost_model.h muon_flops over its owned
-///    matrices; every matrix on every rank for fsdp2 and ddp) / (rate * ns_efficiency), AdamW and
-///    Muon elementwise bytes / mem_GBps, plus fsdp2's all-gather of the Muon inputs and zero1's
-///    all-gather of the updated parameters;
+///  - the step's schedule (schedule_units): gathers prefetched `prefetch_depth` units ahead and
+///    reductions overlapped with the next unit's backward, as the engine runs them; HSDP's chain
+///    and ddp's all-reduce block;
+///  - optimizer: the slowest rank's Newton-Schulz (newton_schulz_seconds over its owned matrices,
+///    same shapes batched when batch_orthogonalize; fsdp2 per `baseline`; every matrix on every
+///    rank for ddp), AdamW and Muon elementwise bytes / mem_GBps, plus fsdp2's collectives and
+///    zero1's all-gather of the updated parameters;
 ///  - memory: f32 master parameters, gradients and state (12 B Muon, 16 B AdamW per element,
 ///    owned or resident), two gathered units, fsdp2's full Muon input and update, activations
 ///    (ModelProfile::activation_bytes_per_token_layer; checkpointing keeps one layer's inputs per

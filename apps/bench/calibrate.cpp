@@ -1,6 +1,7 @@
 #include "apps/bench/calibrate.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -37,13 +38,19 @@ double memory_gb() {
   return 0;
 }
 
-// Rank-0 single-thread rates: GEMM (FLOP/s), NS (FLOP/s), model fwd+bwd (FLOP/s), AdamW (B/s).
+// Rank-0 single-thread rates: GEMM f32 (FLOP/s), NS (FLOP/s), model fwd+bwd (FLOP/s), AdamW (B/s),
+// GEMM bf16 (FLOP/s).
 std::vector<double> single_rank_rates() {
   set_cpu_threads(1);
   const int64_t m = 768, n = 3072;
   std::vector<float> a(m * n, 0.01f), b(m * m, 0.02f), c(m * n);
   Kernels& k = kernels(Device::CPU);
   const double gemm = 2.0 * m * m * n / best_seconds(3, [&] { k.gemm(false, false, m, n, m, 1.f, b.data(), a.data(), 0.f, c.data()); });
+  // The same product with bf16 operands (f32 accumulation): the rate bf16 Newton-Schulz and
+  // param_dtype bf16 run at. 0x3C24 and 0x3CA4 are bf16 0.01 and 0.02.
+  const std::vector<uint16_t> a16(m * n, 0x3C24), b16(m * m, 0x3CA4);
+  const double gemm_bf16 =
+      2.0 * m * m * n / best_seconds(3, [&] { k.gemm_bf16(false, false, m, n, m, 1.f, b16.data(), a16.data(), 0.f, c.data()); });
   Tensor u = Tensor::zeros({m * n}), o = Tensor::zeros({m * n});
   u.copy_from_host(a.data());
   MuonOptions mo;
@@ -67,14 +74,14 @@ std::vector<double> single_rank_rates() {
   std::vector<float> p(E, 0.1f), g(E, 0.01f), mm(E), vv(E);
   AdamWOptions ao;
   const double mem = 28.0 * E / best_seconds(3, [&] { adamw_step_cpu(p.data(), g.data(), mm.data(), vv.data(), E, 1e-3, 1, ao); });
-  return {gemm, ns, fwd_bwd, mem};
+  return {gemm, ns, fwd_bwd, mem, gemm_bf16};
 }
 
 }  // namespace
 
 ClusterSpec calibrate_this_machine(Communicator& comm) {
   const int W = comm.world_size();
-  std::vector<double> r(4, 0.0);
+  std::vector<double> r(5, 0.0);
   if (comm.rank() == 0) r = single_rank_rates();
   comm.barrier();
   for (double& x : r) x = comm.all_reduce_scalar(x, ReduceOp::max, CommPhase::other);
@@ -91,7 +98,9 @@ ClusterSpec calibrate_this_machine(Communicator& comm) {
   const double lat = comm.all_reduce_scalar(t_lat / std::max(1, W - 1), ReduceOp::max, CommPhase::other);
   ClusterSpec c;
   c.name = "this_machine";
-  c.gemm_tflops_f32 = c.gemm_tflops_bf16 = r[0] / 1e12;
+  c.source = "mfsdp-project --calibrate on this machine (CPU ranks, flat GEMM rates, no launch cost)";
+  c.gemm_tflops_f32 = r[0] / 1e12;
+  c.gemm_tflops_bf16 = r[4] / 1e12;
   c.ns_efficiency = r[1] / r[0];
   c.model_efficiency = r[2] / r[0];
   c.mem_GBps = r[3] / 1e9;

@@ -6,7 +6,8 @@
 namespace mfsdp {
 
 /// Measures this machine and returns it as a ClusterSpec named "this_machine": on rank 0 alone
-/// with one thread (the others wait), the f32 GEMM rate (768 x 3072 x 768, best of 3), the
+/// with one thread (the others wait), the f32 and bf16 GEMM rates (768 x 3072 x 768, best of 3;
+/// gemm_tflops_f32 / gemm_tflops_bf16, no curve: the rate is flat on CPU), the
 /// Newton-Schulz rate of a [768, 3072] Muon orthogonalization (ns_efficiency = NS rate / GEMM
 /// rate), a one-layer GPT-2-width forward + backward at T = 64 (model_efficiency) and AdamW over
 /// 4M elements (mem_GBps); on every rank, the all_gather_v bandwidth of 8 MB per rank and the

@@ -3,6 +3,10 @@
 
 #include "models/model_presets.h"
 #include "planner/projection.h"
+#include "planner/projection_terms.h"
+#include "planner/cost_model.h"
+
+#include <cmath>
 
 using namespace mfsdp;
 
@@ -106,4 +110,93 @@ TEST_CASE("cluster files load and bad ones are refused", "[projection][cluster]"
   CHECK(c.memory_gb == 80);
   CHECK(c.inter_GBps == 23);
   CHECK_THROWS_WITH(ClusterSpec::load("/nonexistent.json"), Catch::Contains("cannot open cluster file"));
+}
+
+TEST_CASE("GEMM efficiency follows the cluster's curve and the roofline", "[projection][gemm]") {
+  const ClusterSpec c = a100();
+  // Between points the curve is linear in log2(size); outside it is clamped.
+  CHECK(curve_efficiency(c.gemm_curve_bf16, 768) == Approx(0.27));
+  CHECK(curve_efficiency(c.gemm_curve_bf16, 1.0) == Approx(0.04));
+  CHECK(curve_efficiency(c.gemm_curve_bf16, 1e6) == Approx(0.87));
+  CHECK(curve_efficiency(c.gemm_curve_bf16, std::sqrt(1024.0 * 2048.0)) == Approx((0.42 + 0.7) / 2));
+  CHECK(curve_efficiency({}, 10.0) == 1.0);
+  CHECK_THROWS_AS(curve_efficiency({{1024, 0.5}, {512, 0.6}}, 700), std::invalid_argument);
+  // 8192^3 in bf16: 2 * 8192^3 FLOPs at 312 TFLOP/s * 0.87, plus one launch.
+  const double t = gemm_seconds(c, "bf16", 1, 8192, 8192, 8192, 1.0);
+  CHECK(t == Approx(2.0 * 8192.0 * 8192 * 8192 / (312e12 * 0.87) + 6e-6));
+  // A 768^3 GEMM is launch- and tile-bound: far below the large-GEMM rate.
+  const double small = 2.0 * 768.0 * 768 * 768 / gemm_seconds(c, "bf16", 1, 768, 768, 768, 1.0);
+  CHECK(small < 0.3 * 312e12);
+  // f32 uses its own rate (TF32 on A100) and curve.
+  CHECK(gemm_seconds(c, "f32", 1, 8192, 8192, 8192, 1.0) > 1.9 * t);
+  // A skinny GEMM is bound by memory bandwidth, not FLOPs.
+  const double gemv = gemm_seconds(c, "bf16", 1, 1, 8192, 8192, 1.0);
+  CHECK(gemv == Approx(2.0 * (8192.0 + 8192.0 * 8192 + 8192) / 1800e9 + 6e-6));
+}
+
+TEST_CASE("Newton-Schulz is its GEMMs plus launches; batching same shapes pays launches once", "[projection][ns]") {
+  const ClusterSpec c = a100();
+  const double one = newton_schulz_seconds(c, "bf16", 3072, 768, 5, 1, false, 1.0);
+  const double gemms = gemm_seconds(c, "bf16", 1, 768, 768, 3072, 1.0) + gemm_seconds(c, "bf16", 1, 768, 768, 768, 1.0) +
+                       gemm_seconds(c, "bf16", 1, 768, 3072, 768, 1.0);
+  CHECK(one == Approx(5 * (gemms + kNsExtraLaunchesPerIteration * 6e-6) + kNsNormalizeLaunches * 6e-6));
+  CHECK(newton_schulz_seconds(c, "bf16", 3072, 768, 5, 12, false, 1.0) == Approx(12 * one));
+  // Twelve small matrices batched run nearer the large-GEMM rate than twelve chains.
+  CHECK(newton_schulz_seconds(c, "bf16", 3072, 768, 5, 12, true, 1.0) < 0.5 * 12 * one);
+  CHECK(newton_schulz_seconds(c, "bf16", 3072, 768, 0, 12, true, 1.0) == 0.0);
+  // A CPU cluster (flat rate, no launches) is FLOPs / (rate * ns_efficiency), as calibrated.
+  ClusterSpec cpu = c;
+  cpu.gemm_curve_bf16.clear();
+  cpu.launch_us = 0;
+  cpu.mem_GBps = 1e9;
+  cpu.ns_efficiency = 0.5;
+  CHECK(newton_schulz_seconds(cpu, "bf16", 3072, 768, 5, 2, false, 1.0) ==
+        Approx(2 * muon_flops(3072, 768, 5) / (312e12 * 0.5)));
+}
+
+TEST_CASE("the unit schedule hides prefetched gathers and overlapped reductions but not the last unit's",
+          "[projection][overlap]") {
+  std::vector<UnitTimes> u(4, UnitTimes{1.0, 2.0, 0.5, 0.8});
+  // Blocking (CPU): every gather and reduction adds to the compute.
+  const UnitSchedule b = schedule_units(u, 0, false);
+  CHECK(b.forward == Approx(4 * 1.5));
+  CHECK(b.backward == Approx(4 * 2.5));
+  CHECK(b.reduce_wait == Approx(4 * 0.8));
+  // Prefetch 1 and overlapped reductions: only the first gather of each pass and unit 0's
+  // reduction (the bubble after the backward) are exposed.
+  const UnitSchedule o = schedule_units(u, 1, true);
+  CHECK(o.forward == Approx(0.5 + 4 * 1.0));
+  CHECK(o.backward == Approx(0.5 + 4 * 2.0));
+  CHECK(o.reduce_wait == Approx(0.8));
+  // Communication slower than compute shows through: the comm stream is the bottleneck.
+  std::vector<UnitTimes> slow(4, UnitTimes{1.0, 2.0, 3.0, 0.0});
+  CHECK(schedule_units(slow, 1, true).forward == Approx(4 * 3.0 + 1.0));
+}
+
+TEST_CASE("GPU defaults overlap communication; the baseline's semantics are options", "[projection][baseline]") {
+  const ClusterSpec c = a100();
+  ProjectionInput m = llama7b(Placement::matrixfsdp);
+  const Projection overlapped = project(m, c, 8);
+  m.prefetch_depth = 0;
+  m.overlap_reduce = 0;
+  const Projection blocking = project(m, c, 8);
+  CHECK(overlapped.step_ms < blocking.step_ms);
+  CHECK(overlapped.exposed_gather_ms < 0.2 * blocking.exposed_gather_ms);
+  CHECK(overlapped.reduce_ms > 0);  // unit 0's reduction: the bubble
+  ProjectionInput f = llama7b(Placement::fsdp2);
+  f.ns_steps = 2;
+  const Projection every = project(f, c, 8);
+  CHECK(every.optimizer_ms == Approx(every.ns_ms + every.elementwise_ms + every.opt_comm_ms));
+  f.baseline.ns = BaselineNs::row_sharded;
+  const Projection rows = project(f, c, 8);
+  CHECK(rows.ns_ms < 0.4 * every.ns_ms);  // each rank computes about 1/8 of the products (and the Grams whole)
+  CHECK(rows.opt_comm_ms > every.opt_comm_ms);
+  f.baseline.ns = BaselineNs::every_rank;
+  f.baseline.gather_dtype = "f32";
+  CHECK(project(f, c, 8).opt_comm_ms > 1.8 * every.opt_comm_ms);  // twice the bytes, the same hops
+  f.baseline.ns_steps = 5;
+  CHECK(project(f, c, 8).ns_ms > 2 * every.ns_ms);
+  CHECK(f.baseline.describe("bf16", 2) == "fsdp2 baseline: every_rank Newton-Schulz, gather f32, NS 5");
+  CHECK(parse_baseline_ns("row_sharded") == BaselineNs::row_sharded);
+  CHECK_THROWS_WITH(parse_baseline_ns("owners"), Catch::Contains("every_rank or row_sharded"));
 }
