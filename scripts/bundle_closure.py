@@ -14,7 +14,7 @@ starts a comment.
 
 `fill` copies every unmet need from this machine (`ldconfig -p`) into BUNDLE/lib until nothing is
 missing. A plugin (an ELF under BUNDLE/mpi) that needs a library matching --refuse (network stacks
-the bundle does not carry) is removed, and so is a copied library that needs one, with every plugin
+the bundle leaves out) is removed, and so is a copied library that needs one, with every plugin
 that needs that library; an executable that needs one is an error. Last, it removes every RPATH
 and RUNPATH (Debian's Open MPI points at its install folder): the bundle's files find their
 libraries through LD_LIBRARY_PATH (DIR/env.sh) alone.
@@ -169,7 +169,7 @@ def fill(bundle, provided, refuse):
             top = os.path.relpath(path, bundle).split(os.sep)[0]
             if (refused and refused.search(so)) or so in dropped:
                 if top not in ("mpi", "lib"):
-                    print(f"bundle_closure: {path} needs {so}, which the bundle does not carry", file=sys.stderr)
+                    print(f"bundle_closure: {path} needs {so}, which the bundle leaves out", file=sys.stderr)
                     return 1
                 print(f"bundle_closure: dropping {os.path.relpath(path, bundle)} (needs {so})")
                 if top == "lib":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: verifies the CUDA path on a GPU machine without this project's packages or network,
-# in one call of at most 6 minutes, from the bundle that scripts/gpu_prepare.sh built elsewhere.
+# in one run with a time limit of 6 minutes, from the bundle that scripts/gpu_prepare.sh built elsewhere.
 #
 #   scripts/gpu_check.sh [DIR]          # DIR: the bundle, default gpu-bundle/ (run from the repository)
 #
@@ -135,6 +135,6 @@ done
 echo "  total: $((SECONDS - T0)) s of 360 s; logs in $LOGS"
 [ -f "$LOGS/bench_cuda.log" ] && { echo; cat "$LOGS/bench_cuda.log"; }
 [ -f "$LOGS/train_vs_reference.log" ] && cat "$LOGS/train_vs_reference.log"
-[ $((SECONDS - T0)) -le 360 ] || { echo "gpu_check.sh: over the 6-minute budget"; FAILED=1; }
+[ $((SECONDS - T0)) -le 360 ] || { echo "gpu_check.sh: over the check's 6-minute time limit"; FAILED=1; }
 [ "$GPU" = 1 ] || echo "gpu_check.sh: nvidia-smi sees no GPU: nothing was verified"
 exit $FAILED

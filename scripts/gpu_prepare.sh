@@ -11,7 +11,7 @@
 #               provide (scripts/gpu_provided_libs.txt: glibc, libstdc++, libgcc_s, the driver's
 #               libcuda, the CUDA libraries of its Python nvidia-* wheels);
 #   mpi/        Debian's Open MPI runtime relocated (OPAL_PREFIX): orterun (= mpirun), orted, the
-#               openmpi3 plugins that need no network stack the bundle does not carry, the help
+#               openmpi3 plugins that need no network stack the bundle leaves out, the help
 #               files; PMIx's plugins and help files under mpi/pmix (PMIX_PREFIX);
 #   env.sh      to source: the variables above, the launcher and binaries first on PATH, the bundle's
 #               lib/ then the wheels' lib folders (found by asking python3) on LD_LIBRARY_PATH;
