@@ -1,6 +1,9 @@
 // mfsdp-ckpt: inspect owner-shard checkpoints on one process (no MPI launch needed).
 //   mfsdp-ckpt list   <checkpoint root>          steps, world size, placement, size, complete or not
-//   mfsdp-ckpt verify <checkpoint dir>           every piece's file, key, length and checksum
+//   mfsdp-ckpt verify <checkpoint dir>           every check of resume that needs no model: the manifest's
+//                                              checksum and fields, the step against the directory name,
+//                                              the loader position and global batch against the saved
+//                                              config and data; every piece's file, key, length, checksum
 //   mfsdp-ckpt export <checkpoint dir> <out>   consolidated Hugging Face GPT-2 / Llama export (<out>: a
 //                                              .safetensors file, or a from_pretrained directory)
 //   mfsdp-ckpt diff   <checkpoint dir A> <checkpoint dir B> which tensors differ, and by how much
@@ -13,6 +16,7 @@
 #include <filesystem>
 #include <string>
 
+#include "apps/train/checkpointing.h"
 #include "apps/train/train_config.h"
 #include "models/gpt_hf.h"
 #include "models/llama_hf.h"
@@ -57,13 +61,14 @@ int list(const std::string& root) {
 
 int verify(const std::string& dir) {
   const CheckpointManifest m = CheckpointManifest::read(dir);
-  const auto problems = verify_checkpoint(m);
+  auto problems = verify_run_state(m);  // the run-state checks of resume
+  for (auto& p : verify_checkpoint(m)) problems.push_back(std::move(p));
   for (const auto& p : problems) std::printf("%s\n", p.c_str());
   size_t pieces = 0;
   for (const auto& t : m.tensors)
     for (const auto& k : t.pieces) pieces += k.size();
   std::printf("%s: %zu tensors, %zu pieces, %s\n", dir.c_str(), m.tensors.size(), pieces,
-              problems.empty() ? "all checksums match" : (std::to_string(problems.size()) + " problems").c_str());
+              problems.empty() ? "all checks pass, all checksums match" : (std::to_string(problems.size()) + " problems").c_str());
   return problems.empty() ? 0 : 1;
 }
 
@@ -132,7 +137,8 @@ int main(int argc, char** argv) {
   std::string root, dir, out, other;
   auto* l = app.add_subcommand("list", "checkpoints under a checkpoint root");
   l->add_option("root", root, "checkpoint root (checkpoint.dir)")->required();
-  auto* v = app.add_subcommand("verify", "check every piece's checksum");
+  auto* v = app.add_subcommand(
+      "verify", "the checks of resume that need no model (manifest, step, loader, global batch) and every piece's checksum");
   v->add_option("dir", dir, "checkpoint directory (step_N)")->required();
   auto* e = app.add_subcommand("export", "write the consolidated Hugging Face export (a .safetensors file or a from_pretrained directory)");
   e->add_option("dir", dir, "checkpoint directory (step_N)")->required();

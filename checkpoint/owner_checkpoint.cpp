@@ -12,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
@@ -93,51 +94,46 @@ SaveObserver* set_save_observer(SaveObserver* observer) {
   return previous;
 }
 
-std::string save_checkpoint(ShardedEngine& engine, const std::string& root, const CheckpointMeta& meta, int keep_last) {
-  Communicator& comm = engine.comm();
-  const int rank = comm.rank(), world = comm.world_size();
-  const fs::path root_dir(root), final_dir = root_dir / step_dir_name(meta.step);
-  const fs::path tmp_dir = final_dir.string() + ".tmp";
-  std::string error;
+namespace {
 
-  // 1. rank 0 prepares an empty temporary directory (a leftover of a crashed save is removed)
-  if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(root_dir, ec);
-    if (ec) error = root + ": cannot create the checkpoint directory: " + ec.message();
-    else if (fs::exists(final_dir)) error = final_dir.string() + ": a checkpoint of this step already exists";
-    else {
-      fs::remove_all(tmp_dir, ec);
-      if (!fs::create_directory(tmp_dir, ec) || ec)
-        error = tmp_dir.string() + ": cannot create: " + (ec ? ec.message() : "exists");
-    }
-  }
-  agree(comm, error, "checkpoint " + final_dir.string());
+std::string rank_file_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "rank_%05d.safetensors", rank);
+  return buf;
+}
 
-  // 2. every rank writes the pieces it owns
-  const std::string file = [&] {
-    char buf[40];
-    std::snprintf(buf, sizeof(buf), "rank_%05d.safetensors", rank);
-    return std::string(buf);
-  }();
+// Step 1, rank 0: an empty temporary directory (a leftover of a crashed save is removed). Returns
+// the error ("" when ready).
+std::string prepare_save_dir(const fs::path& root_dir, const fs::path& final_dir, const fs::path& tmp_dir) {
+  std::error_code ec;
+  fs::create_directories(root_dir, ec);
+  if (ec) return root_dir.string() + ": cannot create the checkpoint directory: " + ec.message();
+  if (fs::exists(final_dir)) return final_dir.string() + ": a checkpoint of this step already exists";
+  fs::remove_all(tmp_dir, ec);
+  if (!fs::create_directory(tmp_dir, ec) || ec) return tmp_dir.string() + ": cannot create: " + (ec ? ec.message() : "exists");
+  return "";
+}
+
+// Step 2, every rank: writes the pieces it owns to tmp_dir/`file`; returns their records (name,
+// kind, file, key, offset, numel, xxh64). Throws on a failed write.
+json write_rank_file(ShardedEngine& engine, const fs::path& tmp_dir, const std::string& file, int64_t step, int rank) {
   json records = json::array();
-  try {
-    std::vector<TensorView> views;
-    engine.for_each_saved_piece([&](const MatrixShard& s, StateKind kind, int64_t offset, int64_t numel, const float* data) {
-      const std::string key = std::string(state_kind_name(kind)) + "/" + s.name + "/" + std::to_string(offset);
-      views.push_back(TensorView{key, "F32", {numel}, data});
-      records.push_back({{"name", s.name}, {"kind", state_kind_name(kind)}, {"file", file}, {"key", key},
-                         {"offset", offset}, {"numel", numel},
-                         {"xxh64", hex64(checksum(data, numel * static_cast<int64_t>(sizeof(float))))}});
-    });
-    write_safetensors((tmp_dir / file).string(), views, {{"rank", std::to_string(rank)}, {"step", std::to_string(meta.step)}});
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  save_observer().after_rank_file(meta.step, rank, world, (tmp_dir / file).string());
-  agree(comm, error, "checkpoint " + final_dir.string(), tmp_dir);
+  std::vector<TensorView> views;
+  engine.for_each_saved_piece([&](const MatrixShard& s, StateKind kind, int64_t offset, int64_t numel, const float* data) {
+    const std::string key = std::string(state_kind_name(kind)) + "/" + s.name + "/" + std::to_string(offset);
+    views.push_back(TensorView{key, "F32", {numel}, data});
+    records.push_back({{"name", s.name}, {"kind", state_kind_name(kind)}, {"file", file}, {"key", key},
+                       {"offset", offset}, {"numel", numel},
+                       {"xxh64", hex64(checksum(data, numel * static_cast<int64_t>(sizeof(float))))}});
+  });
+  write_safetensors((tmp_dir / file).string(), views, {{"rank", std::to_string(rank)}, {"step", std::to_string(step)}});
+  return records;
+}
 
-  // 3. the piece records reach rank 0 (sizes first, then the padded texts)
+// Step 3, collective: every rank's records (sizes first, then the padded texts), parsed on rank 0
+// into name -> {"param": [...], "m": [...], "v": [...]} (empty on the other ranks).
+std::map<std::string, json> gather_records(Communicator& comm, const json& records) {
+  const int world = comm.world_size();
   const std::string mine = records.dump();
   const int64_t my_len = static_cast<int64_t>(mine.size());
   std::vector<int64_t> lens(static_cast<size_t>(world));
@@ -146,59 +142,93 @@ std::string save_checkpoint(ShardedEngine& engine, const std::string& root, cons
   std::vector<char> padded(static_cast<size_t>(longest), ' '), all(static_cast<size_t>(longest * world));
   std::copy(mine.begin(), mine.end(), padded.begin());
   comm.all_gather_host(padded.data(), all.data(), longest, CommPhase::other);
+  std::map<std::string, json> pieces;
+  if (comm.rank() != 0) return pieces;
+  for (int r = 0; r < world; ++r) {
+    const json rec = json::parse(std::string(all.data() + r * longest, static_cast<size_t>(lens[r])));
+    for (const json& p : rec)
+      pieces[p["name"].get<std::string>()][p["kind"].get<std::string>()].push_back(
+          {{"file", p["file"]}, {"key", p["key"]}, {"offset", p["offset"]}, {"numel", p["numel"]}, {"xxh64", p["xxh64"]}});
+  }
+  return pieces;
+}
 
-  // 4. rank 0 writes the manifest last, then renames the directory into place
+// The manifest's fields (without its checksum; seal_manifest adds it).
+json manifest_json(ShardedEngine& engine, const CheckpointMeta& meta, std::map<std::string, json>& pieces) {
+  const ShardPlan& plan = engine.plan();
+  json tensors = json::array();
+  for (const MatrixShard& s : plan.shards) {
+    json t = {{"name", s.name}, {"shape", s.shape}, {"dtype", "F32"},
+              {"optimizer", s.optimizer == OptimizerKind::muon ? "muon" : "adamw"}, {"pieces", pieces[s.name]}};
+    for (auto& [kind, list] : t["pieces"].items())
+      std::sort(list.begin(), list.end(), [](const json& a, const json& b) { return a["offset"] < b["offset"]; });
+    tensors.push_back(std::move(t));
+  }
+  json loader;
+  to_json(loader, meta.loader);
+  return {{"format", kFormat},
+          {"format_version", CheckpointManifest::kFormatVersion},
+          {"step", meta.step},
+          {"tokens", meta.tokens},
+          {"optimizer_steps", engine.optimizer_steps()},
+          {"world_size", engine.comm().world_size()},
+          {"placement", placement_name(plan.placement)},
+          {"loader", loader},
+          {"state_fingerprint", meta.state_fingerprint},
+          {"config", meta.config},
+          {"plan", plan.to_json()},
+          {"tensors", tensors}};
+}
+
+// Step 4, rank 0: the manifest last, fsync, the rename into place, the latest pointer, and only
+// then the oldest complete checkpoints beyond keep_last go. Throws on failure.
+void publish(const json& manifest, const fs::path& root_dir, const fs::path& tmp_dir, const fs::path& final_dir, int keep_last) {
+  write_file_atomic(tmp_dir / kManifest, seal_manifest(manifest.dump(1) + "\n"));
+  if (!sync_path(tmp_dir)) throw CheckpointError(tmp_dir.string() + ": fsync failed");
+  std::error_code ec;
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) throw CheckpointError(final_dir.string() + ": rename failed: " + ec.message());
+  sync_path(root_dir);
+  write_file_atomic(root_dir / "latest", final_dir.filename().string() + "\n");
+  sync_path(root_dir);
+  std::vector<std::string> complete = list_checkpoints(root_dir.string());
+  for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < complete.size(); ++i)
+    if (fs::path(complete[i]) != final_dir) fs::remove_all(complete[i], ec);
+}
+
+}  // namespace
+
+std::string save_checkpoint(ShardedEngine& engine, const std::string& root, const CheckpointMeta& meta, int keep_last) {
+  Communicator& comm = engine.comm();
+  const int rank = comm.rank(), world = comm.world_size();
+  const fs::path root_dir(root), final_dir = root_dir / step_dir_name(meta.step);
+  const fs::path tmp_dir = final_dir.string() + ".tmp";
+  const std::string what = "checkpoint " + final_dir.string();
+  std::string error;
+  if (rank == 0) error = prepare_save_dir(root_dir, final_dir, tmp_dir);
+  agree(comm, error, what);
+
+  const std::string file = rank_file_name(rank);
+  json records;
+  try {
+    records = write_rank_file(engine, tmp_dir, file, meta.step, rank);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  save_observer().after_rank_file(meta.step, rank, world, (tmp_dir / file).string());
+  agree(comm, error, what, tmp_dir);
+
+  std::map<std::string, json> pieces = gather_records(comm, records);
   if (rank == 0) {
     try {
-      const ShardPlan& plan = engine.plan();
-      std::map<std::string, json> pieces;  // name -> {"param": [...], "m": [...], "v": [...]}
-      for (int r = 0; r < world; ++r) {
-        const json rec = json::parse(std::string(all.data() + r * longest, static_cast<size_t>(lens[r])));
-        for (const json& p : rec)
-          pieces[p["name"].get<std::string>()][p["kind"].get<std::string>()].push_back(
-              {{"file", p["file"]}, {"key", p["key"]}, {"offset", p["offset"]}, {"numel", p["numel"]}, {"xxh64", p["xxh64"]}});
-      }
-      json tensors = json::array();
-      for (const MatrixShard& s : plan.shards) {
-        json t = {{"name", s.name}, {"shape", s.shape}, {"dtype", "F32"},
-                  {"optimizer", s.optimizer == OptimizerKind::muon ? "muon" : "adamw"}, {"pieces", pieces[s.name]}};
-        for (auto& [kind, list] : t["pieces"].items())
-          std::sort(list.begin(), list.end(), [](const json& a, const json& b) { return a["offset"] < b["offset"]; });
-        tensors.push_back(std::move(t));
-      }
-      json loader;
-      to_json(loader, meta.loader);
-      const json manifest = {{"format", kFormat},
-                             {"format_version", CheckpointManifest::kFormatVersion},
-                             {"step", meta.step},
-                             {"tokens", meta.tokens},
-                             {"optimizer_steps", engine.optimizer_steps()},
-                             {"world_size", world},
-                             {"placement", placement_name(plan.placement)},
-                             {"loader", loader},
-                             {"state_fingerprint", meta.state_fingerprint},
-                             {"config", meta.config},
-                             {"plan", plan.to_json()},
-                             {"tensors", tensors}};
-      write_file_atomic(tmp_dir / kManifest, manifest.dump(1) + "\n");
-      if (!sync_path(tmp_dir)) throw CheckpointError(tmp_dir.string() + ": fsync failed");
-      std::error_code ec;
-      fs::rename(tmp_dir, final_dir, ec);
-      if (ec) throw CheckpointError(final_dir.string() + ": rename failed: " + ec.message());
-      sync_path(root_dir);
-      write_file_atomic(root_dir / "latest", final_dir.filename().string() + "\n");
-      sync_path(root_dir);
-      // only now, with the new checkpoint complete, the oldest ones beyond keep_last go
-      std::vector<std::string> complete = list_checkpoints(root);
-      for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < complete.size(); ++i)
-        if (fs::path(complete[i]) != final_dir) fs::remove_all(complete[i], ec);
+      publish(manifest_json(engine, meta, pieces), root_dir, tmp_dir, final_dir, keep_last);
     } catch (const std::exception& e) {
       error = e.what();
       std::error_code ec;
       fs::remove_all(tmp_dir, ec);  // still there only when the rename did not happen
     }
   }
-  agree(comm, error, "checkpoint " + final_dir.string());
+  agree(comm, error, what);
   return final_dir.string();
 }
 
@@ -250,32 +280,61 @@ std::string resolve_resume(const std::string& resume, const std::string& root, s
   return chosen;
 }
 
-CheckpointManifest CheckpointManifest::read(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kManifest).string();
-  const Fields f{path};
+namespace {
+
+constexpr std::string_view kSealPrefix = "{\n \"manifest_xxh3\": \"";
+constexpr size_t kSealLine = kSealPrefix.size() + 16 + 3;  // kSealPrefix, 16 hex digits, "\",\n"
+
+// The manifest text of `path` with its checksum verified, before any field is read. Throws
+// CheckpointError naming the file.
+std::string read_sealed_manifest(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path + ": cannot open (not a complete checkpoint?)");
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
   if (text.size() > kMaxManifestBytes) throw CheckpointError(path + ": larger than 1 GiB, refused");
+  const std::string hex = text.size() >= kSealLine ? text.substr(kSealPrefix.size(), 16) : "";
+  if (hex.empty() || text.compare(0, kSealPrefix.size(), kSealPrefix) != 0 ||
+      hex.find_first_not_of("0123456789abcdef") != std::string::npos ||
+      text.compare(kSealPrefix.size() + 16, 3, "\",\n") != 0)
+    throw CheckpointError(path + ": manifest_xxh3: missing; a manifest begins with its checksum line (format version " +
+                          std::to_string(CheckpointManifest::kFormatVersion) +
+                          "); one written by an older build, or rewritten by hand, is refused");
+  if (hex64(checksum(text.data() + kSealLine, static_cast<int64_t>(text.size() - kSealLine))) != hex)
+    throw CheckpointError(path + ": manifest_xxh3: the checksum " + hex +
+                          " does not match the manifest's content (edited or damaged manifest)");
   if (json_nesting_depth(text) > kMaxJsonDepth) throw CheckpointError(path + ": nested deeper than 64 levels, refused");
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw CheckpointError(path + ": not valid JSON (" + clip_for_message(e.what(), 200) + ")");
-  }
-  CheckpointManifest m;
-  m.dir = dir;
+  return text;
+}
+
+// The step of a directory named step_<digits> (-1 for any other name).
+int64_t step_of_dir_name(const std::string& dir) {
+  const fs::path norm = fs::path(dir).lexically_normal();
+  const std::string name = norm.filename().empty() ? norm.parent_path().filename().string() : norm.filename().string();
+  if (name.size() < 6 || name.size() > 23 || name.rfind("step_", 0) != 0) return -1;
+  if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  return std::stoll(name.substr(5));
+}
+
+// The run-state fields: format, version, counters, placement, the step against the directory
+// name, fingerprint, loader, config and plan.
+void parse_run_state(const Fields& f, const json& j, CheckpointManifest& m) {
   if (f.str(j, "format", "format") != kFormat) f.fail("format", "expected \"" + std::string(kFormat) + "\"");
   const int64_t version = f.i64(j, "format_version", "format_version");
-  if (version != kFormatVersion)
+  if (version != CheckpointManifest::kFormatVersion)
     f.fail("format_version", std::to_string(version) + " is not supported (this build reads version " +
-                                 std::to_string(kFormatVersion) + ")");
+                                 std::to_string(CheckpointManifest::kFormatVersion) + ")");
   m.step = f.i64(j, "step", "step");
+  const int64_t named = step_of_dir_name(m.dir);
+  if (named >= 0 && named != m.step)
+    f.fail("step", std::to_string(m.step) + " does not match the directory " + fs::path(m.dir).lexically_normal().string() +
+                       " (step " + std::to_string(named) + ")");
   m.tokens = f.i64(j, "tokens", "tokens");
   m.optimizer_steps = f.i64(j, "optimizer_steps", "optimizer_steps");
+  if (m.optimizer_steps != m.step)  // optimizer_steps is part of the state fingerprint
+    f.fail("step", std::to_string(m.step) + " differs from optimizer_steps " + std::to_string(m.optimizer_steps) +
+                       " (each training step is one optimizer step)");
   m.world_size = static_cast<int>(f.i64(j, "world_size", "world_size", 1));
   if (m.world_size > (1 << 24)) f.fail("world_size", "larger than 2^24");
   m.placement = f.str(j, "placement", "placement");
@@ -284,77 +343,109 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   } catch (const std::exception&) {
     f.fail("placement", "unknown placement \"" + clip_for_message(m.placement) + "\"");
   }
-  const std::string dir_name = fs::path(dir).lexically_normal().filename().string().empty()
-                                   ? fs::path(dir).lexically_normal().parent_path().filename().string()
-                                   : fs::path(dir).lexically_normal().filename().string();
-  if (dir_name.size() == 13 && dir_name.rfind("step_", 0) == 0 && dir_name.substr(5) != step_dir_name(m.step).substr(5))
-    f.fail("step", std::to_string(m.step) + " does not match the directory " + dir_name);
   m.state_fingerprint = f.str(j, "state_fingerprint", "state_fingerprint");
   try {
     from_json(f.at(j, "loader", "loader"), m.loader);
   } catch (const std::exception& e) {
     f.fail("loader", e.what());
   }
+  if (m.loader.global_batch_tokens < 1) f.fail("loader.global_batch_tokens", "expected an integer >= 1");
   m.config = f.at(j, "config", "config");
+  if (!m.config.is_object()) f.fail("config", "expected an object");
   m.plan = f.at(j, "plan", "plan");
+}
+
+// One piece list (`pw` names it): pieces that tile [0, want) in order.
+std::vector<CheckpointPiece> parse_pieces(const Fields& f, const json& list, const std::string& pw, const std::string& tensor,
+                                          int64_t want) {
+  if (!list.is_array()) f.fail(pw, "expected an array");
+  std::vector<CheckpointPiece> out;
+  int64_t expect = 0;
+  for (size_t pi = 0; pi < list.size(); ++pi) {
+    const std::string qw = pw + "[" + std::to_string(pi) + "]";
+    CheckpointPiece p;
+    p.file = f.str(list[pi], "file", qw + ".file");
+    if (p.file.empty() || p.file.find('/') != std::string::npos || p.file == "." || p.file == "..")
+      f.fail(qw + ".file", "\"" + clip_for_message(p.file) + "\" is not a file name inside the checkpoint");
+    p.key = f.str(list[pi], "key", qw + ".key");
+    p.offset = f.i64(list[pi], "offset", qw + ".offset");
+    p.numel = f.i64(list[pi], "numel", qw + ".numel", 1);
+    const std::string h = f.str(list[pi], "xxh64", qw + ".xxh64");
+    if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+      f.fail(qw + ".xxh64", "expected 16 lowercase hex digits");
+    p.xxh64 = std::stoull(h, nullptr, 16);
+    if (p.offset != expect)
+      f.fail(qw + ".offset", std::to_string(p.offset) + ": the pieces of '" + clip_for_message(tensor) +
+                                 "' must tile it (expected " + std::to_string(expect) + ")");
+    if (p.numel > want - expect) f.fail(qw + ".numel", "runs past the end of '" + clip_for_message(tensor) + "'");
+    expect += p.numel;
+    out.push_back(std::move(p));
+  }
+  if (expect != want)
+    f.fail(pw, "the pieces cover " + std::to_string(expect) + " of " + std::to_string(want) + " elements of '" +
+                   clip_for_message(tensor) + "'");
+  return out;
+}
+
+// One entry of "tensors" (`where` names it): name, shape, dtype, optimizer and its pieces.
+CheckpointManifest::Tensor parse_tensor(const Fields& f, const json& t, const std::string& where) {
+  CheckpointManifest::Tensor out;
+  out.name = f.str(t, "name", where + ".name");
+  const json& shape = f.at(t, "shape", where + ".shape");
+  if (!shape.is_array() || shape.size() > 8) f.fail(where + ".shape", "expected an array of at most 8 sizes");
+  int64_t numel = 1;
+  for (const json& d : shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
+      f.fail(where + ".shape", "bad size " + clip_for_message(d.dump()));
+    out.shape.push_back(d.get<int64_t>());
+    if (numel > (int64_t(1) << 40) / std::max<int64_t>(1, d.get<int64_t>())) f.fail(where + ".shape", "too large");
+    numel *= d.get<int64_t>();
+  }
+  if (f.str(t, "dtype", where + ".dtype") != "F32") f.fail(where + ".dtype", "expected \"F32\"");
+  out.optimizer = f.str(t, "optimizer", where + ".optimizer");
+  if (out.optimizer != "muon" && out.optimizer != "adamw") f.fail(where + ".optimizer", "expected muon or adamw");
+  const json& pieces = f.at(t, "pieces", where + ".pieces");
+  for (int k = 0; k < 3; ++k) {
+    const std::string kind = state_kind_name(static_cast<StateKind>(k));
+    const std::string pw = where + ".pieces." + kind;
+    // a Muon tensor has a v only under variant normuon: one value per row (per output neuron)
+    const bool row_state = k == 2 && out.optimizer == "muon";
+    if (row_state && !(pieces.is_object() && pieces.contains(kind))) continue;
+    if (row_state && out.shape.size() != 2) f.fail(pw, "a Muon tensor's per-row state needs a 2-D shape");
+    out.pieces[k] = parse_pieces(f, f.at(pieces, kind, pw), pw, out.name, row_state ? out.shape[0] : numel);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string seal_manifest(const std::string& body) {
+  if (body.compare(0, 2, "{\n") != 0 || body.size() < 4)
+    throw std::invalid_argument("seal_manifest: expected a JSON object written with a line break after '{'");
+  const std::string tail = body.substr(2);
+  return std::string(kSealPrefix) + hex64(checksum(tail.data(), static_cast<int64_t>(tail.size()))) + "\",\n" + tail;
+}
+
+CheckpointManifest CheckpointManifest::read(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kManifest).string();
+  const Fields f{path};
+  const std::string text = read_sealed_manifest(path);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": not valid JSON (" + clip_for_message(e.what(), 200) + ")");
+  }
+  CheckpointManifest m;
+  m.dir = dir;
+  parse_run_state(f, j, m);
   const json& tensors = f.at(j, "tensors", "tensors");
   if (!tensors.is_array()) f.fail("tensors", "expected an array");
   std::set<std::string> names;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
-    const json& t = tensors[ti];
-    const std::string where = "tensors[" + std::to_string(ti) + "]";
-    Tensor out;
-    out.name = f.str(t, "name", where + ".name");
-    if (!names.insert(out.name).second) f.fail(where + ".name", "duplicate tensor '" + clip_for_message(out.name) + "'");
-    const json& shape = f.at(t, "shape", where + ".shape");
-    if (!shape.is_array() || shape.size() > 8) f.fail(where + ".shape", "expected an array of at most 8 sizes");
-    int64_t numel = 1;
-    for (const json& d : shape) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
-        f.fail(where + ".shape", "bad size " + clip_for_message(d.dump()));
-      out.shape.push_back(d.get<int64_t>());
-      if (numel > (int64_t(1) << 40) / std::max<int64_t>(1, d.get<int64_t>())) f.fail(where + ".shape", "too large");
-      numel *= d.get<int64_t>();
-    }
-    if (f.str(t, "dtype", where + ".dtype") != "F32") f.fail(where + ".dtype", "expected \"F32\"");
-    out.optimizer = f.str(t, "optimizer", where + ".optimizer");
-    if (out.optimizer != "muon" && out.optimizer != "adamw") f.fail(where + ".optimizer", "expected muon or adamw");
-    const json& pieces = f.at(t, "pieces", where + ".pieces");
-    for (int k = 0; k < 3; ++k) {
-      const std::string kind = state_kind_name(static_cast<StateKind>(k));
-      const std::string pw = where + ".pieces." + kind;
-      // a Muon tensor has a v only under variant normuon: one value per row (per output neuron)
-      const bool row_state = k == 2 && out.optimizer == "muon";
-      if (row_state && !(pieces.is_object() && pieces.contains(kind))) continue;
-      if (row_state && out.shape.size() != 2) f.fail(pw, "a Muon tensor's per-row state needs a 2-D shape");
-      const json& list = f.at(pieces, kind, pw);
-      if (!list.is_array()) f.fail(pw, "expected an array");
-      int64_t expect = 0;
-      for (size_t pi = 0; pi < list.size(); ++pi) {
-        const std::string qw = pw + "[" + std::to_string(pi) + "]";
-        CheckpointPiece p;
-        p.file = f.str(list[pi], "file", qw + ".file");
-        if (p.file.empty() || p.file.find('/') != std::string::npos || p.file == "." || p.file == "..")
-          f.fail(qw + ".file", "\"" + clip_for_message(p.file) + "\" is not a file name inside the checkpoint");
-        p.key = f.str(list[pi], "key", qw + ".key");
-        p.offset = f.i64(list[pi], "offset", qw + ".offset");
-        p.numel = f.i64(list[pi], "numel", qw + ".numel", 1);
-        const std::string h = f.str(list[pi], "xxh64", qw + ".xxh64");
-        if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
-          f.fail(qw + ".xxh64", "expected 16 lowercase hex digits");
-        p.xxh64 = std::stoull(h, nullptr, 16);
-        if (p.offset != expect)
-          f.fail(qw + ".offset", std::to_string(p.offset) + ": the pieces of '" + clip_for_message(out.name) + "' must tile it (expected " +
-                                     std::to_string(expect) + ")");
-        expect += p.numel;
-        out.pieces[k].push_back(std::move(p));
-      }
-      const int64_t want = row_state ? out.shape[0] : numel;
-      if (expect != want)
-        f.fail(pw, "the pieces cover " + std::to_string(expect) + " of " + std::to_string(want) + " elements of '" +
-                       clip_for_message(out.name) + "'");
-    }
-    m.tensors.push_back(std::move(out));
+    m.tensors.push_back(parse_tensor(f, tensors[ti], "tensors[" + std::to_string(ti) + "]"));
+    if (!names.insert(m.tensors.back().name).second)
+      f.fail("tensors[" + std::to_string(ti) + "].name", "duplicate tensor '" + clip_for_message(m.tensors.back().name) + "'");
   }
   return m;
 }

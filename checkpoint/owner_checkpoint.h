@@ -42,7 +42,8 @@ struct CheckpointPiece {
 
 /// A parsed, validated manifest.json.
 struct CheckpointManifest {
-  static constexpr int kFormatVersion = 1;
+  /// 2: the manifest begins with its own checksum (seal_manifest); version 1 had none and is refused.
+  static constexpr int kFormatVersion = 2;
   std::string dir;  ///< the checkpoint directory it was read from
   int64_t step = 0, tokens = 0, optimizer_steps = 0;
   int world_size = 0;
@@ -60,11 +61,19 @@ struct CheckpointManifest {
   };
   std::vector<Tensor> tensors;
 
-  /// Reads and validates `dir`/manifest.json: format and version, types of every field, pieces
-  /// that tile each tensor exactly. Throws CheckpointError naming the file and field.
+  /// Reads and validates `dir`/manifest.json: a regular file whose checksum line matches its
+  /// content (checked before any field is read), then format and version, types of every field,
+  /// the step against a directory named step_<digits>, pieces that tile each tensor exactly.
+  /// Throws CheckpointError naming the file and field.
   static CheckpointManifest read(const std::string& dir);
   const Tensor* find(const std::string& name) const;
 };
+
+/// The manifest text as written: `body` (a JSON object dumped with a line break after its '{')
+/// with a first field "manifest_xxh3" inserted on its own line, holding the XXH3-64 (16 lowercase
+/// hex digits) of every byte after that line. Any change to the file then fails
+/// CheckpointManifest::read. Throws std::invalid_argument when `body` does not start with "{\n".
+std::string seal_manifest(const std::string& body);
 
 /// Watches the steps of save_checkpoint. The default does nothing; a test binary installs its own
 /// (set_save_observer) to stop a rank at a chosen point of the save protocol.

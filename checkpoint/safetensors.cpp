@@ -129,8 +129,11 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
   }
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const std::string who = "[safetensors] " + path + ": ";
+namespace {
+
+// Maps `path` read-only; returns the mapping and sets `bytes`. Throws SafetensorsError (`who`
+// names the file) when it cannot be opened, is not a regular file or is shorter than 8 bytes.
+const uint8_t* map_file(const std::string& path, const std::string& who, int64_t& bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw SafetensorsError(who + "cannot open: " + std::strerror(errno));
   struct stat st{};
@@ -139,95 +142,119 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
     throw SafetensorsError(who + "cannot stat: " + e);
   }
-  map_bytes_ = static_cast<int64_t>(st.st_size);
-  if (map_bytes_ < 8) {
+  bytes = static_cast<int64_t>(st.st_size);
+  if (bytes < 8) {
     ::close(fd);
-    throw SafetensorsError(who + "file has " + std::to_string(map_bytes_) + " bytes, too short for the 8-byte header length");
+    throw SafetensorsError(who + "file has " + std::to_string(bytes) + " bytes, too short for the 8-byte header length");
   }
-  void* m = ::mmap(nullptr, static_cast<size_t>(map_bytes_), PROT_READ, MAP_SHARED, fd, 0);
+  void* m = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (m == MAP_FAILED) throw SafetensorsError(who + "mmap failed: " + std::strerror(errno));
-  map_ = static_cast<const uint8_t*>(m);
+  return static_cast<const uint8_t*>(m);
+}
+
+// The JSON header of a mapped file of `bytes` bytes (bounded length and nesting, an object); sets
+// `data_start` to the first byte after it.
+nlohmann::json parse_header(const uint8_t* map, int64_t bytes, const std::string& who, int64_t& data_start) {
+  uint64_t n;
+  std::memcpy(&n, map, 8);
+  if (n > kMaxHeaderBytes || n > static_cast<uint64_t>(bytes - 8))
+    throw SafetensorsError(who + "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes) +
+                           " bytes) or the 100 MiB limit");
+  data_start = 8 + static_cast<int64_t>(n);
+  if (json_nesting_depth(std::string_view(reinterpret_cast<const char*>(map) + 8, n)) > kMaxJsonDepth)
+    throw SafetensorsError(who + "header is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  nlohmann::json header;
   try {
-    uint64_t n;
-    std::memcpy(&n, map_, 8);
-    if (n > kMaxHeaderBytes || n > static_cast<uint64_t>(map_bytes_ - 8))
-      throw SafetensorsError(who + "header length " + std::to_string(n) + " exceeds the file (" +
-                             std::to_string(map_bytes_) + " bytes) or the 100 MiB limit");
-    data_start_ = 8 + static_cast<int64_t>(n);
+    header = nlohmann::json::parse(map + 8, map + 8 + n);
+  } catch (const nlohmann::json::exception& e) {
+    throw SafetensorsError(who + "header is not valid JSON: " + e.what());
+  }
+  if (!header.is_object()) throw SafetensorsError(who + "header is not a JSON object");
+  return header;
+}
+
+// One tensor entry `v` of the header: dtype, shape (bounded by the file's `file_bytes`) and
+// data_offsets inside the data block, whose span must be the shape's bytes.
+TensorInfo parse_tensor_entry(const std::string& name, const nlohmann::json& v, const std::string& who,
+                              int64_t file_bytes, int64_t data_bytes) {
+  const std::string tw = who + "tensor '" + name + "': ";
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+    throw SafetensorsError(tw + "entry needs dtype, shape and data_offsets");
+  if (!v["dtype"].is_string()) throw SafetensorsError(tw + "dtype is not a string");
+  TensorInfo t;
+  t.name = name;
+  t.dtype = v["dtype"].get<std::string>();
+  int64_t esize;
+  try {
+    esize = safetensors_dtype_size(t.dtype);
+  } catch (const SafetensorsError&) {
+    throw SafetensorsError(tw + "unknown dtype '" + t.dtype + "'");
+  }
+  if (!v["shape"].is_array()) throw SafetensorsError(tw + "shape is not a list");
+  int64_t numel = 1;
+  for (const auto& d : v["shape"]) {
+    if (!d.is_number_unsigned()) throw SafetensorsError(tw + "shape " + v["shape"].dump() + " has a non-natural entry");
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(file_bytes) || (dim > 0 && numel > file_bytes / static_cast<int64_t>(dim)))
+      throw SafetensorsError(tw + "shape " + v["shape"].dump() + " is larger than the file");
+    numel *= static_cast<int64_t>(dim);
+    t.shape.push_back(static_cast<int64_t>(dim));
+  }
+  const auto& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    throw SafetensorsError(tw + "data_offsets must be two non-negative integers, got " + off.dump());
+  const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+  if (b > e || e > static_cast<uint64_t>(data_bytes))
+    throw SafetensorsError(tw + "data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
+                           "] outside the data block of " + std::to_string(data_bytes) + " bytes");
+  t.begin = static_cast<int64_t>(b);
+  t.end = static_cast<int64_t>(e);
+  if (t.end - t.begin != numel * esize)
+    throw SafetensorsError(tw + "data_offsets span " + std::to_string(t.end - t.begin) + " bytes but " + t.dtype + " " +
+                           shape_str(t.shape) + " needs " + std::to_string(numel * esize));
+  return t;
+}
+
+// Sorts `tensors` by offset and checks that they tile the data block exactly (no gap, no overlap).
+void check_tiling(std::vector<TensorInfo>& tensors, int64_t data_bytes, const std::string& who) {
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  int64_t expect = 0;
+  for (const TensorInfo& t : tensors) {
+    if (t.begin != expect)
+      throw SafetensorsError(who + "tensor '" + t.name + "' starts at byte " + std::to_string(t.begin) + ", expected " +
+                             std::to_string(expect) + " (" +
+                             (t.begin < expect ? "overlaps the previous tensor" : "gap in the data block") + ")");
+    expect = t.end;
+  }
+  if (expect != data_bytes)
+    throw SafetensorsError(who + "tensors cover " + std::to_string(expect) + " bytes of a " + std::to_string(data_bytes) +
+                           "-byte data block");
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const std::string who = "[safetensors] " + path + ": ";
+  map_ = map_file(path, who, map_bytes_);
+  try {
+    const nlohmann::json header = parse_header(map_, map_bytes_, who, data_start_);
     const int64_t data_bytes = map_bytes_ - data_start_;
-    nlohmann::json header;
-    if (json_nesting_depth(std::string_view(reinterpret_cast<const char*>(map_) + 8, n)) > kMaxJsonDepth)
-      throw SafetensorsError(who + "header is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-    try {
-      header = nlohmann::json::parse(map_ + 8, map_ + 8 + n);
-    } catch (const nlohmann::json::exception& e) {
-      throw SafetensorsError(who + "header is not valid JSON: " + e.what());
-    }
-    if (!header.is_object()) throw SafetensorsError(who + "header is not a JSON object");
     for (auto it = header.begin(); it != header.end(); ++it) {
-      const std::string& name = it.key();
       const auto& v = it.value();
-      if (name == "__metadata__") {
-        if (!v.is_object()) throw SafetensorsError(who + "__metadata__ is not an object");
-        for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
-          if (!m2.value().is_string())
-            throw SafetensorsError(who + "__metadata__." + m2.key() + " is not a string");
-          metadata_[m2.key()] = m2.value().get<std::string>();
-        }
+      if (it.key() != "__metadata__") {
+        tensors_.push_back(parse_tensor_entry(it.key(), v, who, map_bytes_, data_bytes));
         continue;
       }
-      const std::string tw = who + "tensor '" + name + "': ";
-      if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-        throw SafetensorsError(tw + "entry needs dtype, shape and data_offsets");
-      if (!v["dtype"].is_string()) throw SafetensorsError(tw + "dtype is not a string");
-      TensorInfo t;
-      t.name = name;
-      t.dtype = v["dtype"].get<std::string>();
-      int64_t esize;
-      try {
-        esize = safetensors_dtype_size(t.dtype);
-      } catch (const SafetensorsError&) {
-        throw SafetensorsError(tw + "unknown dtype '" + t.dtype + "'");
+      if (!v.is_object()) throw SafetensorsError(who + "__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) throw SafetensorsError(who + "__metadata__." + m.key() + " is not a string");
+        metadata_[m.key()] = m.value().get<std::string>();
       }
-      if (!v["shape"].is_array()) throw SafetensorsError(tw + "shape is not a list");
-      int64_t numel = 1;
-      for (const auto& d : v["shape"]) {
-        if (!d.is_number_unsigned()) throw SafetensorsError(tw + "shape " + v["shape"].dump() + " has a non-natural entry");
-        const uint64_t dim = d.get<uint64_t>();
-        if (dim > static_cast<uint64_t>(map_bytes_) || (dim > 0 && numel > map_bytes_ / static_cast<int64_t>(dim)))
-          throw SafetensorsError(tw + "shape " + v["shape"].dump() + " is larger than the file");
-        numel *= static_cast<int64_t>(dim);
-        t.shape.push_back(static_cast<int64_t>(dim));
-      }
-      const auto& off = v["data_offsets"];
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        throw SafetensorsError(tw + "data_offsets must be two non-negative integers, got " + off.dump());
-      const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-      if (b > e || e > static_cast<uint64_t>(data_bytes))
-        throw SafetensorsError(tw + "data_offsets [" + std::to_string(b) + ", " + std::to_string(e) +
-                               "] outside the data block of " + std::to_string(data_bytes) + " bytes");
-      t.begin = static_cast<int64_t>(b);
-      t.end = static_cast<int64_t>(e);
-      if (t.end - t.begin != numel * esize)
-        throw SafetensorsError(tw + "data_offsets span " + std::to_string(t.end - t.begin) + " bytes but " +
-                               t.dtype + " " + shape_str(t.shape) + " needs " + std::to_string(numel * esize));
-      tensors_.push_back(std::move(t));
     }
-    std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    int64_t expect = 0;
-    for (const TensorInfo& t : tensors_) {
-      if (t.begin != expect)
-        throw SafetensorsError(who + "tensor '" + t.name + "' starts at byte " + std::to_string(t.begin) +
-                               ", expected " + std::to_string(expect) + " (" +
-                               (t.begin < expect ? "overlaps the previous tensor" : "gap in the data block") + ")");
-      expect = t.end;
-    }
-    if (expect != data_bytes)
-      throw SafetensorsError(who + "tensors cover " + std::to_string(expect) + " bytes of a " +
-                             std::to_string(data_bytes) + "-byte data block");
+    check_tiling(tensors_, data_bytes, who);
     for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), static_cast<size_t>(map_bytes_));

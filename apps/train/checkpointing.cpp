@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -31,6 +32,53 @@ void log_resumed(const TrainConfig& cfg, const CheckpointManifest& m, double sec
 
 }  // namespace
 
+TrainConfig saved_config(const CheckpointManifest& m) {
+  const std::string where = (std::filesystem::path(m.dir) / "manifest.json").string();
+  try {
+    return parse_train_config(m.config, where + " (config)", m.dir);
+  } catch (const std::exception& e) {
+    throw CheckpointError(where + ": config: " + e.what());
+  }
+}
+
+void check_run_state(const CheckpointManifest& m, DataLoader& loader) {
+  const std::string where = (std::filesystem::path(m.dir) / "manifest.json").string();
+  const TrainConfig saved = saved_config(m);
+  const int64_t replicas = std::max(1, saved.sharding.replicate);
+  const int64_t expect = static_cast<int64_t>(m.world_size) * replicas * saved.training.grad_accum *
+                         saved.training.micro_batch_size * saved.model.seq_len;
+  if (m.loader.global_batch_tokens != expect)
+    throw CheckpointError(where + ": loader.global_batch_tokens: " + std::to_string(m.loader.global_batch_tokens) +
+                          " is not the saved run's global batch (" + std::to_string(m.world_size) + " ranks x " +
+                          std::to_string(replicas) + " replicas x grad_accum " + std::to_string(saved.training.grad_accum) +
+                          " x micro_batch_size " + std::to_string(saved.training.micro_batch_size) + " x seq_len " +
+                          std::to_string(saved.model.seq_len) + " = " + std::to_string(expect) + " tokens)");
+  try {
+    loader.set_state(m.loader);  // the data position must fit this run's shards and batch
+  } catch (const std::exception& e) {
+    throw CheckpointError(where + ": loader (epoch " + std::to_string(m.loader.epoch) + ", shard " +
+                          std::to_string(m.loader.shard) + ", batch " + std::to_string(m.loader.batch) + ", " +
+                          std::to_string(m.loader.global_batch_tokens) + " tokens per step): " + e.what());
+  }
+}
+
+std::vector<std::string> verify_run_state(const CheckpointManifest& m) {
+  try {
+    const TrainConfig saved = saved_config(m);
+    const int world = m.world_size * std::max(1, saved.sharding.replicate);
+    DataLoader loader(saved.data.train.resolved, saved.training.micro_batch_size, saved.model.seq_len, 0, world,
+                      saved.training.grad_accum, saved.data.shuffle, static_cast<uint64_t>(saved.data.seed),
+                      saved.model.vocab_size);
+    check_run_state(m, loader);
+  } catch (const CheckpointError& e) {
+    return {e.what()};
+  } catch (const std::exception& e) {  // the saved run's data could not be opened
+    return {(std::filesystem::path(m.dir) / "manifest.json").string() + ": loader: cannot check the position against "
+            "the saved run's data.train: " + e.what()};
+  }
+  return {};
+}
+
 std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::string& ckpt_root,
                                              ShardedEngine& engine, DataLoader& loader, bool lead) {
   std::optional<CheckpointManifest> resumed;
@@ -41,11 +89,7 @@ std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::
     if (!dir.empty()) {
       resumed = CheckpointManifest::read(dir);
       load_checkpoint(engine, *resumed);
-      try {
-        loader.set_state(resumed->loader);  // the data position must fit this run's shards and batch
-      } catch (const std::exception& e) {
-        throw CheckpointError(resumed->dir + "/manifest.json: loader: " + e.what());
-      }
+      check_run_state(*resumed, loader);
     }
   } catch (const std::exception& e) {
     error = e.what();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "apps/train/run_log.h"
 #include "apps/train/train_config.h"
@@ -21,6 +22,23 @@ namespace mfsdp {
 /// since the checkpoint. Returns the manifest, or nothing when starting fresh.
 std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::string& ckpt_root,
                                              ShardedEngine& engine, DataLoader& loader, bool lead);
+
+/// The manifest's own config (CheckpointManifest::config) as a TrainConfig. Throws CheckpointError
+/// naming the manifest and the config key.
+TrainConfig saved_config(const CheckpointManifest& m);
+
+/// The checks of a checkpoint's run state against a config and the data, shared by resume and
+/// mfsdp-ckpt verify (one place for each rule): loader.global_batch_tokens must be the global
+/// batch of the saved config at the saved world size (world_size x sharding.replicate x
+/// training.grad_accum x training.micro_batch_size x model.seq_len), and the loader position must
+/// fit `loader`'s shards and global batch (DataLoader::set_state: shard and batch in range; a
+/// shuffled run keeps its global batch). Positions `loader` there. Throws CheckpointError naming
+/// the manifest and the field.
+void check_run_state(const CheckpointManifest& m, DataLoader& loader);
+
+/// Every check of check_run_state for `m` without a run: against a loader over the saved config's
+/// data.train at the saved world size. Returns one message per problem (empty when none).
+std::vector<std::string> verify_run_state(const CheckpointManifest& m);
 
 /// Saves a checkpoint of step `step` (collective) and logs its directory, size and time.
 void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, ShardedEngine& engine,

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """End-to-end tests of owner-shard checkpoints under mpirun (stdlib only).
 
-usage: test_checkpoint_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_faults binary
-(tests/train/train_with_faults.cpp) and CASE one of
+usage: test_checkpoint_cli.py BIN_DIR CASE FAULT_BIN SEAL_BIN   with FAULT_BIN the test_train_faults
+binary (tests/train/train_with_faults.cpp), SEAL_BIN test_seal_manifest (tests/train/seal_manifest.cpp)
+and CASE one of
   resume     every placement: 4 steps, save, resume, 4 more == 8 uninterrupted steps (export cmp,
              state fingerprint, losses); and a rank killed (SIGKILL from this driver) between two
              checkpoints
@@ -12,7 +13,13 @@ usage: test_checkpoint_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_t
              observer): resume auto takes the previous checkpoint and says it ignored the
              incomplete one
   corrupt    damaged or foreign checkpoints: exit 2 on every rank with the file named, before
-             training; no checkpoint file is changed
+             training; no checkpoint file is changed (edited manifests are re-sealed, so each
+             field's own check is reached)
+  lock       two jobs on one checkpoint.dir: the second is refused on every rank naming the first's
+             run directory; the first finishes and its checkpoints verify; the lock is free after it
+  manifest   edited run-state fields: any edit fails the manifest's checksum; re-sealed edits of the
+             loader position, the global batch and the step fail their own checks; exit 2 on every
+             rank, and mfsdp-ckpt verify refuses each one too
   tool       mfsdp-ckpt list / verify / export / diff
   full_disk  checkpoints on a full filesystem (a 700 KiB tmpfs; skipped when it cannot be mounted)
   preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
@@ -346,8 +353,7 @@ def case_corrupt(bin_dir, tmp):
         def apply(d):
             m = json.loads(json.dumps(manifest))
             fn(m)
-            with open(os.path.join(d, "manifest.json"), "w") as f:
-                json.dump(m, f)
+            write_sealed(os.path.join(d, "manifest.json"), m)
         return apply
 
     def write(name, data):
@@ -363,6 +369,13 @@ def case_corrupt(bin_dir, tmp):
         b[8 + n + 40] ^= 0x10
         open(p, "wb").write(bytes(b))
 
+    def write_then_seal(data):
+        def apply(d):
+            with open(os.path.join(d, "manifest.json"), "wb") as f:
+                f.write(data)
+            seal(os.path.join(d, "manifest.json"))
+        return apply
+
     def first_tensor(m):
         return m["tensors"][0]
 
@@ -372,8 +385,10 @@ def case_corrupt(bin_dir, tmp):
          "rank_00000.safetensors"),
         ("flipped byte", flip_data_byte, "checksum"),
         ("missing manifest", lambda d: os.remove(os.path.join(d, "manifest.json")), "manifest.json"),
-        ("garbled manifest", write("manifest.json", b'{"format": "matrixfsdp-checkpoint", "step": 2,'), "not valid JSON"),
-        ("deeply nested manifest", write("manifest.json", b"[" * 100000 + b"]" * 100000), "nested deeper"),
+        ("garbled manifest", write("manifest.json", b'{"format": "matrixfsdp-checkpoint", "step": 2,'), "manifest_xxh3"),
+        ("deeply nested manifest", write("manifest.json", b"[" * 100000 + b"]" * 100000), "manifest_xxh3"),
+        ("sealed garbled manifest", write_then_seal(b'{\n "format": "matrixfsdp-checkpoint", "step": 2,'), "not valid JSON"),
+        ("sealed deeply nested manifest", write_then_seal(b"{\n" + b"[" * 100000 + b"]" * 100000 + b"}"), "nested deeper"),
         ("another model", edit_manifest(lambda m: first_tensor(m).__setitem__("shape", first_tensor(m)["shape"][::-1])),
          "has shape"),
         ("wrong format version", edit_manifest(lambda m: m.__setitem__("format_version", 99)), "format_version"),
@@ -389,7 +404,9 @@ def case_corrupt(bin_dir, tmp):
             lambda m: first_tensor(m)["pieces"]["param"][0].__setitem__("file", "../x.safetensors")), "file name"),
         ("negative step", edit_manifest(lambda m: m.__setitem__("step", -5)), "step"),
         ("step of another directory", edit_manifest(lambda m: m.__setitem__("step", 7)), "does not match the directory"),
-        ("edited optimizer step count", edit_manifest(lambda m: m.__setitem__("optimizer_steps", 5)), "fingerprint"),
+        ("edited optimizer step count", edit_manifest(lambda m: m.__setitem__("optimizer_steps", 5)), "optimizer_steps"),
+        ("edited step and optimizer step count", edit_manifest(
+            lambda m: [m.__setitem__(k, 5) for k in ("step", "optimizer_steps")]), "fingerprint"),
         ("unknown placement", edit_manifest(lambda m: m.__setitem__("placement", "bogus")), "placement"),
     ]
     for name, damage, expect in cases:
@@ -425,6 +442,122 @@ def case_corrupt(bin_dir, tmp):
     rc, out = train(bin_dir, 2, f"logging.run_dir={os.path.join(tmp, 'r_blocked')}", f"checkpoint.dir={blocker}",
                     "training.steps=2", expect=None)
     check(rc == 2 and "checkpoint.dir" in out, f"checkpoint.dir that is a file: exit {rc}, expected 2")
+
+
+def seal(path):
+    """Re-seals an edited manifest.json (its checksum line) with test_seal_manifest."""
+    p = subprocess.run([sys.argv[4], path], capture_output=True, text=True)
+    check(p.returncode == 0, f"test_seal_manifest {path}: {p.stderr}")
+
+
+def write_sealed(path, m):
+    """Writes manifest dict `m` as the body of manifest.json (without its checksum line) and seals it."""
+    m = dict(m)
+    m.pop("manifest_xxh3", None)
+    with open(path, "w") as f:
+        json.dump(m, f, indent=1)
+    seal(path)
+
+
+def refused_everywhere(out, expect, what):
+    """Every rank's error line names `expect`."""
+    lines = [l for l in out.splitlines() if l.startswith("mfsdp-train: error")]
+    check(len(lines) == 2 and all(expect in l for l in lines), f"{what}: not refused on both ranks naming '{expect}': {lines}")
+
+
+def case_manifest(bin_dir, tmp):
+    good_run = os.path.join(tmp, "good")
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={good_run}", "training.steps=2")
+    check(rc == 0, "could not make a checkpoint")
+    good = os.path.join(good_run, "checkpoints", "step_00000002")
+    text = read(os.path.join(good, "manifest.json")).decode()
+    check(text.startswith('{\n "manifest_xxh3": "'), f"the manifest does not begin with its checksum: {text[:60]!r}")
+    rc, out = ckpt_tool(bin_dir, "verify", good)
+    check(rc == 0 and "all checks pass" in out, f"verify of a good checkpoint: {rc} {out[-300:]}")
+    manifest = json.loads(text)
+    g = manifest["loader"]["global_batch_tokens"]
+
+    def raw(old, new):  # the bytes edited, the checksum line kept
+        def apply(d):
+            p = os.path.join(d, "manifest.json")
+            t = read(p).decode()
+            check(old in t, f"'{old}' not in the manifest")
+            open(p, "w").write(t.replace(old, new, 1))
+        return apply
+
+    def sealed(fn):
+        def apply(d):
+            m = json.loads(json.dumps(manifest))
+            fn(m)
+            write_sealed(os.path.join(d, "manifest.json"), m)
+        return apply
+
+    def loader(key, value):
+        return sealed(lambda m: m["loader"].__setitem__(key, value))
+
+    cases = [  # name, directory name, damage, expected text (resume and verify)
+        ("edited loader batch", "step_00000002", raw('"batch": ' + str(manifest["loader"]["batch"]), '"batch": 1'),
+         "manifest_xxh3"),
+        ("edited step byte", "step_00000002", raw('"step": 2,', '"step": 3,'), "does not match the manifest's content"),
+        ("edited global batch", "step_00000002", raw(f'"global_batch_tokens": {g}', f'"global_batch_tokens": {g // 2}'),
+         "manifest_xxh3"),
+        ("sealed loader batch past the shard", "step_00000002", loader("batch", 10 ** 6), "manifest.json: loader"),
+        ("sealed loader shard outside the data", "step_00000002", loader("shard", 7), "does not fit"),
+        ("sealed global batch", "step_00000002", loader("global_batch_tokens", g // 2), "loader.global_batch_tokens"),
+        ("sealed step", "step_00000002", sealed(lambda m: m.__setitem__("step", 3)), "does not match the directory"),
+        ("sealed step, short name", "step_2", sealed(lambda m: m.__setitem__("step", 3)), "does not match the directory"),
+        ("sealed step, other name", "backup", sealed(lambda m: m.__setitem__("step", 3)), "optimizer_steps"),
+    ]
+    for name, dir_name, damage, expect in cases:
+        d = os.path.join(tmp, re.sub(r"\W+", "_", name), dir_name)
+        shutil.copytree(good, d)
+        damage(d)
+        run = os.path.join(tmp, "run_" + re.sub(r"\W+", "_", name))
+        rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=4", f"training.resume={d}", expect=None)
+        check(rc == 2, f"{name}: resume exit {rc}, expected 2: {out[-600:]}")
+        refused_everywhere(out, expect, name)
+        check("step      1/" not in out and "step      3/" not in out, f"{name}: training started")
+        rc, vout = ckpt_tool(bin_dir, "verify", d)
+        check(rc != 0 and expect in vout, f"{name}: verify exit {rc}, expected a refusal naming '{expect}': {vout[-600:]}")
+    # the same checkpoint under another directory name, unedited, resumes (the step comes from the manifest)
+    d = os.path.join(tmp, "renamed", "backup")
+    shutil.copytree(good, d)
+    rc, out = train(bin_dir, 2, f"logging.run_dir={os.path.join(tmp, 'run_renamed')}", "training.steps=3",
+                    f"training.resume={d}")
+    check(rc == 0 and "resumed at step 2" in out, f"a renamed, unedited checkpoint did not resume: {rc} {out[-600:]}")
+
+
+def case_lock(bin_dir, tmp):
+    shared = os.path.join(tmp, "shared_checkpoints")
+    first_run, second_run = os.path.join(tmp, "first"), os.path.join(tmp, "second")
+    steps = 1000  # tens of seconds: the second job is refused within the first's lifetime
+    first = subprocess.Popen(command(bin_dir, 2, [f"logging.run_dir={first_run}", f"checkpoint.dir={shared}",
+                                                  f"training.steps={steps}", "logging.interval=100",
+                                                  "checkpoint.interval=500"]),
+                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out1 = ""
+    for line in first.stdout:  # the first job holds the lock from its start; wait until it trains
+        out1 += line
+        if re.search(r"step +\d+/", line):
+            break
+    rc, out = train(bin_dir, 2, f"logging.run_dir={second_run}", f"checkpoint.dir={shared}", "training.steps=10",
+                    "training.resume=auto", expect=None)
+    check(rc == 2, f"second job on the same checkpoint.dir: exit {rc}, expected 2: {out[-800:]}")
+    refused_everywhere(out, "in use by another mfsdp-train job", "second job")
+    refused_everywhere(out, f"run directory {first_run}", "second job")
+    check("resumed" not in out and "step      1/" not in out, f"the second job started: {out[-500:]}")
+    check(first.poll() is None, "the first job ended before the second was refused; make it longer")
+    out1 += first.communicate(timeout=600)[0]
+    check(first.returncode == 0 and "done:" in out1, f"the first job did not finish cleanly: {out1[-800:]}")
+    check(newest_checkpoint(shared) == steps, f"the first job's last checkpoint is missing: {os.listdir(shared)}")
+    rc, vout = ckpt_tool(bin_dir, "verify", os.path.join(shared, f"step_{steps:08d}"))
+    check(rc == 0, f"the first job's checkpoint does not verify: {vout[-400:]}")
+    check(not os.path.exists(os.path.join(second_run, "metrics.jsonl")), "the refused job wrote metrics")
+    # the lock file stays behind; with its holder gone it blocks nobody
+    check(os.path.isfile(os.path.join(shared, ".mfsdp-checkpoint.lock")), "no lock file in the checkpoint directory")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={second_run}", f"checkpoint.dir={shared}",
+                    f"training.steps={steps + 2}", "training.resume=auto")
+    check(rc == 0 and f"resumed at step {steps}" in out, f"a job after the first one ended: {rc} {out[-600:]}")
 
 
 def case_full_disk(bin_dir, tmp):
