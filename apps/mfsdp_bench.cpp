@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include "apps/bench/bench_report.h"
+#include "apps/cli_common.h"
 #include "comm/mpi_backends.h"
 #include "runtime/core/cpu_affinity.h"
 #include "runtime/kernels.h"
@@ -24,17 +25,30 @@ int main(int argc, char** argv) {
   int layers = 0;
   std::string json_path;
   app.add_option("--models", models, "model presets (models/model_presets.h; gpt2-* are runnable)")->capture_default_str();
-  app.add_option("--layers", layers, "override the presets' layer count (0 = keep)")->capture_default_str();
-  app.add_option("--placements", placements, "placements to measure")->capture_default_str();
-  app.add_option("--ns-steps", ns_steps, "Newton-Schulz iterations, one sweep each")->capture_default_str();
+  app.add_option("--layers", layers, "override the presets' layer count (0 = keep)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, cli::kMaxLayers));
+  app.add_option("--placements", placements, "placements to measure")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"matrixfsdp", "fsdp2", "zero1", "ddp"}));
+  app.add_option("--ns-steps", ns_steps, "Newton-Schulz iterations, one sweep each")
+      ->capture_default_str()
+      ->check(CLI::Range(1, cli::kMaxNsSteps));
   app.add_option("--dtype", base.dtype, "compute/communication dtype (CPU: f32 only)")->capture_default_str();
-  app.add_option("-B,--batch", base.batch, "sequences per rank")->capture_default_str();
-  app.add_option("-T,--seq", base.seq, "tokens per sequence")->capture_default_str();
-  app.add_option("--warmup", base.warmup, "unmeasured steps per case")->capture_default_str();
-  app.add_option("--steps", base.steps, "measured steps per case (median)")->capture_default_str();
-  app.add_option("--replicate", base.replicas, "HSDP replicas R (divides the world; ddp is skipped)")->capture_default_str();
+  app.add_option("-B,--batch", base.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
+  app.add_option("-T,--seq", base.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
+  app.add_option("--warmup", base.warmup, "unmeasured steps per case")
+      ->capture_default_str()
+      ->check(CLI::Range(0, cli::kMaxSteps));
+  app.add_option("--steps", base.steps, "measured steps per case (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, cli::kMaxSteps));
+  app.add_option("--replicate", base.replicas, "HSDP replicas R (divides the world; ddp is skipped)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, cli::kMaxReplicas));
   app.add_option("--json", json_path, "write every result and the ratios as JSON");
-  CLI11_PARSE(app, argc, argv);
+  // Every rank parses the same arguments, so all of them leave here together.
+  if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
 
   int W = 1, rank = 0, local = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
@@ -44,6 +58,14 @@ int main(int argc, char** argv) {
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &l);
     MPI_Comm_size(l, &local);
     MPI_Comm_free(&l);
+  }
+  // An unwritable --json is refused before minutes of measurement (rank 0 writes it).
+  const std::string json_error = rank == 0 ? cli::json_output_problem("mfsdp-bench", json_path) : "";
+  int bad = json_error.empty() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (bad) {
+    if (rank == 0) std::fprintf(stderr, "%s\n", json_error.c_str());
+    return 2;
   }
   set_cpu_threads(default_cpu_threads(local));
   std::vector<BenchResult> results;
@@ -80,7 +102,7 @@ int main(int argc, char** argv) {
   if (!json_path.empty()) {
     nlohmann::json j{{"world", W}, {"replicas", base.replicas}, {"ratios", ratios}, {"results", nlohmann::json::array()}};
     for (const BenchResult& r : results) j["results"].push_back(r.to_json());
-    std::ofstream(json_path) << j.dump(2) << "\n";
+    return cli::write_json_output("mfsdp-bench", json_path, j.dump(2) + "\n");
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli_common.h"
 #include "comm/mpi_backends.h"
 #if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
 #include <cuda_runtime.h>
@@ -84,6 +85,7 @@ std::vector<int64_t> matrixfsdp_layout(int64_t total, int n) {
 }
 
 struct Result {
+  const int64_t most_bytes = int64_t{1} << 36;  // 64 GiB: beyond any device, and no overflow in the size loop
   double us = 0;
   int64_t wrong = 0;
 };
@@ -101,21 +103,20 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mpi", "cuda_staged", "nccl"}));
   app.add_option("--dtype", dtype_s, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--min-bytes", min_bytes, "smallest full-buffer size in bytes, K/M/G suffixes ok (default 4K)")
-      ->transform(CLI::AsSizeValue(false));
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{1}, most_bytes));
   app.add_option("--max-bytes", max_bytes, "largest full-buffer size in bytes (default 4M; try 64M)")
-      ->transform(CLI::AsSizeValue(false));
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{1}, most_bytes));
   app.add_option("--factor", factor, "size multiplier between rows")->check(CLI::Range(2, 1024));
   app.add_option("--iters", iters, "timed iterations per size")->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup, "untimed iterations per size")->check(CLI::Range(0, 1000000));
   app.add_option("--chunk-bytes", chunk_bytes, "reduce_scatter staging chunk per rank (default 4M)")
-      ->transform(CLI::AsSizeValue(false));
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(int64_t{1}, most_bytes));
   app.add_option("--check", check, "verify results (default true)");
   app.add_flag("--nccl-blocking", nccl_blocking, "NCCL: a blocking communicator whose calls wait (diagnostics)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
   const DType dt = parse_dtype(dtype_s);
   const int64_t e = dtype_size(dt);
   CommOptions opts;

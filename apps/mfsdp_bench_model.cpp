@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli_common.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "runtime/autograd.h"
@@ -28,18 +29,22 @@ int main(int argc, char** argv) {
   cfg.vocab_size = 50257;
   int B = 4, T = 64, warmup = 2, steps = 5, threads = 0;
   std::string dtype = "f32";
-  app.add_option("--n-layer", cfg.n_layer, "transformer blocks")->capture_default_str();
-  app.add_option("--n-head", cfg.n_head, "attention heads")->capture_default_str();
-  app.add_option("--n-embd", cfg.n_embd, "model width")->capture_default_str();
-  app.add_option("--vocab", cfg.vocab_size, "vocabulary size (padded to a multiple of 64)")->capture_default_str();
-  app.add_option("-B,--batch", B, "sequences per step")->capture_default_str();
-  app.add_option("-T,--seq", T, "sequence length")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps")->capture_default_str();
-  app.add_option("--steps", steps, "timed steps (>= 1)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app.add_option("--n-layer", cfg.n_layer, "transformer blocks")->capture_default_str()->check(CLI::Range(1, cli::kMaxLayers));
+  app.add_option("--n-head", cfg.n_head, "attention heads")->capture_default_str()->check(CLI::Range(1, 1 << 12));
+  app.add_option("--n-embd", cfg.n_embd, "model width")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--vocab", cfg.vocab_size, "vocabulary size (padded to a multiple of 64)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 22));
+  app.add_option("-B,--batch", B, "sequences per step")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
+  app.add_option("-T,--seq", T, "sequence length")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
+  app.add_option("--warmup", warmup, "untimed steps")->capture_default_str()->check(CLI::Range(0, cli::kMaxSteps));
+  app.add_option("--steps", steps, "timed steps (>= 1)")->capture_default_str()->check(CLI::Range(1, cli::kMaxSteps));
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, cli::kMaxThreads));
   app.add_option("--dtype", dtype, "matmul operand dtype: f32 or bf16")->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
   cfg.seq_len = std::max(cfg.seq_len, T);
   try {
     cfg.validate();

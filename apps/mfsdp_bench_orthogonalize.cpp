@@ -65,10 +65,16 @@ int main(int argc, char** argv) {
   int reps = 3;
   bool tiny = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--tiny") == 0)
+    char* end = nullptr;
+    const long v = std::strtol(argv[i], &end, 10);
+    if (std::strcmp(argv[i], "--tiny") == 0) {
       tiny = true;
-    else
-      reps = std::max(1, std::atoi(argv[i]));
+    } else if (end != argv[i] && *end == '\0' && v >= 1 && v <= 1000) {
+      reps = static_cast<int>(v);
+    } else {
+      std::fprintf(stderr, "mfsdp-bench-orthogonalize: expected [--tiny] [repetitions 1..1000], got '%s'\n", argv[i]);
+      return 2;
+    }
   }
   std::vector<std::pair<int64_t, int64_t>> shapes = {{768, 768}, {768, 2304}, {768, 3072}, {3072, 768}};
   if (tiny) {

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "apps/cli_common.h"
+#include "runtime/core/file_checks.h"
 #include "runtime/data/tokenizer.h"
 
 #ifndef MFSDP_SOURCE_DIR
@@ -24,10 +26,19 @@ int main(int argc, char** argv) {
   app.add_option("file", file, "UTF-8 text")->required();
   app.add_option("--kind", kind, "gpt2 | tokenizer.json | char")->capture_default_str();
   app.add_option("--path", path, "tokenizer files (Tokenizer::load)")->capture_default_str();
-  app.add_option("--threads", threads, "1: one encode call; more: sections in parallel")->capture_default_str();
-  app.add_option("--reps", reps, "repetitions (the best is reported)")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  std::ifstream f(file, std::ios::binary);
+  app.add_option("--threads", threads, "1: one encode call; more: sections in parallel")
+      ->capture_default_str()
+      ->check(CLI::Range(1, mfsdp::cli::kMaxThreads));
+  app.add_option("--reps", reps, "repetitions (the best is reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, mfsdp::cli::kMaxSteps));
+  if (const int rc = mfsdp::cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
+  std::ifstream f;
+  if (const std::string e = mfsdp::special_input_file(file); !e.empty()) {
+    std::fprintf(stderr, "mfsdp-bench-tokenizer: %s\n", e.c_str());
+    return 2;
+  }
+  f.open(file, std::ios::binary);
   if (!f) {
     std::fprintf(stderr, "mfsdp-bench-tokenizer: cannot read %s\n", file.c_str());
     return 2;

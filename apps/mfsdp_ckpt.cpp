@@ -16,6 +16,9 @@
 #include <filesystem>
 #include <string>
 
+#include <map>
+#include <new>
+#include <set>
 #include "apps/train/checkpointing.h"
 #include "apps/train/train_config.h"
 #include "models/gpt_hf.h"
@@ -80,13 +83,52 @@ int export_hf(const std::string& dir, const std::string& out) {
   const CheckpointManifest m = CheckpointManifest::read(dir);
   const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
   NamedTensors params;
-  for (const auto& t : m.tensors) params[t.name] = read_full_tensor(m, t.name, StateKind::param);
+// Refuses a manifest whose tensors claim more bytes than the files their pieces name hold, before
+// any buffer is sized from the claim. Throws CheckpointError naming the manifest and the field.
+void check_claimed_sizes(const CheckpointManifest& m) {
+  const std::string manifest = (fs::path(m.dir) / "manifest.json").string();
+  std::map<std::string, int64_t> file_bytes;
+  for (size_t ti = 0; ti < m.tensors.size(); ++ti) {
+    const auto& t = m.tensors[ti];
+    for (int k = 0; k < 3; ++k) {
+      int64_t claimed = 0, held = 0;
+      std::set<std::string> files;
+      for (const auto& p : t.pieces[k]) {
+        claimed += p.numel * static_cast<int64_t>(sizeof(float));
+        if (!files.insert(p.file).second) continue;
+        if (!file_bytes.count(p.file)) {
+          std::error_code ec;
+          const auto n = fs::file_size(fs::path(m.dir) / p.file, ec);
+          file_bytes[p.file] = ec ? 0 : static_cast<int64_t>(n);
+        }
+        held += file_bytes[p.file];
+      }
+      if (claimed > held)
+        throw CheckpointError(manifest + ": tensors[" + std::to_string(ti) + "] ('" + t.name + "').pieces." +
+                              state_kind_name(static_cast<StateKind>(k)) + ": claims " + std::to_string(claimed) +
+                              " bytes, but its files hold " + std::to_string(held) + " bytes");
+    }
+  }
+}
+
+// read_full_tensor, with an allocation failure named by tensor and size.
+std::vector<float> read_tensor(const CheckpointManifest& m, const std::string& name, StateKind kind) {
+  try {
+    return read_full_tensor(m, name, kind);
+  } catch (const std::bad_alloc&) {
+    throw CheckpointError((fs::path(m.dir) / "manifest.json").string() + ": tensor '" + name + "' (" +
+                          state_kind_name(kind) + ") does not fit in memory");
+  }
+}
+
+  for (const auto& t : m.tensors) params[t.name] = read_tensor(m, t.name, StateKind::param);
   const bool llama = cfg.model.arch == "llama";
   if (llama) export_hf_llama(out, cfg.model.llama(), params, DType::f32, {{"step", std::to_string(m.step)}});
   else export_hf_gpt2(out, cfg.model.gpt(), params, DType::f32, {{"step", std::to_string(m.step)}});
   std::printf("exported step %lld of %s to %s (Hugging Face %s layout, f32)\n", static_cast<long long>(m.step),
               dir.c_str(), out.c_str(), llama ? "Llama" : "GPT-2");
   return 0;
+  check_claimed_sizes(m);
 }
 
 int diff(const std::string& a_dir, const std::string& b_dir) {
@@ -99,11 +141,13 @@ int diff(const std::string& a_dir, const std::string& b_dir) {
       std::printf("%-40s only in %s, or another shape\n", ta.name.c_str(), a_dir.c_str());
       ++differing;
       continue;
+  check_claimed_sizes(a);
+  check_claimed_sizes(b);
     }
     for (int k = 0; k < 3; ++k) {
       if (ta.pieces[k].empty() || tb->pieces[k].empty()) continue;
       const auto kind = static_cast<StateKind>(k);
-      const auto x = read_full_tensor(a, ta.name, kind), y = read_full_tensor(b, ta.name, kind);
+      const auto x = read_tensor(a, ta.name, kind), y = read_tensor(b, ta.name, kind);
       double max_abs = 0, num = 0, den = 0;
       int64_t count = 0;
       for (size_t i = 0; i < x.size(); ++i) {
@@ -162,3 +206,6 @@ int main(int argc, char** argv) {
     return 2;
   }
 }
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mfsdp-ckpt: out of memory reading %s\n", dir.c_str());
+    return 2;

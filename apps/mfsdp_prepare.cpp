@@ -4,9 +4,11 @@
 //   mfsdp-prepare notes.txt --tokenizer char -o data/notes   char vocabulary + data/notes_meta.json
 // Exit codes: 0 written, 2 bad input or options (the message names the file and line).
 #include <CLI/CLI.hpp>
+#include <climits>
 #include <cstdio>
 #include <iostream>
 
+#include "apps/cli_common.h"
 #include "runtime/data/prepare.h"
 
 #ifndef MFSDP_SOURCE_DIR
@@ -36,17 +38,24 @@ int main(int argc, char** argv) {
                  "token before every document: auto (gpt2: <|endoftext|> = 50256, others: none) or a token string")
       ->capture_default_str();
   app.add_flag("--no-eot", no_eot, "no token between documents");
-  auto* vf = app.add_option("--val-fraction", opt.val_fraction, "share of tokens for validation")->capture_default_str();
-  app.add_option("--val-tokens", opt.val_tokens, "exact number of validation tokens")->excludes(vf);
+  auto* vf = app.add_option("--val-fraction", opt.val_fraction, "share of tokens for validation, in [0, 1)")
+                 ->capture_default_str()
+                 ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--val-tokens", opt.val_tokens, "exact number of validation tokens")
+      ->excludes(vf)
+      ->check(CLI::Range(int64_t{0}, int64_t{INT64_MAX}));
   app.add_option("--val-from", val_from, "where the validation tokens are cut: start | end")
       ->check(CLI::IsMember({"start", "end"}))
       ->capture_default_str();
   app.add_option("--shard-tokens", opt.shard_tokens, "tokens per shard, 0 = one file per split (P_train_000000.bin ...)")
-      ->capture_default_str();
-  app.add_option("--threads", opt.threads, "encoding threads (the output does not depend on it)")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{INT32_MAX}));
+  app.add_option("--threads", opt.threads, "encoding threads (the output does not depend on it)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, mfsdp::cli::kMaxThreads));
   app.add_flag("--overwrite", opt.overwrite, "replace existing outputs of this prefix");
   app.add_flag("-q,--quiet", quiet, "no progress lines");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = mfsdp::cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
   try {
     if (!separator.empty()) opt.doc_separator = mfsdp::unescape_cli(separator);
     if (no_eot) opt.eot_token = "";
@@ -59,6 +68,10 @@ int main(int argc, char** argv) {
     for (const auto& f : r.train_files) std::printf("  train %s\n", f.c_str());
     for (const auto& f : r.val_files) std::printf("  val   %s\n", f.c_str());
     if (!r.meta_file.empty()) std::printf("  meta  %s\n", r.meta_file.c_str());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "[mfsdp-prepare] out of memory: the token stream (4 bytes per token) does not fit; "
+                         "split the corpus into several runs\n");
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -15,9 +15,11 @@
 
 #include "apps/bench/calibrate.h"
 #include "apps/bench/paper_figures.h"
+#include "apps/cli_common.h"
 #include "comm/mpi_backends.h"
 #include "models/model_presets.h"
 #include "planner/projection.h"
+#include "runtime/core/file_checks.h"
 
 using namespace mfsdp;
 using nlohmann::json;
@@ -94,6 +96,7 @@ json paper(const ClusterSpec& c, const BaselineOptions& baseline) {
 // NS steps, predicted over measured)}: the ratios cancel the machine's speed, which on shared cores
 // varies with the other jobs between calibration and measurement.
 std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench_path, json& out) {
+  require_input_file(bench_path, "--compare");
   std::ifstream f(bench_path);
   if (!f) throw std::runtime_error(bench_path + ": cannot open");
   const json b = json::parse(f);
@@ -154,20 +157,32 @@ int main(int argc, char** argv) {
   app.add_option("--calibrate", calibrate_path, "measure this machine (under mpirun) and write its cluster JSON");
   app.add_option("--compare", compare_path, "mfsdp-bench --json output to predict and compare with");
   app.add_option("--tolerance", tolerance, "--compare fails when a predicted time is off by more than this factor")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
   app.add_option("--ratio-tolerance", ratio_tolerance,
                  "--compare fails when a predicted placement / matrixfsdp ratio is off by more than this factor")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
   app.add_option("--model", model, "model preset (models/model_presets.h)")->capture_default_str();
-  app.add_option("--layers", layers, "override the preset's layer count");
-  app.add_option("--placements", placements, "placements")->capture_default_str();
-  app.add_option("--worlds", worlds, "world sizes")->capture_default_str();
-  app.add_option("--replicate", in.replicas, "HSDP replicas R")->capture_default_str();
-  app.add_option("--ns-steps", in.ns_steps, "Newton-Schulz iterations")->capture_default_str();
-  app.add_option("--dtype", in.dtype, "compute/communication dtype: bf16 | f32")->capture_default_str();
-  app.add_option("--ns-dtype", in.ns_dtype, "Newton-Schulz dtype: bf16 | f32")->capture_default_str();
-  app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str();
-  app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str();
+  app.add_option("--layers", layers, "override the preset's layer count (0 = keep)")->check(CLI::Range(0, cli::kMaxLayers));
+  app.add_option("--placements", placements, "placements")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"matrixfsdp", "fsdp2", "zero1", "ddp"}));
+  app.add_option("--worlds", worlds, "world sizes")->capture_default_str()->check(CLI::Range(1, cli::kMaxWorld));
+  app.add_option("--replicate", in.replicas, "HSDP replicas R")
+      ->capture_default_str()
+      ->check(CLI::Range(1, cli::kMaxReplicas));
+  app.add_option("--ns-steps", in.ns_steps, "Newton-Schulz iterations")
+      ->capture_default_str()
+      ->check(CLI::Range(1, cli::kMaxNsSteps));
+  app.add_option("--dtype", in.dtype, "compute/communication dtype: bf16 | f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--ns-dtype", in.ns_dtype, "Newton-Schulz dtype: bf16 | f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
+  app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
   app.add_flag("--checkpointing", in.activation_checkpointing, "activation checkpointing");
   std::string fsdp2_ns;
   app.add_option("--fsdp2-ns", fsdp2_ns,
@@ -189,15 +204,25 @@ int main(int argc, char** argv) {
   app.add_flag("--round-robin-owners", in.round_robin_owners, "owners k % N instead of LPT");
   app.add_flag("--paper", paper_mode, "the paper's setups and the largest Llama that fits");
   app.add_option("--json", json_path, "write the projection as JSON");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
+  for (const std::string& e : {cli::json_output_problem("mfsdp-project", json_path),
+                                cli::json_output_problem("mfsdp-project", calibrate_path)})
+    if (!e.empty()) {
+      std::fprintf(stderr, "%s\n", e.c_str());
+      return 2;
+    }
   try {
     if (!calibrate_path.empty()) {
       MpiSession mpi(&argc, &argv);
       auto comm = make_mpi_communicator();
       const ClusterSpec c = calibrate_this_machine(*comm);
-      if (comm->rank() == 0) {
-        std::ofstream(calibrate_path) << c.to_json().dump(2) << "\n";
-        std::printf("%s\n", c.to_json().dump(2).c_str());
+      if (comm->rank() != 0) return 0;
+      std::printf("%s\n", c.to_json().dump(2).c_str());
+      try {
+        write_file_swap(calibrate_path, c.to_json().dump(2) + "\n");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "mfsdp-project: --calibrate: %s\n", e.what());
+        return 2;
       }
       return 0;
     }
@@ -210,7 +235,7 @@ int main(int argc, char** argv) {
                   std::exp(worst), tolerance, std::exp(worst_ratio), ratio_tolerance);
       out["worst_factor"] = std::exp(worst);
       out["worst_ratio_factor"] = std::exp(worst_ratio);
-      if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+      if (!json_path.empty() && cli::write_json_output("mfsdp-project", json_path, out.dump(2) + "\n") != 0) return 2;
       return std::exp(worst) <= tolerance && std::exp(worst_ratio) <= ratio_tolerance ? 0 : 1;
     }
     in.model = model_preset(model, layers).profile();
@@ -221,8 +246,7 @@ int main(int argc, char** argv) {
       if (fsdp2_ns.empty()) published.ns = BaselineNs::row_sharded;  // torch.optim.Muon on FSDP2 DTensors
       out["paper"] = paper(c, published);
     }
-    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
-    return 0;
+    return json_path.empty() ? 0 : cli::write_json_output("mfsdp-project", json_path, out.dump(2) + "\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mfsdp-project: %s\n", e.what());
     return 2;

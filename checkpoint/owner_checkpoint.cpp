@@ -16,6 +16,7 @@
 
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
+#include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 
 namespace mfsdp {
@@ -270,7 +271,8 @@ std::string resolve_resume(const std::string& resume, const std::string& root, s
   // rename of a new checkpoint and the update of the pointer.
   const std::vector<std::string> complete = list_checkpoints(root);
   const std::string chosen = complete.empty() ? "" : complete.back();
-  std::ifstream latest(fs::path(root) / "latest");
+  std::ifstream latest;  // a pointer that is not a regular file is ignored (never read: it could block)
+  if (special_input_file((fs::path(root) / "latest").string()).empty()) latest.open(fs::path(root) / "latest");
   std::string target;
   if (latest && std::getline(latest, target) && !chosen.empty() && fs::path(chosen).filename().string() != target)
     msg += "the latest pointer names " + clip_for_message(target) + ", not the newest complete checkpoint; ";
@@ -288,6 +290,7 @@ constexpr size_t kSealLine = kSealPrefix.size() + 16 + 3;  // kSealPrefix, 16 he
 // The manifest text of `path` with its checksum verified, before any field is read. Throws
 // CheckpointError naming the file.
 std::string read_sealed_manifest(const std::string& path) {
+  require_input_file<CheckpointError>(path, "");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(path + ": cannot open (not a complete checkpoint?)");
   std::stringstream ss;

@@ -1,5 +1,6 @@
 #include "checkpoint/safetensors.h"
 
+#include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 
 #include <fcntl.h>
@@ -134,6 +135,7 @@ namespace {
 // Maps `path` read-only; returns the mapping and sets `bytes`. Throws SafetensorsError (`who`
 // names the file) when it cannot be opened, is not a regular file or is shorter than 8 bytes.
 const uint8_t* map_file(const std::string& path, const std::string& who, int64_t& bytes) {
+  require_input_file<SafetensorsError>(path, "[safetensors]");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw SafetensorsError(who + "cannot open: " + std::strerror(errno));
   struct stat st{};

@@ -6,6 +6,8 @@
 #include <stdexcept>
 
 #include "checkpoint/atomic_file.h"
+#include "runtime/core/file_checks.h"
+#include "runtime/core/json_limits.h"
 
 namespace mfsdp {
 namespace fs = std::filesystem;
@@ -18,10 +20,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 json read_json(const fs::path& path) {
+  require_input_file(path.string(), "");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path.string() + ": cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
+  if (json_nesting_depth(ss.str()) > kMaxJsonDepth)
+    throw std::runtime_error(path.string() + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels, refused");
   json j = json::parse(ss.str(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw std::runtime_error(path.string() + ": not a JSON object");
   return j;

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "planner/cost_model.h"
+#include "runtime/core/file_checks.h"
 #include "planner/planner.h"
 #include "planner/projection_terms.h"
 
@@ -111,6 +112,7 @@ double memory_gb(const ProjectionInput& in, const ShardPlan& plan, double persis
 }  // namespace
 
 ClusterSpec ClusterSpec::load(const std::string& path) {
+  require_input_file(path, "cluster file");
   std::ifstream f(path);
   if (!f) throw std::runtime_error(path + ": cannot open cluster file");
   nlohmann::json j;

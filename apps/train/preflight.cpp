@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "apps/train/model_io.h"
+#include "apps/train/run_log.h"
+#include "runtime/core/file_checks.h"
 #include "models/hf_checkpoint.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "runtime/core/json_limits.h"
@@ -27,32 +29,10 @@ using json = nlohmann::json;
 std::string check_writable_dir(const std::filesystem::path& dir, const std::string& what) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  const auto probe = dir / ".mfsdp_write_test";
-  {
-    std::ofstream f(probe);
-    if (!f) return what + ": cannot write into directory '" + dir.string() + "'";
-  }
-  std::filesystem::remove(probe, ec);
+  // A fresh temporary (never an existing file of the user's), removed again.
+  if (!output_file_problem((dir / ".mfsdp_write_test").string()).empty())
+    return what + ": cannot write into directory '" + dir.string() + "'";
   return "";
-}
-
-// "" when `path` is absent or a config.json an earlier run wrote (exactly the canonical dump of
-// its own JSON), else why it must not be overwritten.
-std::string foreign_run_config(const std::filesystem::path& path, const std::string& input_config) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return "";
-  if (!input_config.empty() && std::filesystem::equivalent(path, input_config, ec))
-    return path.string() + " is the input config; the run would overwrite it (use another logging.run_dir)";
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  bool ours = false;
-  if (json_nesting_depth(text) <= kMaxJsonDepth) {
-    const json j = json::parse(text, nullptr, false);
-    ours = !j.is_discarded() && j.is_object() && j.contains("model") && j.dump(2) + "\n" == text;
-  }
-  return ours ? "" : path.string() + " was not written by mfsdp-train; refusing to overwrite it (move it or use another logging.run_dir)";
 }
 
 // Throws std::runtime_error "<key>: <what check() threw>".
@@ -133,7 +113,7 @@ std::string check_export(const TrainConfig& cfg) {
   if (!cfg.data.val.resolved.empty())
     for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
   if (!cfg.logging.run_dir.resolved.empty())
-    for (const char* f : {"config.json", "metrics.jsonl", "summary.json"})
+    for (const char* f : kRunDirFiles)
       taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
   const auto same = [](const std::string& a, const std::string& b) {
     std::error_code ec;
@@ -168,12 +148,12 @@ std::string check_export(const TrainConfig& cfg) {
   return e.empty() ? "" : cfg.source + ": " + e;
 }
 
-// The run directory: writable, and not another run's (its config.json).
+// The run directory: writable, and every file the run writes there absent or the trainer's own.
 std::string check_run_dir(const TrainConfig& cfg) {
   if (cfg.logging.run_dir.resolved.empty()) return "";
   if (std::string e = check_writable_dir(cfg.logging.run_dir.resolved, "logging.run_dir"); !e.empty())
     return cfg.source + ": " + e;
-  const std::string e = foreign_run_config(std::filesystem::path(cfg.logging.run_dir.resolved) / "config.json", cfg.source);
+  const std::string e = foreign_run_files(cfg.logging.run_dir.resolved, cfg.source);
   return e.empty() ? "" : cfg.source + ": logging.run_dir: " + e;
 }
 

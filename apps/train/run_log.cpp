@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "checkpoint/atomic_file.h"
+#include "runtime/core/file_checks.h"
+#include "runtime/core/json_limits.h"
 #include "runtime/block_cache.h"
 #include "runtime/memory.h"
 
@@ -37,6 +40,48 @@ double median(std::vector<double> v) {
 }
 
 json nullable(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+
+namespace {
+
+// Whether `text`, the contents of run-directory file `name`, is what RunLog writes there.
+bool written_by_run_log(const std::string& name, const std::string& text) {
+  const auto parse = [](std::string_view s) {
+    return json_nesting_depth(s) <= kMaxJsonDepth ? json::parse(s, nullptr, false) : json(json::value_t::discarded);
+  };
+  if (name == "metrics.jsonl") {
+    if (text.empty()) return true;
+    const std::string_view first(text.data(), std::min(text.find('\n'), text.size()));
+    const json j = parse(first);
+    const std::string type = j.is_object() ? j.value("type", json()).dump() : "";
+    return (type == "\"train\"" || type == "\"eval\"" || type == "\"checkpoint\"") && j.dump() == first;
+  }
+  const json j = parse(text);
+  const char* key = name == "summary.json" ? "state_fingerprint" : "model";
+  return !j.is_discarded() && j.is_object() && j.contains(key) && j.dump(2) + "\n" == text;
+}
+
+}  // namespace
+
+std::string foreign_run_files(const std::filesystem::path& run_dir, const std::string& input_config) {
+  constexpr size_t kMaxRead = size_t{64} << 20;
+  for (const char* name : kRunDirFiles) {
+    const std::filesystem::path path = run_dir / name;
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) continue;
+    if (!input_config.empty() && std::filesystem::equivalent(path, input_config, ec))
+      return path.string() + " is the input config; the run would overwrite it (use another logging.run_dir)";
+    if (const std::string e = special_input_file(path.string()); !e.empty())
+      return e + "; the run would write it (move it or use another logging.run_dir)";
+    std::ifstream f(path, std::ios::binary);
+    std::string text(kMaxRead, '\0');
+    f.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(f.gcount()));
+    const bool whole = std::string(name) == "metrics.jsonl" || f.eof();
+    if (!f.bad() && whole && written_by_run_log(name, text)) continue;
+    return path.string() + " was not written by mfsdp-train; refusing to overwrite it (move it or use another logging.run_dir)";
+  }
+  return "";
+}
 
 RunLog::RunLog(const std::string& run_dir, bool lead) : dir_(run_dir), lead_(lead) {}
 

@@ -23,6 +23,17 @@ double median(std::vector<double> v);
 /// The value, or JSON null when it is NaN/Inf.
 nlohmann::json nullable(double x);
 
+/// The files RunLog writes in a run directory (the one list; preflight checks each).
+inline constexpr const char* kRunDirFiles[] = {"config.json", "metrics.jsonl", "summary.json"};
+
+/// Why the run must not write into `run_dir`: "" when none of kRunDirFiles exists there, or each
+/// that exists is one mfsdp-train wrote (config.json and summary.json: exactly the canonical dump
+/// of their JSON object; metrics.jsonl: empty or starting with one of its records). Otherwise
+/// "<file> was not written by mfsdp-train; refusing to overwrite it ...", "<file> is the input
+/// config ..." (`input_config`, the config file of this run), or "<file> is a FIFO ..." for a
+/// file that is not a regular one (never opened). Reads at most 64 MiB of each file.
+std::string foreign_run_files(const std::filesystem::path& run_dir, const std::string& input_config);
+
 /// Console progress and the run directory's files.
 class RunLog {
  public:

@@ -10,6 +10,10 @@
 
 namespace mfsdp {
 
+/// Most CPU threads any tool takes (--threads of mfsdp-train, mfsdp-prepare, the benchmarks):
+/// beyond any machine, and OpenMP runtimes fail in their own way far above it.
+inline constexpr int kMaxCpuThreads = 1024;
+
 /// The CPUs of this process's affinity mask (sched_getaffinity), as a count and as a list such as
 /// "0-3,8". Falls back to the machine's core count when the mask cannot be read.
 struct CpuAffinity {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,9 @@
 #include <set>
 #include <sstream>
 
+#include "runtime/core/cpu_affinity.h"
+#include "runtime/core/file_checks.h"
+#include "runtime/core/json_limits.h"
 #include "runtime/data/tokenizer.h"
 
 namespace mfsdp {
@@ -51,6 +55,7 @@ std::vector<std::string> list_files(const std::vector<std::string>& inputs) {
       if (found.empty()) fail("directory " + in + " holds no files");
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::exists(in, ec)) {
+      require_input_file<DataError>(in, "[mfsdp-prepare]");
       files.push_back(in);
     } else {
       fail("cannot read " + in + ": no such file or directory");
@@ -63,10 +68,17 @@ std::vector<std::string> list_files(const std::vector<std::string>& inputs) {
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("cannot read " + path + ": " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) fail("cannot read " + path + ": read error");
-  return ss.str();
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  std::string text;
+  try {
+    text.resize(ec ? 0 : static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    fail(path + ": " + std::to_string(size) + " bytes do not fit in memory (one file is read whole)");
+  }
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (f.bad() || static_cast<size_t>(f.gcount()) != text.size()) fail("cannot read " + path + ": read error");
+  return text;
 }
 
 // Offset of the first invalid UTF-8 sequence, or npos.
@@ -197,23 +209,6 @@ std::vector<std::string> corpus_chars(const std::vector<std::string>& files, con
   return {chars.begin(), chars.end()};
 }
 
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      fail("cannot write " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
-  }
-}
-
 std::string percent(double f) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g%%", f * 100.0);
@@ -239,83 +234,142 @@ std::string unescape_cli(const std::string& s) {
   return out;
 }
 
-PrepareResult prepare_corpus(const PrepareOptions& opt, std::ostream* progress) {
+namespace {
+
+void check_options(const PrepareOptions& opt) {
   if (opt.output_prefix.empty()) fail("no output prefix");
-  if (opt.threads < 1) fail("threads must be >= 1, got " + std::to_string(opt.threads));
-  if (opt.shard_tokens < 0) fail("shard_tokens must be >= 0");
+  if (opt.threads < 1 || opt.threads > kMaxCpuThreads)
+    fail("threads must be in 1.." + std::to_string(kMaxCpuThreads) + ", got " + std::to_string(opt.threads));
+  if (opt.shard_tokens < 0 || opt.shard_tokens > INT32_MAX)
+    fail("shard_tokens must be in 0..2147483647, got " + std::to_string(opt.shard_tokens));
+  if (opt.val_tokens < -1) fail("val_tokens must be >= 0, got " + std::to_string(opt.val_tokens));
   if (opt.val_tokens < 0 && !(opt.val_fraction >= 0.0 && opt.val_fraction < 1.0))
     fail("val_fraction must be in [0, 1), got " + std::to_string(opt.val_fraction));
   if (opt.format != "auto" && opt.format != "text" && opt.format != "jsonl")
     fail("format must be auto, text or jsonl, got '" + opt.format + "'");
-  const std::vector<std::string> files = list_files(opt.inputs);
+}
 
-  // The tokenizer.
-  PrepareResult res;
-  std::unique_ptr<Tokenizer> tok;
-  std::vector<std::string> built_itos;
+// The tokenizer of `opt`; for "char", the vocabulary built from the corpus goes to built_itos.
+std::unique_ptr<Tokenizer> load_tokenizer(const PrepareOptions& opt, const std::vector<std::string>& files,
+                                          std::vector<std::string>& built_itos) {
   try {
-    if (opt.tokenizer == "gpt2") {
-      tok = Tokenizer::load("gpt2", opt.gpt2_dir);
-    } else if (opt.tokenizer == "char") {
+    if (opt.tokenizer == "gpt2") return Tokenizer::load("gpt2", opt.gpt2_dir);
+    if (opt.tokenizer == "char") {
       built_itos = corpus_chars(files, opt);
       if (built_itos.empty()) fail("empty corpus: no text in " + std::to_string(files.size()) + " file(s)");
-      tok = make_char_tokenizer(built_itos);
-    } else {
-      std::ifstream probe(opt.tokenizer);
-      if (!probe) fail("cannot read tokenizer " + opt.tokenizer + " (expected gpt2, char or a JSON file)");
-      std::string head(4096, '\0');
-      probe.read(head.data(), static_cast<std::streamsize>(head.size()));
-      head.resize(static_cast<size_t>(probe.gcount()));
-      tok = Tokenizer::load(head.find("\"itos\"") != std::string::npos && head.find("\"model\"") == std::string::npos
-                                ? "char"
-                                : "tokenizer.json",
-                            opt.tokenizer);
+      return make_char_tokenizer(built_itos);
     }
+    require_input_file<DataError>(opt.tokenizer, "[mfsdp-prepare] tokenizer");
+    std::ifstream probe(opt.tokenizer);
+    if (!probe) fail("cannot read tokenizer " + opt.tokenizer + " (expected gpt2, char or a JSON file)");
+    std::string head(4096, '\0');
+    probe.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(probe.gcount()));
+    const bool char_meta = head.find("\"itos\"") != std::string::npos && head.find("\"model\"") == std::string::npos;
+    return Tokenizer::load(char_meta ? "char" : "tokenizer.json", opt.tokenizer);
   } catch (const DataError&) {
     throw;
   } catch (const std::exception& e) {
     fail(std::string("tokenizer: ") + e.what());
   }
-  res.vocab_size = tok->vocab_size();
-  res.width = shard_width_for_vocab(res.vocab_size);
-  int32_t eot = -1;
-  const std::string eot_name = opt.eot_token == "auto" ? (tok->kind() == "gpt2" ? "<|endoftext|>" : "") : opt.eot_token;
-  if (!eot_name.empty()) {
-    eot = tok->token_id(eot_name);
-    if (eot < 0) fail("the tokenizer has no token '" + eot_name + "' for eot_token");
-  }
-  const bool chunked = tok->kind() == "gpt2";
+}
 
-  // Outputs: refuse to clobber unless asked; with overwrite, stale numbered shards of this prefix go.
-  const fs::path prefix(opt.output_prefix);
-  if (prefix.has_parent_path()) fs::create_directories(prefix.parent_path());
-  {
-    const fs::path dir = prefix.has_parent_path() ? prefix.parent_path() : fs::path(".");
-    const std::string stem = prefix.filename().string();
-    std::vector<fs::path> existing;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string name = e.path().filename().string();
-      for (const char* split : {"_train", "_val"})
-        if (name == stem + split + ".bin" ||
-            (name.rfind(stem + split + "_", 0) == 0 && name.size() == stem.size() + std::strlen(split) + 11 &&
-             name.substr(name.size() - 4) == ".bin"))
-          existing.push_back(e.path());
-      if (!built_itos.empty() && name == stem + "_meta.json") existing.push_back(e.path());
+// The files a run with prefix P may write, by name in P's directory: P_train.bin, P_val.bin,
+// P_train_NNNNNN.bin, P_val_NNNNNN.bin, and P_meta.json when a char vocabulary is built.
+struct OutputNames {
+  fs::path dir;
+  std::string stem;
+  bool meta = false;
+
+  bool matches(const std::string& name) const {
+    for (const char* split : {"_train", "_val"}) {
+      const std::string base = stem + split;
+      if (name == base + ".bin") return true;
+      if (name.size() == base.size() + 11 && name.rfind(base + "_", 0) == 0 && name.substr(name.size() - 4) == ".bin" &&
+          std::all_of(name.begin() + static_cast<std::ptrdiff_t>(base.size()) + 1, name.end() - 4,
+                      [](char c) { return c >= '0' && c <= '9'; }))
+        return true;
     }
-    if (!existing.empty() && !opt.overwrite)
-      fail("output " + existing.front().string() + " exists (use --overwrite to replace the outputs of this prefix)");
-    for (const auto& p : existing) fs::remove(p);
+    return meta && name == stem + "_meta.json";
   }
+  // Whether `file` names one of these outputs (its directory compared after resolving links).
+  bool names(const std::string& file) const {
+    std::error_code ec;
+    const fs::path p = fs::weakly_canonical(file, ec);
+    return matches(fs::path(file).filename().string()) && p.parent_path() == fs::weakly_canonical(dir, ec);
+  }
+};
 
-  // Encode, batch by batch; units (documents or chunks of them) in parallel, concatenated in order.
+// Why an existing output must not be replaced: "" when mfsdp-prepare wrote it (a token shard of
+// the exact size its header states, or a char meta JSON with "itos"), else the reason.
+std::string foreign_output(const fs::path& path) {
+  const std::string p = path.string();
+  if (const std::string e = special_input_file(p); !e.empty()) return e;
+  std::ifstream f(p, std::ios::binary);
+  if (path.extension() == ".json") {
+    std::error_code ec;
+    if (fs::file_size(path, ec) > (size_t{64} << 20)) return p + " is larger than any char meta JSON";
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    const std::string text = ss.str();
+    const auto j = json_nesting_depth(text) <= kMaxJsonDepth ? nlohmann::json::parse(text, nullptr, false)
+                                                              : nlohmann::json();
+    const bool ours = j.is_object() && j.value("kind", nlohmann::json()) == "char" && j.contains("itos");
+    return ours ? "" : p + " is not a char meta JSON";
+  }
+  int32_t header[3] = {0, 0, 0};
+  f.read(reinterpret_cast<char*>(header), sizeof header);
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+  const int64_t width = header[0] == kShardMagicU16 ? 2 : header[0] == kShardMagicU32 ? 4 : 0;
+  const bool ours = f && width > 0 && header[1] == kShardVersion && header[2] >= 0 &&
+                    size == kShardHeaderBytes + width * header[2];
+  return ours ? "" : p + " is not a token shard";
+}
+
+// Existing outputs of the prefix, each checked to be one mfsdp-prepare wrote. Throws DataError
+// when one is not ours (never replaced, even with --overwrite).
+std::vector<fs::path> existing_outputs(const OutputNames& names) {
+  std::vector<fs::path> existing;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(names.dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (names.matches(it->path().filename().string())) existing.push_back(it->path());
+  std::sort(existing.begin(), existing.end());
+  for (const auto& p : existing)
+    if (const std::string why = foreign_output(p); !why.empty())
+      fail(why + ": it was not written by mfsdp-prepare; refusing to replace it (move it or choose another -o)");
+  return existing;
+}
+
+// Refuses, before anything is written, an input or tokenizer file that is an output of the prefix
+// (by name, or the same file as an existing output): replacing it would destroy the input.
+void refuse_inputs_as_outputs(const std::vector<std::string>& files, const PrepareOptions& opt,
+                              const OutputNames& names, const std::vector<fs::path>& existing) {
+  std::vector<std::string> read = files;
+  if (opt.tokenizer != "gpt2" && opt.tokenizer != "char") read.push_back(opt.tokenizer);
+  for (const auto& f : read) {
+    std::error_code ec;
+    bool same = names.names(f);
+    for (const auto& e : existing) same = same || fs::equivalent(f, e, ec);
+    if (same)
+      fail("input " + f + " is also an output of -o " + opt.output_prefix +
+           "; it would be replaced (move the old outputs away, or write to another prefix)");
+  }
+}
+
+// Encodes every document, batch by batch; units (documents or ~1 MB chunks of long GPT-2
+// documents) in parallel, concatenated in order. Counts documents and input bytes into res.
+std::vector<uint32_t> encode_corpus(const std::vector<std::string>& files, const PrepareOptions& opt,
+                                    const Tokenizer& tok, int32_t eot, std::ostream* progress, PrepareResult& res) {
+  struct Unit {
+    size_t doc, begin, end;
+  };
+  const bool chunked = tok.kind() == "gpt2";
   std::vector<uint32_t> tokens;
   DocReader reader(files, opt);
   const auto t0 = std::chrono::steady_clock::now();
   const bool tty = progress && ::isatty(STDERR_FILENO);
   for (auto batch = reader.next(); !batch.empty(); batch = reader.next()) {
-    struct Unit {
-      size_t doc, begin, end;
-    };
     std::vector<Unit> units;
     for (size_t d = 0; d < batch.size(); ++d) {
       if (!chunked || batch[d].text.size() <= 2 * kChunkBytes) {
@@ -332,8 +386,7 @@ PrepareResult prepare_corpus(const PrepareOptions& opt, std::ostream* progress) 
       const Unit& un = units[u];
       const Doc& d = batch[un.doc];
       try {
-        ids[u] = tok->encode(un.begin == 0 && un.end == d.text.size() ? d.text
-                                                                       : d.text.substr(un.begin, un.end - un.begin));
+        ids[u] = tok.encode(un.begin == 0 && un.end == d.text.size() ? d.text : d.text.substr(un.begin, un.end - un.begin));
       } catch (const EncodeError& e) {
         errors[u] = doc_place(files, d, un.begin + e.byte_offset) + ": " + e.reason;
       } catch (const std::exception& e) {
@@ -357,51 +410,137 @@ PrepareResult prepare_corpus(const PrepareOptions& opt, std::ostream* progress) 
   }
   if (tty) *progress << "\n";
   res.input_bytes = reader.bytes_read();
-  if (tokens.empty()) fail("empty corpus: no text in " + std::to_string(files.size()) + " file(s)");
+  return tokens;
+}
 
-  // Split and write.
+// Outputs written under temporary names beside their final ones, renamed onto them only once
+// every one is complete; the temporaries of an unfinished run are removed.
+class StagedOutputs {
+ public:
+  ~StagedOutputs() {
+    for (const auto& [tmp, final_path] : staged_) std::remove(tmp.c_str());
+  }
+  // A fresh temporary for `final_path`.
+  std::string stage(const std::string& final_path) {
+    std::string tmp;
+    try {
+      tmp = create_temp_beside(final_path);
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+    staged_.emplace_back(tmp, final_path);
+    return tmp;
+  }
+  // Renames every temporary onto its final name, then removes the earlier outputs (`stale`) that
+  // no new file replaced.
+  void commit(const std::vector<fs::path>& stale) {
+    std::set<std::string> written;
+    for (const auto& [tmp, final_path] : staged_) {
+      if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
+        fail("cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno));
+      written.insert(fs::path(final_path).filename().string());
+    }
+    staged_.clear();
+    std::error_code ec;
+    for (const auto& p : stale)
+      if (!written.count(p.filename().string())) fs::remove(p, ec);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> staged_;  // (temporary, final)
+};
+
+// Writes one split as one file or shards of opt.shard_tokens tokens; records the final names.
+void write_split(const std::vector<uint32_t>& t, const char* split, const PrepareOptions& opt, TokenWidth width,
+                 StagedOutputs& staged, std::vector<std::string>& out) {
+  if (t.empty()) return;
+  const int64_t per = opt.shard_tokens > 0 ? opt.shard_tokens : static_cast<int64_t>(t.size());
+  for (int64_t k = 0, at = 0; at < static_cast<int64_t>(t.size()); ++k, at += per) {
+    char suffix[32];
+    if (opt.shard_tokens > 0) std::snprintf(suffix, sizeof suffix, "_%s_%06lld.bin", split, static_cast<long long>(k));
+    else std::snprintf(suffix, sizeof suffix, "_%s.bin", split);
+    const std::string path = opt.output_prefix + suffix;
+    const auto e = t.begin() + std::min<int64_t>(at + per, static_cast<int64_t>(t.size()));
+    write_token_shard(staged.stage(path), std::vector<uint32_t>(t.begin() + at, e), width);
+    out.push_back(path);
+  }
+}
+
+// The char meta JSON (data/tiny_shakespeare_char_meta.json's format).
+std::string char_meta(const std::vector<std::string>& itos, const PrepareOptions& opt, int64_t nval) {
+  nlohmann::ordered_json meta;
+  meta["kind"] = "char";
+  meta["vocab_size"] = itos.size();
+  meta["itos"] = itos;
+  std::string sources;
+  for (const auto& in : opt.inputs) sources += (sources.empty() ? "" : ", ") + fs::path(in).filename().string();
+  meta["source"] = sources;
+  meta["split"] = opt.val_tokens >= 0 ? (opt.val_from_start ? "first " : "last ") + std::to_string(nval) + " tokens val"
+                  : opt.val_from_start
+                      ? "first " + percent(opt.val_fraction) + " val, last " + percent(1.0 - opt.val_fraction) + " train"
+                      : "first " + percent(1.0 - opt.val_fraction) + " train, last " + percent(opt.val_fraction) + " val";
+  return meta.dump(1);
+}
+
+// Splits the token stream into train and val and writes both (and the char meta) as staged files.
+void write_outputs(std::vector<uint32_t>& tokens, const PrepareOptions& opt, const std::vector<std::string>& itos,
+                   StagedOutputs& staged, PrepareResult& res) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t nval = opt.val_tokens >= 0 ? opt.val_tokens
                                            : n - static_cast<int64_t>(static_cast<double>(n) * (1.0 - opt.val_fraction));
-  if (nval >= n) fail("val split of " + std::to_string(nval) + " tokens leaves no training tokens (corpus: " +
-                      std::to_string(n) + ")");
+  if (nval >= n)
+    fail("val split of " + std::to_string(nval) + " tokens leaves no training tokens (corpus: " + std::to_string(n) + ")");
   const auto val_begin = opt.val_from_start ? tokens.begin() : tokens.end() - nval;
   const std::vector<uint32_t> val(val_begin, val_begin + nval);
   if (opt.val_from_start) tokens.erase(tokens.begin(), tokens.begin() + nval);
   else tokens.resize(static_cast<size_t>(n - nval));
   res.val_tokens = nval;
   res.train_tokens = n - nval;
-  auto write_split = [&](const std::vector<uint32_t>& t, const char* split, std::vector<std::string>& out) {
-    if (t.empty()) return;
-    const int64_t per = opt.shard_tokens > 0 ? opt.shard_tokens : static_cast<int64_t>(t.size());
-    for (int64_t k = 0, at = 0; at < static_cast<int64_t>(t.size()); ++k, at += per) {
-      char suffix[32];
-      if (opt.shard_tokens > 0) std::snprintf(suffix, sizeof suffix, "_%s_%06lld.bin", split, static_cast<long long>(k));
-      else std::snprintf(suffix, sizeof suffix, "_%s.bin", split);
-      const std::string path = opt.output_prefix + suffix;
-      const auto e = t.begin() + std::min<int64_t>(at + per, static_cast<int64_t>(t.size()));
-      write_token_shard(path, std::vector<uint32_t>(t.begin() + at, e), res.width);
-      out.push_back(path);
-    }
-  };
-  write_split(val, "val", res.val_files);
-  write_split(tokens, "train", res.train_files);
-  if (!built_itos.empty()) {
-    nlohmann::ordered_json meta;
-    meta["kind"] = "char";
-    meta["vocab_size"] = built_itos.size();
-    meta["itos"] = built_itos;
-    std::string sources;
-    for (const auto& in : opt.inputs) sources += (sources.empty() ? "" : ", ") + fs::path(in).filename().string();
-    meta["source"] = sources;
-    meta["split"] = opt.val_tokens >= 0 ? (opt.val_from_start ? "first " : "last ") + std::to_string(nval) + " tokens val"
-                    : opt.val_from_start ? "first " + percent(opt.val_fraction) + " val, last " +
-                                               percent(1.0 - opt.val_fraction) + " train"
-                                         : "first " + percent(1.0 - opt.val_fraction) + " train, last " +
-                                               percent(opt.val_fraction) + " val";
-    res.meta_file = opt.output_prefix + "_meta.json";
-    write_text_atomic(res.meta_file, meta.dump(1));
+  write_split(val, "val", opt, res.width, staged, res.val_files);
+  write_split(tokens, "train", opt, res.width, staged, res.train_files);
+  if (itos.empty()) return;
+  res.meta_file = opt.output_prefix + "_meta.json";
+  try {
+    write_file_swap(staged.stage(res.meta_file), char_meta(itos, opt, nval));
+  } catch (const DataError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
+}
+
+}  // namespace
+
+PrepareResult prepare_corpus(const PrepareOptions& opt, std::ostream* progress) {
+  check_options(opt);
+  const std::vector<std::string> files = list_files(opt.inputs);
+  // Every check on the outputs comes before any input is read and anything is written or removed.
+  const fs::path prefix(opt.output_prefix);
+  const OutputNames names{prefix.has_parent_path() ? prefix.parent_path() : fs::path("."), prefix.filename().string(),
+                          opt.tokenizer == "char"};
+  const std::vector<fs::path> existing = existing_outputs(names);
+  refuse_inputs_as_outputs(files, opt, names, existing);
+  if (!existing.empty() && !opt.overwrite)
+    fail("output " + existing.front().string() + " exists (use --overwrite to replace the outputs of this prefix)");
+  PrepareResult res;
+  std::vector<std::string> built_itos;
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(opt, files, built_itos);
+  res.vocab_size = tok->vocab_size();
+  res.width = shard_width_for_vocab(res.vocab_size);
+  int32_t eot = -1;
+  const std::string eot_name = opt.eot_token == "auto" ? (tok->kind() == "gpt2" ? "<|endoftext|>" : "") : opt.eot_token;
+  if (!eot_name.empty()) {
+    eot = tok->token_id(eot_name);
+    if (eot < 0) fail("the tokenizer has no token '" + eot_name + "' for eot_token");
+  }
+  std::vector<uint32_t> tokens = encode_corpus(files, opt, *tok, eot, progress, res);
+  if (tokens.empty()) fail("empty corpus: no text in " + std::to_string(files.size()) + " file(s)");
+  std::error_code ec;
+  if (prefix.has_parent_path() && !fs::create_directories(prefix.parent_path(), ec) && ec)
+    fail("cannot create the output directory " + prefix.parent_path().string() + ": " + ec.message());
+  StagedOutputs staged;
+  write_outputs(tokens, opt, built_itos, staged, res);
+  staged.commit(existing);
   return res;
 }
 

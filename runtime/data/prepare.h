@@ -45,7 +45,7 @@ struct PrepareOptions {
   int64_t val_tokens = -1;            ///< exact number of validation tokens (>= 0 overrides val_fraction)
   bool val_from_start = false;        ///< validation tokens are the first ones (else the last ones)
   int64_t shard_tokens = 0;           ///< tokens per shard (0 = one file per split)
-  int threads = 1;                    ///< encoding threads (>= 1); does not change the output
+  int threads = 1;                    ///< encoding threads (1..kMaxCpuThreads); does not change the output
   bool overwrite = false;             ///< replace existing outputs (else existing outputs are an error)
 };
 

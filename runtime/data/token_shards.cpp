@@ -1,5 +1,6 @@
 #include "runtime/data/token_shards.h"
 
+#include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 
 #include <fcntl.h>
@@ -54,6 +55,7 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
 }
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
+  require_input_file<DataError>(path, "[token shard]");
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw DataError("[token shard] " + path + ": cannot open: " + errno_text());
   struct stat st{};

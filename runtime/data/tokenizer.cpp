@@ -2,6 +2,7 @@
 
 #include "runtime/data/bpe.h"
 
+#include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 
 #include <algorithm>
@@ -20,6 +21,7 @@ namespace mfsdp {
 namespace {
 
 std::string read_file(const std::string& path, const char* who) {
+  require_input_file(path, std::string("[") + who + "]");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(std::string("[") + who + "] cannot open " + path);
   std::ostringstream ss;

@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Inputs and outputs of every tool (stdlib only; mfsdp-train under mpirun).
+
+usage: test_tools_cli.py BIN_DIR CASE   with CASE one of
+  prepare_outputs  mfsdp-prepare: an input that is also an output (the `dir -o dir/tok` re-run) and a
+                   foreign file named like an output are refused before anything is touched, even
+                   with --overwrite; a failed --overwrite run leaves the old outputs; a good one
+                   replaces them and removes the old shards it no longer writes
+  run_dir_files    a user's metrics.jsonl / summary.json (or a FIFO) in logging.run_dir: refused,
+                   unchanged; the trainer's own files from an earlier run are replaced
+  fifo             a FIFO (and /dev/zero) as every input kind of every tool: refused by name, exit 2,
+                   within seconds (each command runs under a timeout: a hang fails the case)
+  bounds           every tool's numeric options out of range: exit 2 naming the option
+  json_out         --json to an unwritable path: exit 2 naming it (mfsdp-bench before measuring);
+                   a good path gets complete JSON
+Exit 0 on success, 1 on failure.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from cli_common import ENV, ROOT, TINY, check, run_case
+
+DATA = os.path.join(ROOT, "data")
+
+
+def run(cmd, timeout=120):
+    """(exit code, output); a command still running after `timeout` seconds is a hang: -999."""
+    try:
+        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        return -999, f"HUNG after {timeout}s: {cmd}: {e.stdout or ''}{e.stderr or ''}"
+    return p.returncode, p.stdout + p.stderr
+
+
+def mpirun(np, exe, *args):
+    return ["mpirun", "-np", str(np), "--oversubscribe", exe, *args]
+
+
+def put(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def snapshot(d):
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))
+            if os.path.isfile(os.path.join(d, n))}
+
+
+def case_prepare_outputs(bin_dir, tmp):
+    prep = os.path.join(bin_dir, "mfsdp-prepare")
+    corpus = os.path.join(tmp, "corpus")
+    put(os.path.join(corpus, "a.txt"), "First citizen: we are accounted poor citizens.\n" * 40)
+    put(os.path.join(corpus, "b.txt"), "All: speak, speak.\n" * 40)
+    tok = os.path.join(corpus, "tok")
+    rc, out = run([prep, corpus, "-o", tok, "--tokenizer", "char", "-q", "--shard-tokens", "500"])
+    check(rc == 0, f"first run: {rc} {out}")
+    before = snapshot(corpus)
+    check(len([n for n in before if n.startswith("tok_train_")]) >= 3, f"shards: {sorted(before)}")
+    # the common re-run: the old outputs are inputs now, and --overwrite would destroy them
+    for extra in ([], ["--overwrite"]):
+        rc, out = run([prep, corpus, "-o", tok, "--tokenizer", "char", "-q", *extra])
+        check(rc == 2 and "is also an output" in out and "tok_" in out, f"input named like an output {extra}: {rc} {out}")
+        check(snapshot(corpus) == before, f"the re-run {extra} changed the directory")
+    # the same file through another name (a hard link) is refused too
+    outdir = os.path.join(tmp, "out")
+    rc, out = run([prep, os.path.join(corpus, "a.txt"), "-o", os.path.join(outdir, "p"), "-q"])
+    check(rc == 0, f"gpt2 run: {rc} {out}")
+    link = os.path.join(tmp, "link.bin")
+    os.link(os.path.join(outdir, "p_train.bin"), link)
+    old = snapshot(outdir)
+    rc, out = run([prep, link, "-o", os.path.join(outdir, "p"), "--format", "text", "-q", "--overwrite"])
+    check(rc == 2 and "is also an output" in out, f"hard link to an output as input: {rc} {out}")
+    check(snapshot(outdir) == old, "the hard-link run changed the outputs")
+    # a failing --overwrite run (invalid UTF-8) leaves the old outputs as they were
+    bad = os.path.join(tmp, "bad.txt")
+    with open(bad, "wb") as f:
+        f.write(b"fine text\n\xff broken\n")
+    rc, out = run([prep, bad, "-o", os.path.join(outdir, "p"), "-q", "--overwrite"])
+    check(rc == 2 and "invalid UTF-8" in out, f"bad input with --overwrite: {rc} {out}")
+    check(snapshot(outdir) == old, f"a failed --overwrite run touched the old outputs: {sorted(snapshot(outdir))}")
+    # a foreign file named like an output is never replaced, even with --overwrite
+    mine = os.path.join(outdir, "p_val.bin")
+    os.remove(mine)
+    put(mine, "my notes, not a token shard\n")
+    rc, out = run([prep, os.path.join(corpus, "a.txt"), "-o", os.path.join(outdir, "p"), "-q", "--overwrite"])
+    check(rc == 2 and "not written by mfsdp-prepare" in out and "p_val.bin" in out, f"foreign output: {rc} {out}")
+    check(open(mine).read() == "my notes, not a token shard\n", "the foreign p_val.bin was changed")
+    # a good --overwrite run replaces the outputs and removes old shards it does not write again
+    os.remove(mine)
+    rc, out = run([prep, os.path.join(corpus, "a.txt"), "-o", os.path.join(outdir, "p"), "-q", "--shard-tokens", "100", "--overwrite"])
+    check(rc == 0, f"sharded run: {rc} {out}")
+    rc, out = run([prep, os.path.join(corpus, "b.txt"), "-o", os.path.join(outdir, "p"), "-q", "--overwrite"])
+    names = sorted(snapshot(outdir))
+    check(rc == 0 and names == ["p_train.bin", "p_val.bin"], f"--overwrite result: {rc} {names} {out}")
+
+
+def case_run_dir_files(bin_dir, tmp):
+    train = os.path.join(bin_dir, "mfsdp-train")
+    base = ["--config", TINY, "--set", "training.steps=2", "--set", "training.sample_tokens=0",
+            "--set", "training.eval_interval=0", "--set", "checkpoint.at_end=false"]
+    for name, text in (("metrics.jsonl", '{"my": "own log"}\n'), ("summary.json", "my summary\n"),
+                       ("metrics.jsonl", "")):
+        rdir = os.path.join(tmp, "user_" + name + str(len(text)))
+        put(os.path.join(rdir, name), text)
+        if text == "":  # an empty metrics.jsonl holds nothing to lose: the run may take it
+            continue
+        rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={rdir}"))
+        check(rc == 2 and "not written by mfsdp-train" in out and name in out, f"a user's {name}: {rc} {out[-500:]}")
+        check(open(os.path.join(rdir, name)).read() == text, f"the user's {name} was changed")
+        written = [n for n in os.listdir(rdir) if n not in (name, ".mfsdp.lock")]
+        check(not written, f"the refused run wrote into the directory: {written}")
+    fdir = os.path.join(tmp, "fifo_run")
+    os.makedirs(fdir)
+    os.mkfifo(os.path.join(fdir, "metrics.jsonl"))
+    rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={fdir}"), timeout=60)
+    check(rc == 2 and "FIFO" in out and "metrics.jsonl" in out, f"a FIFO as metrics.jsonl: {rc} {out[-500:]}")
+    # the trainer's own files of an earlier run are replaced
+    own = os.path.join(tmp, "own")
+    for attempt in range(2):
+        rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={own}"))
+        check(rc == 0, f"run {attempt} into its own run directory: {rc} {out[-500:]}")
+    types = [json.loads(x)["type"] for x in open(os.path.join(own, "metrics.jsonl")).read().splitlines()]
+    check(types.count("train") == 2, f"metrics.jsonl after two fresh runs holds the second run only: {types}")
+
+
+def case_fifo(bin_dir, tmp):
+    fifo = os.path.join(tmp, "pipe")
+    os.mkfifo(fifo)
+    b = lambda exe: os.path.join(bin_dir, exe)  # noqa: E731
+    train = [*mpirun(2, b("mfsdp-train")), "--config", TINY, "--set", f"logging.run_dir={os.path.join(tmp, 'r')}"]
+    ckpt = os.path.join(tmp, "ckpt")
+    os.makedirs(ckpt)
+    os.mkfifo(os.path.join(ckpt, "manifest.json"))
+    hf = os.path.join(tmp, "hf")  # a from_pretrained directory whose config.json is a FIFO
+    os.makedirs(hf)
+    os.mkfifo(os.path.join(hf, "config.json"))
+    cases = [
+        ("mfsdp-prepare input", [b("mfsdp-prepare"), fifo, "-o", os.path.join(tmp, "o", "p"), "-q"], "FIFO"),
+        ("mfsdp-prepare --tokenizer", [b("mfsdp-prepare"), TINY, "-o", os.path.join(tmp, "o", "p"), "--tokenizer", fifo], "FIFO"),
+        ("mfsdp-prepare /dev/zero", [b("mfsdp-prepare"), "/dev/zero", "-o", os.path.join(tmp, "o", "p")], "character device"),
+        ("mfsdp-train --config", [*mpirun(2, b("mfsdp-train")), "--config", fifo], "FIFO"),
+        ("mfsdp-plan --config", [b("mfsdp-plan"), "--config", fifo, "--world-size", "2"], "FIFO"),
+        ("data.train", [*train, "--set", f"data.train={fifo}"], "FIFO"),
+        ("data.val", [*train, "--set", f"data.val={fifo}"], "FIFO"),
+        ("data.train /dev/zero", [*train, "--set", "data.train=/dev/zero"], "character device"),
+        ("data.tokenizer_path", [*train, "--set", f"data.tokenizer_path={fifo}"], "FIFO"),
+        ("model.init_from file", [*train, "--set", f"model.init_from={fifo}"], "FIFO"),
+        ("model.init_from directory", [*train, "--set", f"model.init_from={hf}"], ""),
+        ("training.resume", [*train, "--set", f"training.resume={ckpt}"], "manifest.json"),
+        ("mfsdp-ckpt verify", [b("mfsdp-ckpt"), "verify", ckpt], "FIFO"),
+        ("mfsdp-ckpt export", [b("mfsdp-ckpt"), "export", ckpt, os.path.join(tmp, "x.safetensors")], "FIFO"),
+        ("mfsdp-project --cluster", [b("mfsdp-project"), "--cluster", fifo], "FIFO"),
+        ("mfsdp-project --compare", [b("mfsdp-project"), "--cluster", os.path.join(ROOT, "configs", "clusters",
+                                     "a100_80gb_8x.json"), "--compare", fifo], "FIFO"),
+        ("mfsdp-bench-tokenizer", [b("mfsdp-bench-tokenizer"), fifo], "FIFO"),
+    ]
+    for what, cmd, word in cases:
+        rc, out = run(cmd, timeout=60)
+        check(rc == 2 and word in out, f"{what}: a FIFO/device input: exit {rc}: {out[-400:]}")
+
+
+def case_bounds(bin_dir, tmp):
+    b = lambda exe: os.path.join(bin_dir, exe)  # noqa: E731
+    text = os.path.join(DATA, "tinyshakespeare.txt")
+    prep = [b("mfsdp-prepare"), text, "-o", os.path.join(tmp, "p"), "-q"]
+    cluster = ["--cluster", os.path.join(ROOT, "configs", "clusters", "a100_80gb_8x.json")]
+    cases = [
+        (prep + ["--threads", "0"], "--threads"), (prep + ["--threads", "100000"], "--threads"),
+        (prep + ["--shard-tokens", "-1"], "--shard-tokens"), (prep + ["--shard-tokens", "3000000000"], "--shard-tokens"),
+        (prep + ["--val-tokens", "-5"], "--val-tokens"), (prep + ["--val-fraction", "1.5"], "--val-fraction"),
+        ([b("mfsdp-project"), *cluster, "--replicate", "0"], "--replicate"),
+        ([b("mfsdp-project"), *cluster, "-B", "0"], "--batch"), ([b("mfsdp-project"), *cluster, "-B", "-4"], "--batch"),
+        ([b("mfsdp-project"), *cluster, "-T", "0"], "--seq"), ([b("mfsdp-project"), *cluster, "--worlds", "0"], "--worlds"),
+        ([b("mfsdp-project"), *cluster, "--ns-steps", "0"], "--ns-steps"),
+        ([b("mfsdp-project"), *cluster, "--layers", "-1"], "--layers"),
+        ([b("mfsdp-project"), *cluster, "--tolerance", "0"], "--tolerance"),
+        ([b("mfsdp-bench"), "--replicate", "0"], "--replicate"), ([b("mfsdp-bench"), "-B", "0"], "--batch"),
+        ([b("mfsdp-bench"), "-T", "-1"], "--seq"), ([b("mfsdp-bench"), "--steps", "0"], "--steps"),
+        ([b("mfsdp-bench"), "--ns-steps", "0"], "--ns-steps"), ([b("mfsdp-bench"), "--warmup", "-1"], "--warmup"),
+        ([b("mfsdp-bench-comm"), "--min-bytes", "0"], "--min-bytes"),
+        ([b("mfsdp-bench-comm"), "--max-bytes", "1P"], "--max-bytes"),
+        ([b("mfsdp-bench-model"), "--n-layer", "0"], "--n-layer"), ([b("mfsdp-bench-model"), "-B", "0"], "--batch"),
+        ([b("mfsdp-bench-model"), "--threads", "-2"], "--threads"),
+        ([b("mfsdp-bench-tokenizer"), text, "--threads", "0"], "--threads"),
+        ([b("mfsdp-bench-tokenizer"), text, "--reps", "0"], "--reps"),
+        ([b("mfsdp-bench-orthogonalize"), "0"], "repetitions"),
+        ([b("mfsdp-plan"), "--config", TINY, "--world-size", "0"], "--world-size"),
+        ([b("mfsdp-train"), "--config", TINY, "--threads", "0"], "--threads"),
+    ]
+    for cmd, name in cases:
+        if not os.path.exists(cmd[0]):
+            check(False, f"{cmd[0]} is not built")
+            continue
+        rc, out = run(cmd, timeout=60)
+        check(rc == 2 and name in out, f"{' '.join(os.path.basename(c) for c in cmd)}: exit {rc}: {out[-300:]}")
+    check(not os.path.exists(os.path.join(tmp, "p_train.bin")), "a refused mfsdp-prepare wrote output")
+
+
+def case_json_out(bin_dir, tmp):
+    cluster = ["--cluster", os.path.join(ROOT, "configs", "clusters", "a100_80gb_8x.json")]
+    project = [os.path.join(bin_dir, "mfsdp-project"), *cluster, "--worlds", "8"]
+    for where in (os.path.join(tmp, "missing", "out.json"), tmp, "/proc/version"):
+        rc, out = run([*project, "--json", where])
+        check(rc == 2 and "--json" in out and where in out, f"mfsdp-project --json {where}: exit {rc}: {out[-300:]}")
+    good = os.path.join(tmp, "p.json")
+    rc, out = run([*project, "--json", good])
+    check(rc == 0 and json.load(open(good))["projection"][0]["placement"] == "matrixfsdp", f"--json: {rc} {out[-300:]}")
+    check(os.listdir(tmp) == ["p.json"], f"temporaries left: {os.listdir(tmp)}")
+    bench = os.path.join(bin_dir, "mfsdp-bench")
+    rc, out = run([bench, "--layers", "1", "-T", "8", "--json", os.path.join(tmp, "missing", "b.json")], timeout=60)
+    check(rc == 2 and "--json" in out and "headline" not in out, f"mfsdp-bench --json unwritable: {rc} {out[-300:]}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_case(globals(), "mfsdp_tools"))
