@@ -111,7 +111,7 @@ def case_run_dir_files(bin_dir, tmp):
         rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={rdir}"))
         check(rc == 2 and "not written by mfsdp-train" in out and name in out, f"a user's {name}: {rc} {out[-500:]}")
         check(open(os.path.join(rdir, name)).read() == text, f"the user's {name} was changed")
-        written = [n for n in os.listdir(rdir) if n not in (name, ".mfsdp.lock")]
+        written = [n for n in os.listdir(rdir) if os.path.isfile(os.path.join(rdir, n)) and n not in (name, ".mfsdp.lock")]
         check(not written, f"the refused run wrote into the directory: {written}")
     fdir = os.path.join(tmp, "fifo_run")
     os.makedirs(fdir)
