@@ -193,6 +193,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "f32"}));
   app.add_option("--fsdp2-ns-steps", in.baseline.ns_steps, "fsdp2 baseline's Newton-Schulz steps (default: --ns-steps)")
       ->check(CLI::Range(0, 100));
+  app.add_option("--fsdp2-host-op-us", in.baseline.host_op_us,
+                 "row_sharded baseline: host dispatch per DTensor op, microseconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e5));
   app.add_option("--prefetch-depth", in.prefetch_depth, "units gathered ahead (default: 1 on GPU clusters, 0 on CPU)")
       ->check(CLI::Range(0, 64));
   app.add_option("--overlap-reduce", in.overlap_reduce, "1: reductions overlap the next unit's backward, 0: block "

@@ -166,17 +166,27 @@ BaselineNs parse_baseline_ns(const std::string& s) {
   throw std::invalid_argument("fsdp2 baseline Newton-Schulz must be every_rank or row_sharded, got '" + s + "'");
 }
 
+int baseline_dtensor_ops(int64_t rows, int64_t cols, int steps) {
+  // Per matrix: momentum lerp_, Nesterov lerp, bf16 cast, norm, clamp, div_, weight decay mul_,
+  // update add_, the adjusted-lr scale (9); a tall matrix's two transposes; per iteration the Gram
+  // matmul, the transpose it reads and two addmm (4).
+  return 9 + (rows > cols ? 2 : 0) + 4 * std::max(0, steps);
+}
+
 std::string BaselineOptions::describe(const std::string& ns_dtype, int ns_steps_default) const {
-  return std::string("fsdp2 baseline: ") + baseline_ns_name(ns) + " Newton-Schulz, gather " +
-         (gather_dtype.empty() ? ns_dtype : gather_dtype) + ", NS " +
-         std::to_string(ns_steps >= 0 ? ns_steps : ns_steps_default);
+  std::string s = std::string("fsdp2 baseline: ") + baseline_ns_name(ns) + " Newton-Schulz, gather " +
+                  (gather_dtype.empty() ? ns_dtype : gather_dtype) + ", NS " +
+                  std::to_string(ns_steps >= 0 ? ns_steps : ns_steps_default);
+  if (ns == BaselineNs::row_sharded)
+    s += ", " + std::to_string(static_cast<int>(host_op_us)) + " us host dispatch per DTensor op";
+  return s;
 }
 
 nlohmann::json Projection::to_json() const {
   return {{"world", world},           {"replicas", replicas},         {"forward_ms", forward_ms},
           {"backward_ms", backward_ms}, {"reduce_ms", reduce_ms},     {"optimizer_ms", optimizer_ms},
           {"step_ms", step_ms},       {"ns_ms", ns_ms}, {"elementwise_ms", elementwise_ms},
-          {"opt_comm_ms", opt_comm_ms}, {"exposed_gather_ms", exposed_gather_ms},
+          {"opt_comm_ms", opt_comm_ms}, {"host_ms", host_ms}, {"exposed_gather_ms", exposed_gather_ms},
           {"persistent_gb", persistent_gb}, {"gathered_gb", gathered_gb},
           {"activations_gb", activations_gb}, {"transient_gb", transient_gb}, {"total_gb", total_gb},
           {"oom", oom}};
@@ -255,9 +265,9 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
   const std::function<double(double)> gather = [&](double b) { return cost.coll(b * (S - 1) / S, S, in_node); };
   const std::function<double(double)> all_reduce = [&](double b) { return cost.coll(2 * b * (S - 1) / S, S, in_node); };
   const std::function<double(double)> free = [](double) { return 0.0; };
-  double ns = 0, elem = 0, comm = 0;
+  double ns = 0, elem = 0, comm = 0, host = 0;
   for (const RankWork& w : rank_work(plan)) {
-    double t = 0, exchange = 0;
+    double t = 0, exchange = 0, dispatch = 0;
     for (const auto& [shape, count] : w.matrices) {
       if (!row_sharded) {
         t += newton_schulz_seconds(c, in.ns_dtype, shape.first, shape.second, steps, count, batched, cost.share());
@@ -265,12 +275,13 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
       }
       const double alone = row_sharded_seconds(c, in.ns_dtype, shape.first, shape.second, steps, S, cost.share(), free, free);
       t += count * alone;
+      dispatch += count * in.baseline.host_op_us * 1e-6 * baseline_dtensor_ops(shape.first, shape.second, steps);
       exchange += count * (row_sharded_seconds(c, in.ns_dtype, shape.first, shape.second, steps, S, cost.share(),
                                                gather, all_reduce) - alone);
     }
     const double el = (w.adamw_elems * kAdamWBytesPerElement + w.muon_elems * kMuonElementwiseBytes) /
                       (c.mem_GBps * 1e9 * cost.share());
-    if (t + el + exchange > ns + elem + comm) ns = t, elem = el, comm = exchange;
+    if (t + el + exchange + dispatch > ns + elem + comm + host) ns = t, elem = el, comm = exchange, host = dispatch;
     persistent = std::max(persistent, w.persistent);
   }
   if (fsdp2 && !row_sharded) {
@@ -284,7 +295,8 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
   p.ns_ms = 1e3 * ns;
   p.elementwise_ms = 1e3 * elem;
   p.opt_comm_ms = 1e3 * comm;
-  p.optimizer_ms = p.ns_ms + p.elementwise_ms + p.opt_comm_ms;
+  p.host_ms = 1e3 * host;
+  p.optimizer_ms = p.ns_ms + p.elementwise_ms + p.opt_comm_ms + p.host_ms;
 }
 
 }  // namespace

@@ -81,12 +81,20 @@ enum class BaselineNs {
 const char* baseline_ns_name(BaselineNs b);
 /// Parses "every_rank" | "row_sharded"; throws std::invalid_argument naming the value otherwise.
 BaselineNs parse_baseline_ns(const std::string& s);
+/// DTensor ops torch.optim.Muon runs for one rows x cols matrix with `steps` Newton-Schulz
+/// iterations (listed in projection.cpp): 9 + 2 for a tall matrix + 4 per iteration.
+int baseline_dtensor_ops(int64_t rows, int64_t cols, int steps);
 
 /// The fsdp2 baseline's semantics at the optimizer step.
 struct BaselineOptions {
   BaselineNs ns = BaselineNs::every_rank;
   std::string gather_dtype;  ///< dtype of its Muon-input all-gather; "" = the Newton-Schulz dtype
   int ns_steps = -1;         ///< its Newton-Schulz iterations; < 0 = ProjectionInput::ns_steps
+  /// row_sharded only: host-side dispatch of each DTensor op (baseline_dtensor_ops per matrix),
+  /// added to the device time, microseconds. 90: the dispatch time PyTorch's DTensor overhead
+  /// test expects of a sharded op on CUDA (pytorch/pytorch#159699; addmm measured 341-476 us
+  /// in pytorch/pytorch#107305).
+  double host_op_us = 90;
   /// One line naming each choice, e.g. "fsdp2 baseline: every_rank Newton-Schulz, gather bf16, NS 5".
   std::string describe(const std::string& ns_dtype, int ns_steps_default) const;
 };
@@ -112,9 +120,10 @@ struct ProjectionInput {
 struct Projection {
   int world = 1, replicas = 1;
   double forward_ms = 0, backward_ms = 0, reduce_ms = 0, optimizer_ms = 0, step_ms = 0;
-  /// Parts of optimizer_ms: the slowest rank's Newton-Schulz, its elementwise work, and the
-  /// step's collectives (fsdp2's gathers or row_sharded exchanges, zero1's parameter gather).
+  /// Parts of optimizer_ms: the slowest rank's Newton-Schulz, its elementwise work, the step's
+  /// collectives (fsdp2's gathers or row_sharded exchanges, zero1's parameter gather) and host_ms.
   double ns_ms = 0, elementwise_ms = 0, opt_comm_ms = 0;
+  double host_ms = 0;  ///< row_sharded fsdp2: host dispatch of its DTensor ops (BaselineOptions::host_op_us)
   /// Communication not hidden behind compute: gathers compute waited for, and reductions.
   double exposed_gather_ms = 0;
   double persistent_gb = 0, gathered_gb = 0, activations_gb = 0, transient_gb = 0, total_gb = 0;

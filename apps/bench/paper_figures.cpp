@@ -69,9 +69,10 @@ Pair project_pair(ProjectionInput in, const ClusterSpec& c, int world) {
 }
 
 std::string terms(const char* who, const Projection& p) {
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "%s: NS %.0f + step comm %.0f + elementwise %.0f ms; fwd+bwd %.0f, reduce %.0f ms",
-                who, p.ns_ms, p.opt_comm_ms, p.elementwise_ms, p.forward_ms + p.backward_ms, p.reduce_ms);
+  char buf[240];
+  std::snprintf(buf, sizeof buf,
+                "%s: NS %.0f + step comm %.0f + host %.0f + elementwise %.0f ms; fwd+bwd %.0f, reduce %.0f ms", who,
+                p.ns_ms, p.opt_comm_ms, p.host_ms, p.elementwise_ms, p.forward_ms + p.backward_ms, p.reduce_ms);
   return buf;
 }
 

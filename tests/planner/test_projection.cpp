@@ -191,12 +191,22 @@ TEST_CASE("GPU defaults overlap communication; the baseline's semantics are opti
   const Projection rows = project(f, c, 8);
   CHECK(rows.ns_ms < 0.4 * every.ns_ms);  // each rank computes about 1/8 of the products (and the Grams whole)
   CHECK(rows.opt_comm_ms > every.opt_comm_ms);
+  CHECK(every.host_ms == 0);
+  // Host dispatch: per matrix 9 ops, 2 more when tall, 4 per iteration, at host_op_us each; the
+  // slowest rank runs every matrix's share. llama-7b: per layer 4 square + w2 (wide) + w1, w3 (tall).
+  CHECK(baseline_dtensor_ops(11008, 4096, 2) == 19);
+  CHECK(baseline_dtensor_ops(4096, 11008, 2) == 17);
+  CHECK(rows.host_ms == Approx(32 * (5 * 17 + 2 * 19) * 90e-3));
+  CHECK(rows.optimizer_ms == Approx(rows.ns_ms + rows.elementwise_ms + rows.opt_comm_ms + rows.host_ms));
   f.baseline.ns = BaselineNs::every_rank;
   f.baseline.gather_dtype = "f32";
   CHECK(project(f, c, 8).opt_comm_ms > 1.8 * every.opt_comm_ms);  // twice the bytes, the same hops
   f.baseline.ns_steps = 5;
   CHECK(project(f, c, 8).ns_ms > 2 * every.ns_ms);
   CHECK(f.baseline.describe("bf16", 2) == "fsdp2 baseline: every_rank Newton-Schulz, gather f32, NS 5");
+  f.baseline.ns = BaselineNs::row_sharded;
+  CHECK(f.baseline.describe("bf16", 2) ==
+        "fsdp2 baseline: row_sharded Newton-Schulz, gather f32, NS 5, 90 us host dispatch per DTensor op");
   CHECK(parse_baseline_ns("row_sharded") == BaselineNs::row_sharded);
   CHECK_THROWS_WITH(parse_baseline_ns("owners"), Catch::Contains("every_rank or row_sharded"));
 }
