@@ -32,9 +32,6 @@ struct Cost {
     if (c.cores_per_node <= 0) return 1.0;
     return std::min(1.0, static_cast<double>(c.cores_per_node) / std::min(world, c.gpus_per_node));
   }
-  double rate(const std::string& dtype) const {
-    return (dtype == "f32" ? c.gemm_tflops_f32 : c.gemm_tflops_bf16) * 1e12 * share();
-  }
   // One collective over n ranks moving `bytes` per rank; `in_node`: every member on one node.
   double coll(double bytes, int n, bool in_node) const {
     if (n <= 1) return 0;
