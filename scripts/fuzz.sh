@@ -15,15 +15,17 @@ if ! command -v "$CXX" >/dev/null || ! echo 'extern "C" int LLVMFuzzerTestOneInp
 fi
 OUT=build-fuzz
 mkdir -p "$OUT/crashes"
-FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. -Itests/fuzz)
+FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp -I. -Itests/fuzz)
 declare -A SOURCES=(
   [config]="apps/train/train_config.cpp apps/train/train_config_json.cpp models/gpt_spec.cpp planner/param_spec.cpp planner/shard_plan.cpp planner/cost_model.cpp runtime/data/token_shards.cpp optim/muon_options.cpp optim/schedule.cpp"
   [safetensors]="checkpoint/safetensors.cpp"
   [token_shard]="runtime/data/token_shards.cpp"
   [tokenizer]="runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
+  [hf_config]="models/hf_checkpoint.cpp checkpoint/safetensors.cpp checkpoint/atomic_file.cpp"
+  [jsonl]="runtime/data/prepare.cpp runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
 )
 status=0
-for target in config safetensors token_shard tokenizer; do
+for target in config safetensors token_shard tokenizer hf_config jsonl; do
   exe="$OUT/fuzz_$target"
   # shellcheck disable=SC2086
   "$CXX" "${FLAGS[@]}" "tests/fuzz/fuzz_$target.cpp" ${SOURCES[$target]} -o "$exe" $(pkg-config --cflags --libs libpcre2-8)
