@@ -1,9 +1,11 @@
 // mfsdp-ckpt: inspect owner-shard checkpoints on one process (no MPI launch needed).
 //   mfsdp-ckpt list   <checkpoint root>          steps, world size, placement, size, complete or not
-//   mfsdp-ckpt verify <checkpoint dir>           every check of resume that needs no model: the manifest's
+//   mfsdp-ckpt verify <checkpoint dir>           every check of resume: the manifest's
 //                                              checksum and fields, the step against the directory name,
 //                                              the loader position and global batch against the saved
-//                                              config and data; every piece's file, key, length, checksum
+//                                              config and data; every piece's file, key, length, checksum;
+//                                              then the saved model loads it (one CPU process) with the
+//                                              saved state fingerprint
 //   mfsdp-ckpt export <checkpoint dir> <out>   consolidated Hugging Face GPT-2 / Llama export (<out>: a
 //                                              .safetensors file, or a from_pretrained directory)
 //   mfsdp-ckpt diff   <checkpoint dir A> <checkpoint dir B> which tensors differ, and by how much
@@ -14,16 +16,17 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
-#include <string>
-
 #include <map>
 #include <new>
 #include <set>
+#include <string>
+
 #include "apps/train/checkpointing.h"
 #include "apps/train/train_config.h"
 #include "models/gpt_hf.h"
 #include "models/llama_hf.h"
 #include "checkpoint/owner_checkpoint.h"
+#include "comm/comm_factory.h"
 
 namespace {
 
@@ -66,6 +69,11 @@ int verify(const std::string& dir) {
   const CheckpointManifest m = CheckpointManifest::read(dir);
   auto problems = verify_run_state(m);  // the run-state checks of resume
   for (auto& p : verify_checkpoint(m)) problems.push_back(std::move(p));
+  if (problems.empty()) {  // the loaded state's fingerprint, on one process (MPI on this host only)
+    MpiSession mpi;
+    const auto host = make_host_communicator();
+    problems = verify_loaded_state(m, *host);
+  }
   for (const auto& p : problems) std::printf("%s\n", p.c_str());
   size_t pieces = 0;
   for (const auto& t : m.tensors)
@@ -75,14 +83,6 @@ int verify(const std::string& dir) {
   return problems.empty() ? 0 : 1;
 }
 
-int export_hf(const std::string& dir, const std::string& out) {
-  std::error_code ec;
-  const auto rel = fs::weakly_canonical(out, ec).lexically_relative(fs::weakly_canonical(dir, ec));
-  if (!rel.empty() && *rel.begin() != "..")
-    throw CheckpointError(out + " is inside the checkpoint " + dir + "; choose a file outside it");
-  const CheckpointManifest m = CheckpointManifest::read(dir);
-  const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
-  NamedTensors params;
 // Refuses a manifest whose tensors claim more bytes than the files their pieces name hold, before
 // any buffer is sized from the claim. Throws CheckpointError naming the manifest and the field.
 void check_claimed_sizes(const CheckpointManifest& m) {
@@ -121,6 +121,15 @@ std::vector<float> read_tensor(const CheckpointManifest& m, const std::string& n
   }
 }
 
+int export_hf(const std::string& dir, const std::string& out) {
+  std::error_code ec;
+  const auto rel = fs::weakly_canonical(out, ec).lexically_relative(fs::weakly_canonical(dir, ec));
+  if (!rel.empty() && *rel.begin() != "..")
+    throw CheckpointError(out + " is inside the checkpoint " + dir + "; choose a file outside it");
+  const CheckpointManifest m = CheckpointManifest::read(dir);
+  const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
+  check_claimed_sizes(m);
+  NamedTensors params;
   for (const auto& t : m.tensors) params[t.name] = read_tensor(m, t.name, StateKind::param);
   const bool llama = cfg.model.arch == "llama";
   if (llama) export_hf_llama(out, cfg.model.llama(), params, DType::f32, {{"step", std::to_string(m.step)}});
@@ -128,11 +137,12 @@ std::vector<float> read_tensor(const CheckpointManifest& m, const std::string& n
   std::printf("exported step %lld of %s to %s (Hugging Face %s layout, f32)\n", static_cast<long long>(m.step),
               dir.c_str(), out.c_str(), llama ? "Llama" : "GPT-2");
   return 0;
-  check_claimed_sizes(m);
 }
 
 int diff(const std::string& a_dir, const std::string& b_dir) {
   const CheckpointManifest a = CheckpointManifest::read(a_dir), b = CheckpointManifest::read(b_dir);
+  check_claimed_sizes(a);
+  check_claimed_sizes(b);
   int differing = 0;
   if (a.step != b.step) std::printf("step: %lld vs %lld\n", static_cast<long long>(a.step), static_cast<long long>(b.step));
   for (const auto& ta : a.tensors) {
@@ -141,8 +151,6 @@ int diff(const std::string& a_dir, const std::string& b_dir) {
       std::printf("%-40s only in %s, or another shape\n", ta.name.c_str(), a_dir.c_str());
       ++differing;
       continue;
-  check_claimed_sizes(a);
-  check_claimed_sizes(b);
     }
     for (int k = 0; k < 3; ++k) {
       if (ta.pieces[k].empty() || tb->pieces[k].empty()) continue;
@@ -182,7 +190,7 @@ int main(int argc, char** argv) {
   auto* l = app.add_subcommand("list", "checkpoints under a checkpoint root");
   l->add_option("root", root, "checkpoint root (checkpoint.dir)")->required();
   auto* v = app.add_subcommand(
-      "verify", "the checks of resume that need no model (manifest, step, loader, global batch) and every piece's checksum");
+      "verify", "every check of resume: manifest, step, loader, global batch, every piece's checksum, the loaded state's fingerprint");
   v->add_option("dir", dir, "checkpoint directory (step_N)")->required();
   auto* e = app.add_subcommand("export", "write the consolidated Hugging Face export (a .safetensors file or a from_pretrained directory)");
   e->add_option("dir", dir, "checkpoint directory (step_N)")->required();
@@ -201,11 +209,11 @@ int main(int argc, char** argv) {
     if (v->parsed()) return verify(dir);
     if (e->parsed()) return export_hf(dir, out);
     return diff(dir, other);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mfsdp-ckpt: out of memory reading %s\n", dir.c_str());
+    return 2;
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "mfsdp-ckpt: %s\n", ex.what());
     return 2;
   }
 }
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "mfsdp-ckpt: out of memory reading %s\n", dir.c_str());
-    return 2;

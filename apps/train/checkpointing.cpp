@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <vector>
 
+#include "apps/train/model_io.h"
 #include "apps/train/trainer.h"
 #include "checkpoint/checkpoint_lock.h"
+#include "planner/planner.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/json_limits.h"
 
@@ -79,6 +81,36 @@ std::vector<std::string> verify_run_state(const CheckpointManifest& m) {
   return {};
 }
 
+std::string fingerprint_mismatch(ShardedEngine& engine, const CheckpointManifest& m) {
+  const std::string fp = engine.state_fingerprint();
+  if (fp == m.state_fingerprint) return "";
+  return (std::filesystem::path(m.dir) / "manifest.json").string() + ": the loaded state has fingerprint " + fp +
+         ", the manifest says " + clip_for_message(m.state_fingerprint) + " (edited or mismatched checkpoint)";
+}
+
+std::vector<std::string> verify_loaded_state(const CheckpointManifest& m, Communicator& comm) {
+  try {
+    const std::string where = (std::filesystem::path(m.dir) / "manifest.json").string();
+    TrainConfig saved;
+    try {  // the same model and optimizer on host buffers, without replicas
+      saved = parse_train_config(m.config, where + " (config)", m.dir,
+                                 {"sharding.backend=mpi", "runtime.device=cpu", "sharding.replicate=1"});
+    } catch (const std::exception& e) {
+      throw CheckpointError(where + ": config: " + e.what());
+    }
+    const std::unique_ptr<TrainableModel> model = make_trainable_model(saved);
+    UnitModel& units = model->units();
+    const ShardPlan plan = make_plan(units.inventory(), comm.world_size(), saved.sharding.placement,
+                                     planner_options(saved.optim, units));
+    ShardedEngine engine(units, comm, plan, saved.optim);
+    load_checkpoint(engine, m);
+    const std::string e = fingerprint_mismatch(engine, m);
+    return e.empty() ? std::vector<std::string>{} : std::vector<std::string>{e};
+  } catch (const std::exception& e) {
+    return {e.what()};
+  }
+}
+
 std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::string& ckpt_root,
                                              ShardedEngine& engine, DataLoader& loader, bool lead) {
   std::optional<CheckpointManifest> resumed;
@@ -99,12 +131,8 @@ std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::
     throw InputError(error.empty() ? "another rank could not load the checkpoint (see its message)" : error);
   // The loaded state must be the saved state: a hand-edited or mismatched manifest (step counter,
   // swapped moments) shows up here, on every rank alike.
-  if (resumed) {
-    const std::string fp = engine.state_fingerprint();
-    if (fp != resumed->state_fingerprint)
-      throw InputError(resumed->dir + "/manifest.json: the loaded state has fingerprint " + fp + ", the manifest says " +
-                       clip_for_message(resumed->state_fingerprint) + " (edited or mismatched checkpoint)");
-  }
+  if (resumed)
+    if (const std::string e = fingerprint_mismatch(engine, *resumed); !e.empty()) throw InputError(e);
   if (lead && !note.empty()) spdlog::info("{}", note);
   if (lead && resumed) log_resumed(cfg, *resumed, now_seconds() - t_load);
   return resumed;

@@ -40,6 +40,17 @@ void check_run_state(const CheckpointManifest& m, DataLoader& loader);
 /// data.train at the saved world size. Returns one message per problem (empty when none).
 std::vector<std::string> verify_run_state(const CheckpointManifest& m);
 
+/// "" when `engine`'s state fingerprint (collective) equals the manifest's, else a message naming
+/// the manifest (an edited or mismatched checkpoint). Resume and verify use it alike.
+std::string fingerprint_mismatch(ShardedEngine& engine, const CheckpointManifest& m);
+
+/// The checks resume runs on the loaded state, for `m` without a run: the saved config's model
+/// (on the CPU, no replicas) at `comm`'s world size loads the checkpoint (load_checkpoint: tensors,
+/// shapes, optimizer routing, every piece's checksum) and its state fingerprint must equal the
+/// manifest's. Collective over `comm`; needs memory for the whole model and its optimizer state
+/// at world size 1. Returns one message per problem (empty when none).
+std::vector<std::string> verify_loaded_state(const CheckpointManifest& m, Communicator& comm);
+
 /// Saves a checkpoint of step `step` (collective) and logs its directory, size and time.
 void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, ShardedEngine& engine,
                          const CheckpointMeta& meta, RunLog& log);

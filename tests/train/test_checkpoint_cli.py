@@ -18,8 +18,9 @@ and CASE one of
   lock       two jobs on one checkpoint.dir: the second is refused on every rank naming the first's
              run directory; the first finishes and its checkpoints verify; the lock is free after it
   manifest   edited run-state fields: any edit fails the manifest's checksum; re-sealed edits of the
-             loader position, the global batch and the step fail their own checks; exit 2 on every
-             rank, and mfsdp-ckpt verify refuses each one too
+             loader position, the global batch and the step fail their own checks (the step with
+             optimizer_steps: the state fingerprint); exit 2 on every rank, and mfsdp-ckpt verify
+             refuses each one too
   tool       mfsdp-ckpt list / verify / export / diff
   full_disk  checkpoints on a full filesystem (a 700 KiB tmpfs; skipped when it cannot be mounted)
   preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
@@ -507,6 +508,8 @@ def case_manifest(bin_dir, tmp):
         ("sealed step", "step_00000002", sealed(lambda m: m.__setitem__("step", 3)), "does not match the directory"),
         ("sealed step, short name", "step_2", sealed(lambda m: m.__setitem__("step", 3)), "does not match the directory"),
         ("sealed step, other name", "backup", sealed(lambda m: m.__setitem__("step", 3)), "optimizer_steps"),
+        ("sealed step and optimizer_steps, other name", "backup",
+         sealed(lambda m: [m.__setitem__(k, 3) for k in ("step", "optimizer_steps")]), "fingerprint"),
     ]
     for name, dir_name, damage, expect in cases:
         d = os.path.join(tmp, re.sub(r"\W+", "_", name), dir_name)
