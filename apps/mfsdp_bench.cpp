@@ -6,11 +6,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
-#include <mpi.h>
 
 #include "apps/bench/bench_report.h"
 #include "apps/cli_common.h"
-#include "comm/mpi_backends.h"
+#include "comm/comm_factory.h"
 #include "runtime/core/cpu_affinity.h"
 #include "runtime/kernels.h"
 
@@ -50,28 +49,19 @@ int main(int argc, char** argv) {
   // Every rank parses the same arguments, so all of them leave here together.
   if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
 
-  int W = 1, rank = 0, local = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  {
-    MPI_Comm l;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &l);
-    MPI_Comm_size(l, &local);
-    MPI_Comm_free(&l);
-  }
+  auto world = make_host_communicator();  // the world's layout and the start-up check
+  const int W = world->world_size(), rank = world->rank();
   // An unwritable --json is refused before minutes of measurement (rank 0 writes it).
   const std::string json_error = rank == 0 ? cli::json_output_problem("mfsdp-bench", json_path) : "";
-  int bad = json_error.empty() ? 0 : 1;
-  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (bad) {
+  if (world->all_reduce_scalar(json_error.empty() ? 0 : 1, ReduceOp::max, CommPhase::other) > 0) {
     if (rank == 0) std::fprintf(stderr, "%s\n", json_error.c_str());
     return 2;
   }
-  set_cpu_threads(default_cpu_threads(local));
+  set_cpu_threads(default_cpu_threads(world->local_size()));  // ranks sharing a machine split its cores
   std::vector<BenchResult> results;
   try {
     HsdpGroups groups = base.replicas > 1 ? make_hsdp_groups(CommBackend::mpi, base.replicas) : HsdpGroups{};
-    if (!groups.shard) groups.shard = make_mpi_communicator();
+    if (!groups.shard) groups.shard = std::move(world);
     if (rank == 0)
       std::printf("mfsdp-bench: world %d (replicas %d), B=%d T=%d per rank, dtype %s, %d warm-up + %d measured steps "
                   "(median; times are the max over ranks)\n",
@@ -89,7 +79,7 @@ int main(int argc, char** argv) {
         }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mfsdp-bench: %s\n", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 2);
+    abort_job(2);
   }
   if (rank != 0) return 0;
   std::printf("\n%s\npeak MiB per rank (max over ranks)\n%s\n", bench_time_table(results).c_str(),

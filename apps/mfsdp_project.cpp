@@ -16,7 +16,7 @@
 #include "apps/bench/calibrate.h"
 #include "apps/bench/paper_figures.h"
 #include "apps/cli_common.h"
-#include "comm/mpi_backends.h"
+#include "comm/comm_factory.h"
 #include "models/model_presets.h"
 #include "planner/projection.h"
 #include "runtime/core/file_checks.h"
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
   try {
     if (!calibrate_path.empty()) {
       MpiSession mpi(&argc, &argv);
-      auto comm = make_mpi_communicator();
+      auto comm = make_host_communicator();
       const ClusterSpec c = calibrate_this_machine(*comm);
       if (comm->rank() != 0) return 0;
       std::printf("%s\n", c.to_json().dump(2).c_str());
