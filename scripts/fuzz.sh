@@ -13,7 +13,7 @@ if ! command -v "$CXX" >/dev/null || ! echo 'extern "C" int LLVMFuzzerTestOneInp
   echo "fuzz.sh: skipped: $CXX with libFuzzer (Debian clang, libclang-rt-dev) is not available"
   exit 77
 fi
-OUT=build-fuzz
+OUT="$PWD/build-fuzz"  # absolute: a target may change its working directory
 mkdir -p "$OUT/crashes"
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp -I. -Itests/fuzz)
 declare -A SOURCES=(
@@ -23,12 +23,17 @@ declare -A SOURCES=(
   [tokenizer]="runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
   [hf_config]="models/hf_checkpoint.cpp checkpoint/safetensors.cpp checkpoint/atomic_file.cpp"
   [jsonl]="runtime/data/prepare.cpp runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
+  [prepare_cli]="apps/mfsdp_prepare.cpp runtime/data/prepare.cpp runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
+)
+# A tool's command line: its main() under another name, its data directory where the build puts it.
+declare -A EXTRA=(
+  [prepare_cli]="-Dmain=prepare_main -DMFSDP_SOURCE_DIR=\"$PWD\""
 )
 status=0
-for target in config safetensors token_shard tokenizer hf_config jsonl; do
+for target in config safetensors token_shard tokenizer hf_config jsonl prepare_cli; do
   exe="$OUT/fuzz_$target"
   # shellcheck disable=SC2086
-  "$CXX" "${FLAGS[@]}" "tests/fuzz/fuzz_$target.cpp" ${SOURCES[$target]} -o "$exe" $(pkg-config --cflags --libs libpcre2-8)
+  "$CXX" "${FLAGS[@]}" ${EXTRA[$target]:-} "tests/fuzz/fuzz_$target.cpp" ${SOURCES[$target]} -o "$exe" $(pkg-config --cflags --libs libpcre2-8)
   corpus="$OUT/corpus_$target"
   rm -rf "$corpus" && mkdir -p "$corpus" && cp tests/fuzz/corpus/$target/* "$corpus/"
   echo "fuzz.sh: fuzz_$target for ${SECONDS_EACH}s"

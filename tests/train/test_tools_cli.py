@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Inputs and outputs of every tool (stdlib only; mfsdp-train under mpirun).
 
-usage: test_tools_cli.py BIN_DIR CASE   with CASE one of
+usage: test_tools_cli.py BIN_DIR CASE [SEAL_BIN]   with SEAL_BIN test_seal_manifest (tests/train/seal_manifest.cpp,
+for ckpt_manifest) and CASE one of
   prepare_outputs  mfsdp-prepare: an input that is also an output (the `dir -o dir/tok` re-run) and a
                    foreign file named like an output are refused before anything is touched, even
                    with --overwrite; a failed --overwrite run leaves the old outputs; a good one
@@ -13,6 +14,9 @@ usage: test_tools_cli.py BIN_DIR CASE   with CASE one of
   bounds           every tool's numeric options out of range: exit 2 naming the option
   json_out         --json to an unwritable path: exit 2 naming it (mfsdp-bench before measuring);
                    a good path gets complete JSON
+  ckpt_manifest    a (sealed) manifest whose tensor claims 1 TiB: mfsdp-ckpt export and diff refuse it
+                   naming the field, before allocating; a manifest whose config is a string: refused
+                   naming the field by mfsdp-ckpt and by both ranks of a resume
 Exit 0 on success, 1 on failure.
 """
 import json
@@ -213,6 +217,53 @@ def case_json_out(bin_dir, tmp):
     bench = os.path.join(bin_dir, "mfsdp-bench")
     rc, out = run([bench, "--layers", "1", "-T", "8", "--json", os.path.join(tmp, "missing", "b.json")], timeout=60)
     check(rc == 2 and "--json" in out and "headline" not in out, f"mfsdp-bench --json unwritable: {rc} {out[-300:]}")
+
+
+def case_ckpt_manifest(bin_dir, tmp):
+    train = os.path.join(bin_dir, "mfsdp-train")
+    run_dir = os.path.join(tmp, "run")
+    rc, out = run(mpirun(2, train, "--config", TINY, "--set", "training.steps=2", "--set", "training.sample_tokens=0",
+                         "--set", "training.eval_interval=0", "--set", "checkpoint.at_end=true",
+                         "--set", f"logging.run_dir={run_dir}"))
+    check(rc == 0, f"training run: {rc} {out[-500:]}")
+    good = os.path.join(run_dir, "checkpoints", "step_00000002")
+    manifest = json.load(open(os.path.join(good, "manifest.json")))
+
+    def edited(name, fn):
+        d = os.path.join(tmp, name)
+        shutil.copytree(good, d)
+        m = json.loads(json.dumps(manifest))
+        m.pop("manifest_xxh3", None)
+        fn(m)
+        path = os.path.join(d, "manifest.json")
+        with open(path, "w") as f:
+            json.dump(m, f, indent=1)
+        p = subprocess.run([sys.argv[3], path], capture_output=True, text=True)
+        check(p.returncode == 0, f"test_seal_manifest {path}: {p.stderr}")
+        return d
+
+    def huge(m):  # tensors[0] claims 2^38 elements (1 TiB) in one piece per state
+        t = m["tensors"][0]
+        t["shape"] = [1 << 19, 1 << 19]
+        for kind, pieces in t["pieces"].items():
+            if pieces:
+                t["pieces"][kind] = [dict(pieces[0], offset=0, numel=1 << 38 if kind != "v" or t["optimizer"] != "muon"
+                                          else 1 << 19)]
+    big = edited("big", huge)
+    ckpt = os.path.join(bin_dir, "mfsdp-ckpt")
+    for cmd in ([ckpt, "export", big, os.path.join(tmp, "x.safetensors")], [ckpt, "diff", big, good]):
+        rc, out = run(cmd, timeout=60)
+        check(rc == 2 and "tensors[0]" in out and "claims" in out and "bytes, but its files hold" in out,
+              f"{cmd[1]} of a manifest claiming 1 TiB: exit {rc}: {out[-400:]}")
+    check(not os.path.exists(os.path.join(tmp, "x.safetensors")), "export wrote a file for a refused manifest")
+    typed = edited("typed", lambda m: m.__setitem__("config", "not an object"))
+    rc, out = run([ckpt, "export", typed, os.path.join(tmp, "y.safetensors")], timeout=60)
+    check(rc == 2 and "config" in out and "expected an object" in out, f"export, config a string: exit {rc}: {out[-400:]}")
+    rc, out = run(mpirun(2, train, "--config", TINY, "--set", f"training.resume={typed}",
+                         "--set", f"logging.run_dir={os.path.join(tmp, 'resumed')}"), timeout=120)
+    lines = [x for x in out.splitlines() if x.startswith("mfsdp-train: error")]
+    check(rc == 2 and len(lines) == 2 and all("config" in x for x in lines),
+          f"resume, config a string: exit {rc}: refused on both ranks naming config? {lines} {out[-400:]}")
 
 
 if __name__ == "__main__":

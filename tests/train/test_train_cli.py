@@ -131,11 +131,13 @@ def case_bad_outputs(bin_dir, tmp):
     check(rc == 2 and "output.export" in out, f"export directory under a file: rc {rc}: {out[-400:]}")
     rc, out = train(bin_dir, 2, TINY, "model.vocab_size=80", expect=2)
     check(rc == 2 and "data.tokenizer_path" in out and "80" in out, f"tokenizer/vocab mismatch: rc {rc}: {out[-400:]}")
-    # a stale summary from an earlier run in the same directory never survives a new run
+    # a stale summary from an earlier run in the same directory never survives a new run (one the
+    # trainer wrote: its canonical dump with a state_fingerprint; anyone else's is refused, see
+    # test_tools_cli.py run_dir_files)
     run = os.path.join(tmp, "run")
     os.makedirs(run)
     with open(os.path.join(run, "summary.json"), "w") as f:
-        f.write('{"stale": true}')
+        f.write(json.dumps({"stale": True, "state_fingerprint": "0"}, indent=2, sort_keys=True) + "\n")
     poisoned_lr = ["optimizer.adamw.lr=1e6", "optimizer.muon.lr=1e6", "training.grad_clip=0", "training.steps=1"]
     train(bin_dir, 2, TINY, f"logging.run_dir={run}", "model.init_std=1000", *poisoned_lr, expect=None)
     if os.path.exists(os.path.join(run, "summary.json")):
