@@ -91,6 +91,21 @@ json paper(const ClusterSpec& c, const BaselineOptions& baseline) {
   return out;
 }
 
+// Throws std::runtime_error "<where>.<field>: out of range" for a bench row the projection cannot
+// take (sizes below 1, replicas not dividing the world, times that are not positive).
+void check_bench_row(const ProjectionInput& in, int world, double opt_ms, double step_ms, const std::string& where) {
+  const auto need = [&](bool ok, const char* field) {
+    if (!ok) throw std::runtime_error(where + "." + field + ": out of range");
+  };
+  need(world >= 1 && world <= cli::kMaxWorld, "world");
+  need(in.batch >= 1 && in.batch <= cli::kMaxBatch, "batch");
+  need(in.seq >= 1 && in.seq <= cli::kMaxSeq, "seq");
+  need(in.ns_steps >= 1 && in.ns_steps <= cli::kMaxNsSteps, "ns_steps");
+  need(in.replicas >= 1 && world % in.replicas == 0, "replicas");
+  need(opt_ms > 0 && std::isfinite(opt_ms), "ms.optimizer");
+  need(step_ms > 0 && std::isfinite(step_ms), "ms.total");
+}
+
 // Predictions for each mfsdp-bench result. Returns {largest |log(predicted / measured)| of the
 // times, largest |log| of the placement ratios (time / matrixfsdp's time at the same world size and
 // NS steps, predicted over measured)}: the ratios cancel the machine's speed, which on shared cores
@@ -105,7 +120,9 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
   std::vector<std::tuple<std::string, std::string, double, double, double, double>> rows;
   std::printf("%-10s %5s %3s %-11s %10s %10s %7s %10s %10s %7s\n", "model", "world", "ns", "placement", "opt_meas",
               "opt_pred", "factor", "step_meas", "step_pred", "factor");
+  size_t row = 0;
   for (const json& r : b.at("results")) {
+    const std::string where = bench_path + ": results[" + std::to_string(row++) + "]";
     ProjectionInput in;
     in.model = model_preset(r.at("model").get<std::string>(), r.at("layers").get<int>()).profile();
     in.placement = parse_placement(r.at("placement").get<std::string>());
@@ -115,6 +132,8 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
     in.seq = r.at("seq");
     in.replicas = r.value("replicas", 1);
     const int W = r.at("world");
+    const Projection p = project(in, c, W);
+    check_bench_row(in, W, om, sm, where);
     const Projection p = project(in, c, W);
     const double om = r.at("ms").at("optimizer"), sm = r.at("ms").at("total");
     const double ro = p.optimizer_ms / om, rs = p.step_ms / sm;

@@ -11,7 +11,8 @@ for ckpt_manifest) and CASE one of
                    unchanged; the trainer's own files from an earlier run are replaced
   fifo             a FIFO (and /dev/zero) as every input kind of every tool: refused by name, exit 2,
                    within seconds (each command runs under a timeout: a hang fails the case)
-  bounds           every tool's numeric options out of range: exit 2 naming the option
+  bounds           every tool's numeric options (and the numbers of a --compare file) out of range: exit 2
+                   naming the option or field
   json_out         --json to an unwritable path: exit 2 naming it (mfsdp-bench before measuring);
                    a good path gets complete JSON
   ckpt_manifest    a (sealed) manifest whose tensor claims 1 TiB: mfsdp-ckpt export and diff refuse it
@@ -202,6 +203,15 @@ def case_bounds(bin_dir, tmp):
         rc, out = run(cmd, timeout=60)
         check(rc == 2 and name in out, f"{' '.join(os.path.basename(c) for c in cmd)}: exit {rc}: {out[-300:]}")
     check(not os.path.exists(os.path.join(tmp, "p_train.bin")), "a refused mfsdp-prepare wrote output")
+    # the numbers of a --compare file are bounded like the options
+    row = {"model": "gpt2-124m", "layers": 2, "placement": "matrixfsdp", "ns_steps": 5, "dtype": "f32", "batch": 1,
+           "seq": 64, "world": 2, "ms": {"optimizer": 1.0, "total": 2.0}}
+    for field, value in (("batch", 0), ("world", 0), ("replicas", 3), ("seq", -1)):
+        bench = os.path.join(tmp, f"bench_{field}.json")
+        with open(bench, "w") as f:
+            json.dump({"results": [dict(row, **{field: value})]}, f)
+        rc, out = run([b("mfsdp-project"), *cluster, "--compare", bench])
+        check(rc == 2 and f"results[0].{field}: out of range" in out, f"--compare with {field} {value}: exit {rc}: {out[-300:]}")
 
 
 def case_json_out(bin_dir, tmp):
