@@ -132,10 +132,9 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
     in.seq = r.at("seq");
     in.replicas = r.value("replicas", 1);
     const int W = r.at("world");
-    const Projection p = project(in, c, W);
+    const double om = r.at("ms").at("optimizer"), sm = r.at("ms").at("total");
     check_bench_row(in, W, om, sm, where);
     const Projection p = project(in, c, W);
-    const double om = r.at("ms").at("optimizer"), sm = r.at("ms").at("total");
     const double ro = p.optimizer_ms / om, rs = p.step_ms / sm;
     worst = std::max({worst, std::fabs(std::log(ro)), std::fabs(std::log(rs))});
     std::printf("%-10s %5d %3d %-11s %10.1f %10.1f %7.2f %10.1f %10.1f %7.2f\n", in.model.name.c_str(), W, in.ns_steps,
