@@ -87,17 +87,4 @@ HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts, CudaC
   return g;
 }
 
-#if !defined(MFSDP_WITH_CUDA) || !MFSDP_WITH_CUDA
-std::unique_ptr<Communicator> make_cuda_staged_communicator(MPI_Comm, CommOptions, CudaCommOptions) {
-  throw std::runtime_error(
-      "[make_cuda_staged_communicator] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF); "
-      "use make_mpi_communicator for CPU buffers");
-}
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, CommOptions, CudaCommOptions) {
-  throw std::runtime_error(
-      "[make_nccl_communicator] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF); "
-      "use make_mpi_communicator for CPU buffers");
-}
-#endif
-
 }  // namespace mfsdp

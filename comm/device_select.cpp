@@ -1,5 +1,7 @@
 // The process's CUDA device: chosen once, from the world's node-local rank, before any CUDA
 // communicator is made, so every communicator of the process (shard, replica, world) agrees on it.
+// Built with CUDA only; cuda_comm_stub.cpp stands in for it otherwise.
+#include <cuda_runtime.h>
 #include <mpi.h>
 
 #include <mutex>
@@ -9,21 +11,11 @@
 #include "comm/comm_detail.h"
 #include "comm/comm_factory.h"
 
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace mfsdp {
 namespace {
 
 std::mutex g_mu;
 ProcessDevice g_selected;  // device -1 until select_device_for_process succeeds
-
-}  // namespace
-
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-
-namespace {
 
 // This process's rank among the world's processes on its node, and how many there are.
 void node_local_rank(int& local_rank, int& local_size) {
@@ -87,20 +79,6 @@ ProcessDevice check_process_device(const char* who) {
   return d;
 }
 }  // namespace detail
-
-#else
-
-ProcessDevice select_device_for_process() {
-  throw std::runtime_error(
-      "[select_device_for_process] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF)");
-}
-
-void bind_thread_to_process_device() {
-  throw std::runtime_error(
-      "[bind_thread_to_process_device] MatrixFSDP was built without CUDA (MFSDP_WITH_CUDA=OFF)");
-}
-
-#endif
 
 ProcessDevice selected_process_device() {
   std::lock_guard<std::mutex> lock(g_mu);

@@ -1,10 +1,9 @@
-// CUDA Muon / AdamW on device pointers (compiled only when MFSDP_WITH_CUDA). Same math as the CPU
+// CUDA Muon / AdamW on device pointers (included only by sources CMake compiles with CUDA). Same math as the CPU
 // kernels: f32 momentum / normalization, Newton-Schulz iterations as cuBLAS bf16 GEMMs with f32
 // accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), elementwise kernels for everything else.
 // Every call is asynchronous on `stream` unless stated; all pointers are device pointers on the
 // current device. Errors (CUDA or cuBLAS status) throw std::runtime_error naming the call.
 #pragma once
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -106,4 +105,3 @@ void exact_sum_of_squares_cuda_chunked(const float* x, int64_t n, ExactSum& acc,
 }  // namespace detail
 
 }  // namespace mfsdp
-#endif

@@ -3,10 +3,7 @@
 #include <string>
 
 #include "optim/clip.h"
-#include "runtime/cuda/device_api.h"
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-#include "optim/optim_cuda.h"
-#endif
+#include "optim/step_cuda.h"
 
 namespace mfsdp {
 namespace {
@@ -23,20 +20,6 @@ Device common_device(const char* op, std::initializer_list<std::pair<const Tenso
   return d;
 }
 
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-cudaStream_t stream() { return static_cast<cudaStream_t>(cuda::compute_stream()); }
-cublasHandle_t handle() { return static_cast<cublasHandle_t>(cuda::cublas_handle()); }
-// Newton-Schulz scratch of the shared context: grown to the largest matrix, then reused every step.
-MuonCudaWorkspace& workspace() {
-  static MuonCudaWorkspace* ws = new MuonCudaWorkspace();  // never destroyed (see cuda_kernels())
-  return *ws;
-}
-#else
-[[noreturn]] void no_cuda(const char* op) {
-  throw std::runtime_error(std::string("[") + op + "] CUDA tensors, but MatrixFSDP was built without CUDA");
-}
-#endif
-
 // The CUDA kernels implement Keller Jordan's Newton-Schulz only.
 void check_cuda_orthogonalizer(const MuonOptions& opt, const char* op) {
   check_arg(opt.orthogonalizer == Orthogonalizer::newton_schulz5, op,
@@ -52,11 +35,7 @@ void muon_momentum(const Tensor& G, const Tensor& M, const Tensor& U, const Muon
     muon_momentum_cpu(G.data_f32(), M.data_f32(), U.data_f32(), n, opt);
     return;
   }
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  muon_momentum_cuda(G.data_f32(), M.data_f32(), U.data_f32(), n, opt, stream());
-#else
-  no_cuda("muon_momentum");
-#endif
+  cuda_step::muon_momentum(G, M, U, opt);
 }
 
 void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t cols, int64_t blocks,
@@ -71,12 +50,7 @@ void muon_orthogonalize(const Tensor& U, const Tensor& O, int64_t rows, int64_t 
     return;
   }
   check_cuda_orthogonalizer(opt, "muon_orthogonalize");
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  newton_schulz_batched_cuda(U.data_f32(), O.data_f32(), blocks, brows, cols, opt.ns_steps, stream(), handle(),
-                             &workspace());
-#else
-  no_cuda("muon_orthogonalize");
-#endif
+  cuda_step::muon_orthogonalize(U, O, blocks, brows, cols, opt);
 }
 
 void normuon_normalize(const Tensor& O, const Tensor& v, int64_t rows, int64_t cols, int64_t blocks,
@@ -98,11 +72,7 @@ void muon_apply(const Tensor& W, const Tensor& O, double lr, double scale, doubl
     muon_apply_update_cpu(W.data_f32(), O.data_f32(), n, lr, scale, weight_decay);
     return;
   }
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  muon_apply_update_cuda(W.data_f32(), O.data_f32(), n, lr, scale, weight_decay, stream());
-#else
-  no_cuda("muon_apply");
-#endif
+  cuda_step::muon_apply(W, O, lr, scale, weight_decay);
 }
 
 void muon_step(const Tensor& W, const Tensor& G, const Tensor& M, int64_t rows, int64_t cols, double lr,
@@ -113,12 +83,7 @@ void muon_step(const Tensor& W, const Tensor& G, const Tensor& M, int64_t rows, 
     return;
   }
   check_cuda_orthogonalizer(opt, "muon_step");
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  muon_step_cuda(W.data_f32(), G.data_f32(), M.data_f32(), rows, cols, lr, opt, qkv_blocks, stream(), handle(),
-                 &workspace());
-#else
-  no_cuda("muon_step");
-#endif
+  cuda_step::muon_step(W, G, M, rows, cols, lr, opt, qkv_blocks);
 }
 
 void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, double lr, int64_t step,
@@ -128,11 +93,7 @@ void adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor&
     adamw_step_cpu(p.data_f32(), g.data_f32(), m.data_f32(), v.data_f32(), n, lr, step, opt);
     return;
   }
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  adamw_step_cuda(p.data_f32(), g.data_f32(), m.data_f32(), v.data_f32(), n, lr, step, opt, stream());
-#else
-  no_cuda("adamw_step");
-#endif
+  cuda_step::adamw_step(p, g, m, v, lr, step, opt);
 }
 
 void add_sum_of_squares(const std::vector<Tensor>& xs, ExactSum& acc) {
@@ -148,17 +109,7 @@ void add_sum_of_squares(const std::vector<Tensor>& xs, ExactSum& acc) {
     for (const Tensor* x : live) exact_sum_of_squares_cpu(x->data_f32(), x->numel(), acc);
     return;
   }
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  std::vector<const float*> ptrs;
-  std::vector<int64_t> ns;
-  for (const Tensor* x : live) {
-    ptrs.push_back(x->data_f32());
-    ns.push_back(x->numel());
-  }
-  exact_sum_of_squares_cuda(ptrs, ns, acc, stream());
-#else
-  no_cuda("add_sum_of_squares");
-#endif
+  cuda_step::add_sum_of_squares(live, acc);
 }
 
 void add_sum_of_squares(const Tensor& x, ExactSum& acc) {
@@ -166,11 +117,7 @@ void add_sum_of_squares(const Tensor& x, ExactSum& acc) {
     exact_sum_of_squares_cpu(x.data_f32(), x.numel(), acc);
     return;
   }
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  exact_sum_of_squares_cuda(x.data_f32(), x.numel(), acc, stream());
-#else
-  no_cuda("add_sum_of_squares");
-#endif
+  cuda_step::add_sum_of_squares(x, acc);
 }
 
 }  // namespace mfsdp

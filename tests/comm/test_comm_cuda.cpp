@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/mpi_backends.h"
+#include "runtime/tensor.h"
 #include "tests/mpi_test_skip.h"
 
 using namespace mfsdp;
@@ -48,23 +49,22 @@ int node_processes() {
   return true;
 }();
 
-/// Device buffer of `bytes` bytes, copied from/to host vectors.
+/// `bytes` bytes of device memory in a CUDA Tensor (bf16 elements: every buffer here holds whole f32 or
+/// bf16 values), copied from/to host vectors; `p` is null when empty.
 struct DevBuf {
+  Tensor t;
   void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t b) : bytes(b) {
-    if (b) REQUIRE(cudaMalloc(&p, b) == cudaSuccess);
+  explicit DevBuf(size_t b) : t(Tensor::empty({static_cast<int64_t>(b / 2)}, DType::bf16, Device::CUDA)) {
+    REQUIRE(b % 2 == 0);
+    p = t.data_ptr();
   }
-  DevBuf(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  void put(const std::vector<unsigned char>& h) {
-    if (bytes) REQUIRE(cudaMemcpy(p, h.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  void put(const std::vector<unsigned char>& h) const {
+    REQUIRE(static_cast<int64_t>(h.size()) == t.nbytes());
+    t.copy_from_host(h.data());
   }
   std::vector<unsigned char> get() const {
-    std::vector<unsigned char> h(bytes);
-    if (bytes) REQUIRE(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    std::vector<unsigned char> h(static_cast<size_t>(t.nbytes()));
+    t.copy_to_host(h.data());
     return h;
   }
 };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/nccl_kernels.h"
+#include "runtime/tensor.h"
 
 using namespace mfsdp;
 
@@ -45,14 +46,6 @@ std::vector<unsigned char> encode(const std::vector<float>& v, DType dt) {
   }
   return out;
 }
-
-struct Dev {
-  void* p = nullptr;
-  explicit Dev(size_t bytes) { REQUIRE(cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
 
 // The closed form: out[i] = op over j = 0..nsrc-1 of src_j[i], accumulated in f32 in that order
 // (accumulate starts from out's f32 value, sum and mean from +0), bf16 outputs rounded once.
@@ -98,16 +91,19 @@ TEST_CASE("ordered_reduce kernel: sources added in rank order, bitwise equal to 
           }
         const auto own_bytes = encode(src[own], dt);
         const int64_t out_e = op == ReduceOp::accumulate ? 4 : e;
-        Dev dstage(stage.size()), downed(own_bytes.size()), dout(static_cast<size_t>(n * out_e));
-        REQUIRE(cudaMemcpy(dstage.p, stage.data(), stage.size(), cudaMemcpyHostToDevice) == cudaSuccess);
-        REQUIRE(cudaMemcpy(downed.p, own_bytes.data(), own_bytes.size(), cudaMemcpyHostToDevice) == cudaSuccess);
+        const Tensor dstage = Tensor::empty({nsrc * stride}, dt, Device::CUDA);
+        const Tensor downed = Tensor::empty({n}, dt, Device::CUDA);
+        const Tensor dout = Tensor::empty({n}, op == ReduceOp::accumulate ? DType::f32 : dt, Device::CUDA);
+        dstage.copy_from_host(stage.data());
+        downed.copy_from_host(own_bytes.data());
         const auto start_bytes = encode(start, DType::f32);
-        if (op == ReduceOp::accumulate)
-          REQUIRE(cudaMemcpy(dout.p, start_bytes.data(), start_bytes.size(), cudaMemcpyHostToDevice) == cudaSuccess);
-        detail::launch_ordered_reduce(dstage.p, stride, downed.p, own, nsrc, dout.p, n, dt, op, nullptr);
+        if (op == ReduceOp::accumulate) dout.copy_from_host(start_bytes.data());
+        detail::launch_ordered_reduce(dstage.data_ptr(), stride, downed.data_ptr(), own, nsrc, dout.data_ptr(), n, dt,
+                                      op, nullptr);
         REQUIRE(cudaGetLastError() == cudaSuccess);
         std::vector<unsigned char> got(static_cast<size_t>(n * out_e));
-        REQUIRE(cudaMemcpy(got.data(), dout.p, got.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+        REQUIRE(dout.nbytes() == static_cast<int64_t>(got.size()));
+        dout.copy_to_host(got.data());
         const auto want = host_reduce(src, start, dt, op);
         REQUIRE(got.size() == want.size());
         size_t first_diff = got.size();
@@ -116,8 +112,9 @@ TEST_CASE("ordered_reduce kernel: sources added in rank order, bitwise equal to 
         INFO("first differing byte " << first_diff << " (element " << first_diff / out_e << ")");
         CHECK(first_diff == got.size());
         if (op == ReduceOp::sum && dt == DType::f32) {  // out may alias the owner's slice
-          detail::launch_ordered_reduce(dstage.p, stride, downed.p, own, nsrc, downed.p, n, dt, op, nullptr);
-          REQUIRE(cudaMemcpy(got.data(), downed.p, got.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+          detail::launch_ordered_reduce(dstage.data_ptr(), stride, downed.data_ptr(), own, nsrc, downed.data_ptr(), n,
+                                        dt, op, nullptr);
+          downed.copy_to_host(got.data());
           CHECK(got == want);
         }
       }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "optim/optim.h"
+#include "optim/optim_cuda.h"
 #include "optim/step.h"
 #include "test_helpers.h"
 
@@ -32,23 +33,10 @@ void cu(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-/// Device copy of a host vector, copied back with to_host().
-struct DeviceBuffer {
-  float* ptr = nullptr;
-  size_t n = 0;
-  explicit DeviceBuffer(const std::vector<float>& h) : n(h.size()) {
-    cu(cudaMalloc(&ptr, n * sizeof(float)), "cudaMalloc");
-    cu(cudaMemcpy(ptr, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  std::vector<float> to_host() const {
-    std::vector<float> h(n);
-    cu(cudaMemcpy(h.data(), ptr, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-    return h;
-  }
-};
+/// A CUDA tensor holding a copy of `h` (read back with to_vector()).
+Tensor on_device(const std::vector<float>& h) {
+  return Tensor::from_vector(h, {static_cast<int64_t>(h.size())}, Device::CUDA);
+}
 
 struct Cuda {
   cudaStream_t stream = nullptr;
@@ -101,9 +89,9 @@ ExactSum cpu_exact(const std::vector<float>& x) {
 
 /// GPU sum of squares of a host vector (copied to the device), as a double and as exact state.
 double gpu_sum(const Cuda& cuda, const std::vector<float>& x, ExactSum* state = nullptr) {
-  DeviceBuffer d(x);
+  Tensor d = on_device(x);
   ExactSum acc;
-  exact_sum_of_squares_cuda(d.ptr, static_cast<int64_t>(x.size()), acc, cuda.stream);
+  exact_sum_of_squares_cuda(d.data_f32(), static_cast<int64_t>(x.size()), acc, cuda.stream);
   if (state) *state = acc;
   return acc.value();
 }
@@ -117,16 +105,16 @@ TEST_CASE("newton_schulz_cuda (bf16 GEMMs) matches the f32 CPU result", "[cuda][
     const auto g = randn(rows * cols, 5 + static_cast<uint32_t>(rows));
     std::vector<float> ref(g.size());
     newton_schulz_cpu(g.data(), ref.data(), rows, cols, 5);
-    DeviceBuffer dg(g), dout(std::vector<float>(g.size(), 0.0f));
-    newton_schulz_cuda(dg.ptr, dout.ptr, rows, cols, 5, cuda.stream, cuda.handle, &ws);
+    Tensor dg = on_device(g), dout = on_device(std::vector<float>(g.size(), 0.0f));
+    newton_schulz_cuda(dg.data_f32(), dout.data_f32(), rows, cols, 5, cuda.stream, cuda.handle, &ws);
     cu(cudaStreamSynchronize(cuda.stream), "sync");
-    const auto out = dout.to_host();
+    const auto out = dout.to_vector();
     INFO("shape " << rows << "x" << cols);
     CHECK(rel_fro(out, ref) < 0.04);  // bf16 iterations: ~1-1.5% in a PyTorch bf16 simulation
     const auto sv = singular_values(out.data(), rows, cols);
     CHECK(sv.minCoeff() >= 0.6);
     CHECK(sv.maxCoeff() <= 1.25);
-    CHECK(dg.to_host() == g);  // input untouched
+    CHECK(dg.to_vector() == g);  // input untouched
   }
 }
 
@@ -137,18 +125,18 @@ TEST_CASE("newton_schulz_batched_cuda: each matrix as the one-matrix call, with 
     const int64_t batch = 3, numel = rows * cols;
     std::vector<float> g = randn(batch * numel, 21 + static_cast<uint32_t>(rows));
     for (int64_t i = 0; i < numel; ++i) g[static_cast<size_t>(numel + i)] *= 100.0f;  // norms differ per matrix
-    DeviceBuffer dg(g), dout(std::vector<float>(g.size(), 0.0f));
-    newton_schulz_batched_cuda(dg.ptr, dout.ptr, batch, rows, cols, 5, cuda.stream, cuda.handle, &ws);
+    Tensor dg = on_device(g), dout = on_device(std::vector<float>(g.size(), 0.0f));
+    newton_schulz_batched_cuda(dg.data_f32(), dout.data_f32(), batch, rows, cols, 5, cuda.stream, cuda.handle, &ws);
     cu(cudaStreamSynchronize(cuda.stream), "sync");
-    const auto out = dout.to_host();
+    const auto out = dout.to_vector();
     for (int64_t b = 0; b < batch; ++b) {
       INFO("shape " << rows << "x" << cols << ", matrix " << b);
       const std::vector<float> gi(g.begin() + b * numel, g.begin() + (b + 1) * numel);
-      DeviceBuffer one(gi), one_out(std::vector<float>(gi.size(), 0.0f));
-      newton_schulz_cuda(one.ptr, one_out.ptr, rows, cols, 5, cuda.stream, cuda.handle, &ws);
+      Tensor one = on_device(gi), one_out = on_device(std::vector<float>(gi.size(), 0.0f));
+      newton_schulz_cuda(one.data_f32(), one_out.data_f32(), rows, cols, 5, cuda.stream, cuda.handle, &ws);
       cu(cudaStreamSynchronize(cuda.stream), "sync");
       const std::vector<float> got(out.begin() + b * numel, out.begin() + (b + 1) * numel);
-      CHECK(rel_fro(got, one_out.to_host()) < 1e-2);  // same bf16 arithmetic; cuBLAS may pick other kernels
+      CHECK(rel_fro(got, one_out.to_vector()) < 1e-2);  // same bf16 arithmetic; cuBLAS may pick other kernels
       std::vector<float> ref(gi.size());
       newton_schulz_cpu(gi.data(), ref.data(), rows, cols, 5);
       CHECK(rel_fro(got, ref) < 0.04);
@@ -166,18 +154,18 @@ TEST_CASE("muon_step_cuda matches muon_step_cpu (momentum exact, update to bf16 
     opt.split_qkv = split;
     const double lr = 0.02;
     std::vector<float> w = w0, m(w0.size(), 0.0f);
-    DeviceBuffer dw(w0), dm(m), dg1(g1), dg2(g2);
+    Tensor dw = on_device(w0), dm = on_device(m), dg1 = on_device(g1), dg2 = on_device(g2);
     reset_newton_schulz_call_count();
     for (const auto* g : {&g1, &g2}) muon_step_cpu(w.data(), g->data(), m.data(), rows, cols, lr, opt, 3);
     const int64_t cpu_calls = newton_schulz_call_count();
     reset_newton_schulz_call_count();
-    muon_step_cuda(dw.ptr, dg1.ptr, dm.ptr, rows, cols, lr, opt, 3, cuda.stream, cuda.handle);
-    muon_step_cuda(dw.ptr, dg2.ptr, dm.ptr, rows, cols, lr, opt, 3, cuda.stream, cuda.handle);
+    muon_step_cuda(dw.data_f32(), dg1.data_f32(), dm.data_f32(), rows, cols, lr, opt, 3, cuda.stream, cuda.handle);
+    muon_step_cuda(dw.data_f32(), dg2.data_f32(), dm.data_f32(), rows, cols, lr, opt, 3, cuda.stream, cuda.handle);
     cu(cudaStreamSynchronize(cuda.stream), "sync");
     INFO("split_qkv " << split);
     CHECK(newton_schulz_call_count() == cpu_calls);
     CHECK(cpu_calls == (split ? 6 : 2));
-    const auto wg = dw.to_host(), mg = dm.to_host();
+    const auto wg = dw.to_vector(), mg = dm.to_vector();
     for (size_t i = 0; i < m.size(); ++i) REQUIRE(mg[i] == Approx(m[i]).epsilon(1e-5).margin(1e-7));
     std::vector<float> du_gpu(w.size()), du_cpu(w.size());
     for (size_t i = 0; i < w.size(); ++i) {
@@ -195,15 +183,15 @@ TEST_CASE("adamw_step_cuda matches adamw_step_cpu", "[cuda][adamw]") {
   AdamWOptions opt;
   opt.weight_decay = 0.1;
   std::vector<float> p = p0, m(n, 0.0f), v(n, 0.0f);
-  DeviceBuffer dp(p), dm(m), dv(v);
+  Tensor dp = on_device(p), dm = on_device(m), dv = on_device(v);
   for (int t = 1; t <= 3; ++t) {
     const auto g = randn(n, 50 + t);
-    DeviceBuffer dg(g);
+    Tensor dg = on_device(g);
     adamw_step_cpu(p.data(), g.data(), m.data(), v.data(), n, 1e-3 * t, t, opt);
-    adamw_step_cuda(dp.ptr, dg.ptr, dm.ptr, dv.ptr, n, 1e-3 * t, t, opt, cuda.stream);
+    adamw_step_cuda(dp.data_f32(), dg.data_f32(), dm.data_f32(), dv.data_f32(), n, 1e-3 * t, t, opt, cuda.stream);
     cu(cudaStreamSynchronize(cuda.stream), "sync");
   }
-  const auto pg = dp.to_host(), mg = dm.to_host(), vg = dv.to_host();
+  const auto pg = dp.to_vector(), mg = dm.to_vector(), vg = dv.to_vector();
   for (int64_t i = 0; i < n; ++i) {
     REQUIRE(pg[i] == Approx(p[i]).epsilon(1e-5).margin(1e-6));
     REQUIRE(mg[i] == Approx(m[i]).epsilon(1e-5).margin(1e-7));
@@ -215,22 +203,22 @@ TEST_CASE("sum_of_squares_cuda and scale_cuda", "[cuda][clip]") {
   Cuda cuda;
   const int64_t n = 1000003;
   const auto x = randn(n, 9);
-  DeviceBuffer dx(x);
+  Tensor dx = on_device(x);
   const ExactSum ref = cpu_exact(x);
-  const double s = sum_of_squares_cuda(dx.ptr, n, cuda.stream);
+  const double s = sum_of_squares_cuda(dx.data_f32(), n, cuda.stream);
   CHECK(same_bits(s, sum_of_squares_cpu(x.data(), n)));
   CHECK(same_bits(s, ref.value()));
-  CHECK(same_bits(sum_of_squares_cuda(dx.ptr, n, cuda.stream), s));  // deterministic
+  CHECK(same_bits(sum_of_squares_cuda(dx.data_f32(), n, cuda.stream), s));  // deterministic
 
   // The exact state (every digit, not only the rounded value) matches the CPU accumulator, for
   // any split of x across calls and any per-launch chunk size.
   ExactSum whole, split, chunked;
-  exact_sum_of_squares_cuda(dx.ptr, n, whole, cuda.stream);
+  exact_sum_of_squares_cuda(dx.data_f32(), n, whole, cuda.stream);
   CHECK(whole.to_words() == ref.to_words());
-  exact_sum_of_squares_cuda(dx.ptr, 12345, split, cuda.stream);
-  exact_sum_of_squares_cuda(dx.ptr + 12345, n - 12345, split, cuda.stream);
+  exact_sum_of_squares_cuda(dx.data_f32(), 12345, split, cuda.stream);
+  exact_sum_of_squares_cuda(dx.data_f32() + 12345, n - 12345, split, cuda.stream);
   CHECK(split.to_words() == ref.to_words());
-  detail::exact_sum_of_squares_cuda_chunked(dx.ptr, n, chunked, 4099, cuda.stream);
+  detail::exact_sum_of_squares_cuda_chunked(dx.data_f32(), n, chunked, 4099, cuda.stream);
   CHECK(chunked.to_words() == ref.to_words());
 
   // Adds into a non-empty accumulator.
@@ -239,24 +227,24 @@ TEST_CASE("sum_of_squares_cuda and scale_cuda", "[cuda][clip]") {
     pre_gpu.add(v);
     pre_cpu.add(v);
   }
-  exact_sum_of_squares_cuda(dx.ptr, n, pre_gpu, cuda.stream);
+  exact_sum_of_squares_cuda(dx.data_f32(), n, pre_gpu, cuda.stream);
   exact_sum_of_squares_cpu(x.data(), n, pre_cpu);
   CHECK(pre_gpu.to_words() == pre_cpu.to_words());
   CHECK(same_bits(pre_gpu.value(), pre_cpu.value()));
 
   // Empty input: 0.0 and an untouched accumulator; bad arguments throw.
   ExactSum empty;
-  exact_sum_of_squares_cuda(dx.ptr, 0, empty, cuda.stream);
+  exact_sum_of_squares_cuda(dx.data_f32(), 0, empty, cuda.stream);
   CHECK(empty.is_zero());
-  CHECK(same_bits(sum_of_squares_cuda(dx.ptr, 0, cuda.stream), 0.0));
-  CHECK_THROWS_AS(sum_of_squares_cuda(dx.ptr, -1, cuda.stream), std::invalid_argument);
+  CHECK(same_bits(sum_of_squares_cuda(dx.data_f32(), 0, cuda.stream), 0.0));
+  CHECK_THROWS_AS(sum_of_squares_cuda(dx.data_f32(), -1, cuda.stream), std::invalid_argument);
   CHECK_THROWS_AS(exact_sum_of_squares_cuda(nullptr, 5, empty, cuda.stream), std::invalid_argument);
-  CHECK_THROWS_AS(detail::exact_sum_of_squares_cuda_chunked(dx.ptr, n, empty, 0, cuda.stream),
+  CHECK_THROWS_AS(detail::exact_sum_of_squares_cuda_chunked(dx.data_f32(), n, empty, 0, cuda.stream),
                   std::invalid_argument);
 
-  scale_cuda(dx.ptr, n, 0.5f, cuda.stream);
+  scale_cuda(dx.data_f32(), n, 0.5f, cuda.stream);
   cu(cudaStreamSynchronize(cuda.stream), "sync");
-  const auto y = dx.to_host();
+  const auto y = dx.to_vector();
   for (int64_t i = 0; i < n; ++i) REQUIRE(y[i] == x[i] * 0.5f);
 }
 
@@ -265,7 +253,7 @@ TEST_CASE("exact_sum_of_squares_cuda over many buffers: one call, the CPU state 
   // buffers of varied lengths (the first empty) carved out of one wide-range vector, as a rank's
   // owned gradient shards; then 133334 tiny buffers, more pieces than one launch's grid rows
   const auto x = wide_range_floats(400000, 31);
-  DeviceBuffer dx(x);
+  Tensor dx = on_device(x);
   for (int64_t tiny : {int64_t(0), int64_t(3)}) {
     std::vector<const float*> ptrs;
     std::vector<int64_t> ns;
@@ -273,7 +261,7 @@ TEST_CASE("exact_sum_of_squares_cuda over many buffers: one call, the CPU state 
     int64_t at = 0;
     for (int64_t k = 0; at < static_cast<int64_t>(x.size()); ++k) {
       const int64_t len = std::min<int64_t>(tiny ? tiny : (k * 7919) % 50000, static_cast<int64_t>(x.size()) - at);
-      ptrs.push_back(dx.ptr + at);
+      ptrs.push_back(dx.data_f32() + at);
       ns.push_back(len);
       exact_sum_of_squares_cpu(x.data() + at, len, cpu);
       at += len;  // k = 0 of the varied lengths is an empty buffer
@@ -296,12 +284,12 @@ TEST_CASE("exact_sum_of_squares_cuda over many buffers: one call, the CPU state 
   add_sum_of_squares(on_cpu, b);
   CHECK(a.to_words() == b.to_words());
   ExactSum none;
-  exact_sum_of_squares_cuda(std::vector<const float*>{dx.ptr}, std::vector<int64_t>{0}, none, cuda.stream);
+  exact_sum_of_squares_cuda(std::vector<const float*>{dx.data_f32()}, std::vector<int64_t>{0}, none, cuda.stream);
   CHECK(none.is_zero());
   CHECK_THROWS_AS(exact_sum_of_squares_cuda(std::vector<const float*>{nullptr}, std::vector<int64_t>{4}, none,
                                             cuda.stream),
                   std::invalid_argument);
-  CHECK_THROWS_AS(exact_sum_of_squares_cuda(std::vector<const float*>{dx.ptr}, std::vector<int64_t>{}, none,
+  CHECK_THROWS_AS(exact_sum_of_squares_cuda(std::vector<const float*>{dx.data_f32()}, std::vector<int64_t>{}, none,
                                             cuda.stream),
                   std::invalid_argument);
 }
@@ -343,9 +331,9 @@ TEST_CASE("exact_sum_of_squares_cuda: subnormals, huge values, extremes", "[cuda
     const double s = gpu_sum(cuda, x, &gpu);
     CHECK(gpu.to_words() == cpu_exact(x).to_words());
     CHECK(same_bits(s, sum_of_squares_cpu(x.data(), static_cast<int64_t>(x.size()))));
-    DeviceBuffer d(x);
+    Tensor d = on_device(x);
     ExactSum chunked;
-    detail::exact_sum_of_squares_cuda_chunked(d.ptr, static_cast<int64_t>(x.size()), chunked, 1000, cuda.stream);
+    detail::exact_sum_of_squares_cuda_chunked(d.data_f32(), static_cast<int64_t>(x.size()), chunked, 1000, cuda.stream);
     CHECK(chunked.to_words() == gpu.to_words());
   }
   // Zeros only (both signs): exactly +0.0.
@@ -381,9 +369,9 @@ TEST_CASE("exact_sum_of_squares_cuda: NaN and Inf", "[cuda][clip]") {
   CHECK(std::isnan(check_same(with({{1, float_from_bits(0x7f800001u)}}))));  // signalling NaN bits
   // Flags from a later chunk survive the merge.
   const auto x = with({{90000, inf}});
-  DeviceBuffer d(x);
+  Tensor d = on_device(x);
   ExactSum chunked;
-  detail::exact_sum_of_squares_cuda_chunked(d.ptr, static_cast<int64_t>(x.size()), chunked, 1024, cuda.stream);
+  detail::exact_sum_of_squares_cuda_chunked(d.data_f32(), static_cast<int64_t>(x.size()), chunked, 1024, cuda.stream);
   CHECK(chunked.to_words() == cpu_exact(x).to_words());
   CHECK(same_bits(chunked.value(), std::numeric_limits<double>::infinity()));
 }
