@@ -215,9 +215,18 @@ void write_token_shard(const std::string& path, const std::vector<uint32_t>& tok
       std::memcpy(body.data() + 4 * i, &t, 4);
     }
   }
-  const std::string tmp = path + ".tmp";
+  std::string tmp;
+  try {
+    tmp = create_temp_beside(path);  // a fresh name: never a file of the user's
+  } catch (const std::exception& e) {
+    throw DataError(std::string("[write_token_shard] ") + e.what());
+  }
   FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw DataError("[write_token_shard] cannot create " + tmp + ": " + errno_text());
+  if (!f) {
+    const std::string e = errno_text();
+    std::remove(tmp.c_str());
+    throw DataError("[write_token_shard] cannot create " + tmp + ": " + e);
+  }
   bool ok = std::fwrite(header.data(), 4, 256, f) == 256 &&
             (body.empty() || std::fwrite(body.data(), 1, body.size(), f) == body.size());
   ok = (std::fflush(f) == 0) && ok;

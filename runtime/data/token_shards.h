@@ -90,7 +90,8 @@ std::vector<ShardInfo> validate_shards(const std::string& glob, int64_t vocab_si
                                        int64_t min_tokens = 1,
                                        const std::string& what_min = "one global batch");
 
-/// Writes a shard (temp file + rename). Tokens must fit `width` (throws DataError otherwise).
+/// Writes a shard (a fresh temporary beside it, every write checked, then a rename). Tokens must
+/// fit `width` (throws DataError otherwise, and naming the file on a failed write).
 /// Used by tests and the prepare tool.
 void write_token_shard(const std::string& path, const std::vector<uint32_t>& tokens,
                        TokenWidth width = TokenWidth::u16);
