@@ -13,48 +13,32 @@
 #include "apps/cli_common.h"
 #include "comm/comm_factory.h"
 #include "runtime/core/clock.h"
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "runtime/cuda/device_api.h"
+#include "runtime/tensor.h"
 
 using namespace mfsdp;
 
 namespace {
 
-/// Buffer in host or device memory with host copies for initialisation and checking.
+/// Buffer in host memory or in a CUDA Tensor, with a host copy for initialisation and checking.
 struct Buffer {
   Device dev;
   std::vector<unsigned char> host;
-  void* dptr = nullptr;
+  Tensor device_bytes;  // CUDA only: bf16 elements (every size here is whole f32 or bf16 values)
   Buffer(Device d, int64_t bytes) : dev(d), host(static_cast<size_t>(bytes)) {
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-    if (dev == Device::CUDA && bytes > 0 && cudaMalloc(&dptr, bytes) != cudaSuccess)
-      throw std::runtime_error("[mfsdp-bench-comm] cudaMalloc(" + std::to_string(bytes) + ") failed");
-#endif
+    if (dev == Device::CUDA) device_bytes = Tensor::empty({bytes / 2}, DType::bf16, Device::CUDA);
   }
-  Buffer(const Buffer&) = delete;
-  ~Buffer() {
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-    if (dptr) cudaFree(dptr);
-#endif
-  }
-  void* ptr() { return dev == Device::CPU ? (host.empty() ? nullptr : host.data()) : dptr; }
+  void* ptr() { return dev == Device::CPU ? (host.empty() ? nullptr : host.data()) : device_bytes.data_ptr(); }
   void upload() {
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-    if (dev == Device::CUDA && dptr) cudaMemcpy(dptr, host.data(), host.size(), cudaMemcpyHostToDevice);
-#endif
+    if (dev == Device::CUDA) device_bytes.copy_from_host(host.data());
   }
   void download() {
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-    if (dev == Device::CUDA && dptr) cudaMemcpy(host.data(), dptr, host.size(), cudaMemcpyDeviceToHost);
-#endif
+    if (dev == Device::CUDA) device_bytes.copy_to_host(host.data());
   }
 };
 
 void sync_device(Device d) {
-#if defined(MFSDP_WITH_CUDA) && MFSDP_WITH_CUDA
-  if (d == Device::CUDA) cudaDeviceSynchronize();
-#endif
+  if (d == Device::CUDA) cuda::synchronize();
 }
 
 // Per-rank data: small integers, exact in f32 and bf16 and in their sums (closed-form checks).

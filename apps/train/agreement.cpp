@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/core/json_limits.h"
+#include "runtime/cuda/device_api.h"
 #include "runtime/data/token_shards.h"
 
 namespace mfsdp {
@@ -81,11 +82,7 @@ std::map<std::string, std::string> run_facts(const TrainConfig& cfg) {
 #else
   facts["build.assertions"] = "on";
 #endif
-#if defined(MFSDP_WITH_CUDA)
-  facts["build.cuda"] = "on";
-#else
-  facts["build.cuda"] = "off";
-#endif
+  facts["build.cuda"] = cuda::built() ? "on" : "off";
   facts["build.pointer_bytes"] = std::to_string(sizeof(void*));
   add_files(cfg.data.train.resolved, facts);
   add_files(cfg.data.val.resolved, facts);

@@ -6,6 +6,9 @@
 
 namespace mfsdp::cuda {
 
+/// True when this build has the CUDA backend (device_api.cu); false in a build without CUDA
+/// (device_api_stub.cpp), whatever the machine has.
+bool built();
 /// Number of visible CUDA devices; 0 when built without CUDA or when the driver reports none.
 int device_count();
 /// True when at least one CUDA device can be used.

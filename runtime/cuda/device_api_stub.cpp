@@ -9,6 +9,7 @@ namespace {
   throw std::runtime_error(std::string("[") + op + "] MatrixFSDP was built without CUDA (MFSDP_CUDA=OFF)");
 }
 }  // namespace
+bool built() { return false; }
 int device_count() { return 0; }
 void* malloc_device(int64_t) { no_cuda("cuda::malloc_device"); }
 void free_device(void*) { no_cuda("cuda::free_device"); }
