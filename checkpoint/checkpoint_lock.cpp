@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -52,6 +53,8 @@ std::string lock_checkpoint_root(const std::string& root, const std::string& run
   if (g_held.count(key)) return "";
   const std::string path = (fs::path(root) / kCheckpointLockFile).string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0 && errno == ELOOP)  // a link planted in place of the lock file must not disable the lock
+    return root + ": " + path + " is a symbolic link; remove it (it is the checkpoint directory's lock)";
   if (fd < 0) return "";  // an unwritable directory is reported by the writability check
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -14,7 +14,8 @@ inline constexpr const char* kCheckpointLockFile = ".mfsdp-checkpoint.lock";
 /// in the lock file. Calling it again for a directory this process already holds does nothing.
 /// Returns "" when this process holds the lock, or when the directory or its lock file cannot be
 /// created (the caller's writability check reports that); otherwise a message naming the
-/// directory and the holder (run directory, host, pid, start time). The kernel releases the lock
+/// directory and the holder (run directory, host, pid, start time), or the lock file when it is
+/// a symbolic link or not a regular file. The kernel releases the lock
 /// when the holder dies, so a dead job never blocks a later one.
 std::string lock_checkpoint_root(const std::string& root, const std::string& run_dir);
 
