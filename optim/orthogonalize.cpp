@@ -1,5 +1,6 @@
 // CPU orthogonalizers (Newton-Schulz 5, Polar Express, Gram Newton-Schulz) on single-threaded
-// Eigen GEMM kernels run in fixed bands under OpenMP: bitwise independent of the thread count.
+// GEMM kernels (Eigen's; oneDNN's SGEMM for matrices with at least kLibraryGemmMinRows rows) run
+// in fixed bands under OpenMP: bitwise independent of the thread count.
 #include "optim/orthogonalize.h"
 
 #include <Eigen/Dense>
@@ -15,6 +16,7 @@
 #include "optim/muon.h"
 #include "runtime/core/dtype.h"
 #include "runtime/cpu_gemm_bf16.h"
+#include "runtime/cpu_sgemm_serial.h"
 
 namespace mfsdp {
 
@@ -62,6 +64,16 @@ OrthoScratch& ortho_scratch() {
 // OpenMP threads, and the dynamic schedule tolerates a busy core better than one split GEMM.
 constexpr int64_t kSymBandRows = 128;   // rows of A per band of a symmetric product (max 16 bands)
 constexpr int64_t kColBandWidth = 192;  // columns of X per band of B X (max 32 bands)
+// From this many rows (m, the small side) on, the f32 products run on oneDNN's SGEMM (about 20%
+// faster than Eigen's kernel on one AVX-512 core at 768), and a symmetric product is cut into
+// row bands of kLibrarySymBandRows rows, each one GEMM over the band's rows up to its diagonal
+// (the diagonal block computed whole: kLibrarySymBandRows / m extra work). Smaller matrices keep
+// Eigen's kernels and bands, so their results are the same bits as before the switch.
+constexpr int64_t kLibraryGemmMinRows = 256;
+constexpr int64_t kLibrarySymBandRows = 64;
+
+/// Whether the f32 products of an orthogonalization whose Gram matrix is m x m use oneDNN.
+bool library_gemm(int64_t m) { return m >= kLibraryGemmMinRows && cpu_sgemm_serial_available(); }
 
 /// dst += alpha * lhs * rhs on the calling thread only: Eigen's blocked GEMM kernel with the
 /// single-thread blocking, called directly. Eigen's own product expression would go through its
@@ -90,6 +102,48 @@ void gemm_serial(Dst&& dst, const Lhs& lhs, const Rhs& rhs, float alpha) {
       dst.outerStride(), alpha, blocking, nullptr);
 }
 
+/// dst = alpha * lhs * rhs + beta * dst on the calling thread only, through oneDNN's row-major
+/// SGEMM: a column-major block is handed over as the transpose of its row-major storage, and a
+/// column-major dst is computed as dst^T = rhs^T lhs^T. Operands as for gemm_serial.
+template <class Dst, class Lhs, class Rhs>
+void gemm_library(Dst&& dst, const Lhs& lhs, const Rhs& rhs, float alpha, float beta) {
+  using D = std::remove_reference_t<Dst>;
+  constexpr bool kLhsRow = Lhs::Flags & Eigen::RowMajorBit;
+  constexpr bool kRhsRow = Rhs::Flags & Eigen::RowMajorBit;
+  constexpr bool kDstRow = D::Flags & Eigen::RowMajorBit;
+  const int64_t rows = dst.rows(), cols = dst.cols(), depth = lhs.cols();
+  if (kDstRow)
+    cpu_sgemm_serial(!kLhsRow, !kRhsRow, rows, cols, depth, alpha, lhs.data(), lhs.outerStride(), rhs.data(),
+                     rhs.outerStride(), beta, dst.data(), dst.outerStride());
+  else
+    cpu_sgemm_serial(kRhsRow, kLhsRow, cols, rows, depth, alpha, rhs.data(), rhs.outerStride(), lhs.data(),
+                     lhs.outerStride(), beta, dst.data(), dst.outerStride());
+}
+
+/// Copies the lower triangle of the symmetric out [m, m] into its upper triangle.
+void mirror_lower(SymMap out) {
+  const int64_t m = out.rows();
+  float* o = out.data();  // column-major: (i, j) lives at j*m + i
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 1; j < m; ++j)
+    for (int64_t i = 0; i < j; ++i) o[j * m + i] = o[i * m + j];
+}
+
+/// symmetric_product on oneDNN's SGEMM: row bands of kLibrarySymBandRows rows, band b one GEMM
+/// out[r0:r0+h, 0:r0+h] = L[r0:r0+h, :] R[:, 0:r0+h] (largest bands first), then the mirror.
+template <class Lhs, class Rhs>
+void symmetric_product_library(const Lhs& L, const Rhs& R, SymMap out) {
+  const int64_t m = out.rows();
+  const int64_t bands = std::max<int64_t>(1, (m + kLibrarySymBandRows - 1) / kLibrarySymBandRows);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < bands; ++i) {
+    const int64_t b = bands - 1 - i;
+    const int64_t r0 = m * b / bands, h = m * (b + 1) / bands - r0;
+    gemm_library(out.block(r0, 0, h, r0 + h), L.middleRows(r0, h), R.leftCols(r0 + h), 1.0f, 0.0f);
+  }
+  mirror_lower(out);
+}
+
 /// out [m, m] = L [m, k] * R [k, m] for a product known to be symmetric (X X^T, A A, and products
 /// of commuting polynomials in one Gram matrix): computes the lower triangle only (in equal-area
 /// row bands: a rectangle GEMM plus a triangular GEMM each, about half the FLOPs) and mirrors it
@@ -97,6 +151,10 @@ void gemm_serial(Dst&& dst, const Lhs& lhs, const Rhs& rhs, float alpha) {
 template <class Lhs, class Rhs>
 void symmetric_product(const Lhs& L, const Rhs& R, SymMap out) {
   const int64_t m = out.rows();
+  if (library_gemm(m)) {
+    symmetric_product_library(L, R, out);
+    return;
+  }
   const int64_t bands = std::clamp<int64_t>(m / kSymBandRows, 1, 16);
   int64_t cut[17];
   for (int64_t b = 0; b <= bands; ++b)
@@ -112,15 +170,14 @@ void symmetric_product(const Lhs& L, const Rhs& R, SymMap out) {
     // Eigen's triangular product (general_matrix_matrix_triangular_product) is always sequential.
     out.block(r0, r0, h, h).template triangularView<Eigen::Lower>() = L.middleRows(r0, h) * R.middleCols(r0, h);
   }
-  float* o = out.data();  // column-major: (i, j) lives at j*m + i
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 1; j < m; ++j)
-    for (int64_t i = 0; i < j; ++i) o[j * m + i] = o[i * m + j];
+  mirror_lower(out);
 }
 
 /// Y [m, n] = a*X + B X (B [m, m]), in column bands of X. a == 0 gives exactly B X.
+/// (Band GEMMs on oneDNN when library_gemm(m), else Eigen's.)
 void left_multiply(const MatMap& X, const SymMap& B, MatMap Y, float a) {
   const int64_t n = X.cols();
+  const bool library = library_gemm(B.rows());
   const int64_t bands = std::clamp<int64_t>(n / kColBandWidth, 1, 32);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t b = 0; b < bands; ++b) {
@@ -129,7 +186,10 @@ void left_multiply(const MatMap& X, const SymMap& B, MatMap Y, float a) {
       Y.middleCols(c0, w).setZero();
     else
       Y.middleCols(c0, w) = a * X.middleCols(c0, w);
-    gemm_serial(Y.middleCols(c0, w), B, X.middleCols(c0, w), 1.0f);
+    if (library)
+      gemm_library(Y.middleCols(c0, w), B, X.middleCols(c0, w), 1.0f, 1.0f);
+    else
+      gemm_serial(Y.middleCols(c0, w), B, X.middleCols(c0, w), 1.0f);
   }
 }
 

@@ -70,8 +70,9 @@ QuinticCoeffs orthogonalizer_coeffs(Orthogonalizer method, int t);
 /// fixed thread count and ISA; throws std::invalid_argument for gram_newton_schulz).
 /// G: [rows, cols] row-major f32, read only. out: [rows, cols] row-major f32 (may equal G).
 /// Scratch is thread-local and reused; with dtype f32 every GEMM runs in fixed shape-dependent
-/// bands (each one single-threaded Eigen GEMM), so results are bitwise independent of the OpenMP
-/// thread count.
+/// bands (each one single-threaded GEMM: Eigen's kernel when the smaller side is under 256, oneDNN's
+/// SGEMM from 256 on), so results are bitwise independent of the OpenMP thread count (and of the
+/// buffers' addresses).
 /// steps == 0 returns the normalized input. Increments the Newton-Schulz call counter once
 /// (`newton_schulz_call_count` in optim/muon.h).
 /// Throws std::invalid_argument for negative sizes or steps, or null buffers with a non-empty shape.

@@ -186,9 +186,11 @@ TEST_CASE("newton_schulz5 is newton_schulz_cpu, bit for bit", "[orthogonalize]")
   }
 }
 
-TEST_CASE("orthogonalizers are bitwise independent of the OpenMP thread count", "[orthogonalize]") {
-  // 300x500: 2 symmetric bands, 2 column bands; 768x768: 6 and 4; 256x1024 (Gram, rectangular).
-  for (auto [r, c] : {std::pair<int64_t, int64_t>{300, 500}, {768, 768}, {1024, 256}}) {
+TEST_CASE("orthogonalizers are bitwise independent of the OpenMP thread count and of addresses", "[orthogonalize]") {
+  // Eigen's kernels below 256 rows (200x320: 1 symmetric band, 1 column band), oneDNN's SGEMM from
+  // 256 on (300x500: 5 row bands of the symmetric products; 768x768: 12; 256x1024: Gram,
+  // rectangular). The input and output also sit one float off their usual alignment once.
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{200, 320}, {300, 500}, {768, 768}, {1024, 256}}) {
     const auto g = randn(r * c, 91 + static_cast<uint32_t>(r));
     for (Orthogonalizer m : kMethods) {
       INFO(orthogonalizer_name(m) << " " << r << "x" << c);
@@ -198,6 +200,10 @@ TEST_CASE("orthogonalizers are bitwise independent of the OpenMP thread count", 
       with_threads(1, 2, [&] { o_eigen2 = ortho(g, r, c, 5, m); });
       CHECK(same_bits(o1, o2));
       CHECK(same_bits(o1, o_eigen2));
+      std::vector<float> g_off(g.size() + 1), o_off(g.size() + 1);
+      std::copy(g.begin(), g.end(), g_off.begin() + 1);
+      with_threads(2, 0, [&] { orthogonalize_cpu(g_off.data() + 1, o_off.data() + 1, r, c, 5, m); });
+      CHECK(same_bits(o1, std::vector<float>(o_off.begin() + 1, o_off.end())));
     }
   }
 }
