@@ -18,7 +18,7 @@ using namespace mfsdp;
 int main(int argc, char** argv) {
   MpiSession mpi(&argc, &argv);
   CLI::App app{"mfsdp-bench: matrixfsdp vs fsdp2, zero1 and ddp: phase times, bytes and memory per rank"};
-  std::vector<std::string> models{"gpt2-124m"}, placements{"matrixfsdp", "fsdp2", "zero1", "ddp"};
+  std::vector<std::string> models{"gpt2-124m"}, placements = kPlacementNames.names();
   std::vector<int> ns_steps{5, 2};
   BenchCase base;
   int layers = 0;
@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, cli::kMaxLayers));
   app.add_option("--placements", placements, "placements to measure")
       ->capture_default_str()
-      ->check(CLI::IsMember({"matrixfsdp", "fsdp2", "zero1", "ddp"}));
+      ->check(CLI::IsMember(kPlacementNames.names()));
   app.add_option("--ns-steps", ns_steps, "Newton-Schulz iterations, one sweep each")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxNsSteps));

@@ -74,13 +74,13 @@ json paper(const ClusterSpec& c, const BaselineOptions& baseline) {
   l7.activation_checkpointing = true;
   std::printf("\nLargest Llama preset that fits in %.0f GB per GPU (bf16, checkpointing, B=1 T=4096)\n", c.memory_gb);
   for (int w : {8, 64})
-    for (const char* p : {"matrixfsdp", "fsdp2", "zero1", "ddp"}) {
+    for (const auto& [placement, p] : kPlacementNames.entries) {
       std::string best = "none";
       double best_params = 0;
       for (const std::string& name : model_preset_names()) {
         ProjectionInput in = l7;
         in.model = model_preset(name).profile();
-        in.placement = parse_placement(p);
+        in.placement = placement;
         if (in.model.family != "llama" || project(in, c, w).oom) continue;
         const double n = static_cast<double>(in.model.num_params());
         if (n > best_params) best_params = n, best = name;
@@ -165,7 +165,7 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
 int main(int argc, char** argv) {
   CLI::App app{"mfsdp-project: step time and memory per rank of a placement on a cluster, world 8..512"};
   std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b";
-  std::vector<std::string> placements{"matrixfsdp", "fsdp2", "zero1", "ddp"};
+  std::vector<std::string> placements = kPlacementNames.names();
   std::vector<int> worlds{8, 16, 32, 64, 128, 256, 512};
   ProjectionInput in;
   int layers = 0;
@@ -185,7 +185,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers", layers, "override the preset's layer count (0 = keep)")->check(CLI::Range(0, cli::kMaxLayers));
   app.add_option("--placements", placements, "placements")
       ->capture_default_str()
-      ->check(CLI::IsMember({"matrixfsdp", "fsdp2", "zero1", "ddp"}));
+      ->check(CLI::IsMember(kPlacementNames.names()));
   app.add_option("--worlds", worlds, "world sizes")->capture_default_str()->check(CLI::Range(1, cli::kMaxWorld));
   app.add_option("--replicate", in.replicas, "HSDP replicas R")
       ->capture_default_str()

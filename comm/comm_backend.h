@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/core/dtype.h"
+#include "runtime/core/name_table.h"
 
 namespace mfsdp {
 
@@ -15,18 +16,15 @@ namespace mfsdp {
 ///   nccl         CUDA buffers, NCCL bootstrapped over MPI, one GPU per local rank (Device::CUDA)
 enum class CommBackend { mpi, cuda_staged, nccl };
 
-/// Parses "mpi" / "cuda_staged" / "nccl"; throws std::invalid_argument naming the value otherwise.
-inline CommBackend parse_comm_backend(const std::string& s) {
-  if (s == "mpi") return CommBackend::mpi;
-  if (s == "cuda_staged") return CommBackend::cuda_staged;
-  if (s == "nccl") return CommBackend::nccl;
-  throw std::invalid_argument("unknown communicator backend '" + s + "' (expected mpi, cuda_staged or nccl)");
-}
+/// "mpi", "cuda_staged", "nccl".
+inline constexpr NameTable<CommBackend, 3> kCommBackendNames{
+    {{{CommBackend::mpi, "mpi"}, {CommBackend::cuda_staged, "cuda_staged"}, {CommBackend::nccl, "nccl"}}}};
+
+/// Parses a name of kCommBackendNames; throws std::invalid_argument naming the value otherwise.
+inline CommBackend parse_comm_backend(const std::string& s) { return kCommBackendNames.parse(s, "communicator backend"); }
 
 /// The config name of `b`.
-inline const char* comm_backend_name(CommBackend b) {
-  return b == CommBackend::mpi ? "mpi" : b == CommBackend::cuda_staged ? "cuda_staged" : "nccl";
-}
+inline const char* comm_backend_name(CommBackend b) { return kCommBackendNames.name(b); }
 
 /// The device whose buffers backend `b` moves (mpi: CPU, the others: CUDA).
 inline Device comm_backend_device(CommBackend b) { return b == CommBackend::mpi ? Device::CPU : Device::CUDA; }

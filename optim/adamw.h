@@ -4,8 +4,10 @@
 
 namespace mfsdp {
 
-/// Hyperparameters of the AdamW group (the learning rate is passed per step).
+/// Hyperparameters of the AdamW group. `lr` is the group's base learning rate; the engine scales it
+/// by the schedule and passes the step's lr to adamw_step_cpu, which ignores this field.
 struct AdamWOptions {
+  double lr = 3e-3;  ///< base learning rate (>= 0)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
 };
 

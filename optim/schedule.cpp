@@ -8,24 +8,9 @@
 
 namespace mfsdp {
 
-DecayKind parse_decay_kind(const std::string& s) {
-  if (s == "constant") return DecayKind::constant;
-  if (s == "cosine") return DecayKind::cosine;
-  if (s == "linear") return DecayKind::linear;
-  if (s == "wsd") return DecayKind::wsd;
-  throw std::invalid_argument("[parse_decay_kind] unknown decay kind '" + s +
-                              "' (expected constant, cosine, linear or wsd)");
-}
+DecayKind parse_decay_kind(const std::string& s) { return kDecayKindNames.parse(s, "decay kind"); }
 
-const char* decay_kind_name(DecayKind k) {
-  switch (k) {
-    case DecayKind::constant: return "constant";
-    case DecayKind::cosine: return "cosine";
-    case DecayKind::linear: return "linear";
-    case DecayKind::wsd: return "wsd";
-  }
-  return "unknown";
-}
+const char* decay_kind_name(DecayKind k) { return kDecayKindNames.name(k); }
 
 void LRSchedule::validate() const {
   if (total_steps < 1)

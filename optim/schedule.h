@@ -3,10 +3,15 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/core/name_table.h"
+
 namespace mfsdp {
 
 /// Shape of the schedule after warmup.
 enum class DecayKind { constant, cosine, linear, wsd };
+/// "constant", "cosine", "linear", "wsd".
+inline constexpr NameTable<DecayKind, 4> kDecayKindNames{
+    {{{DecayKind::constant, "constant"}, {DecayKind::cosine, "cosine"}, {DecayKind::linear, "linear"}, {DecayKind::wsd, "wsd"}}}};
 
 /// Parses "constant" / "cosine" / "linear" / "wsd"; throws std::invalid_argument naming the value.
 DecayKind parse_decay_kind(const std::string& s);

@@ -14,38 +14,22 @@ using nlohmann::json;
 // ---------------------------------------------------------------- names
 
 const char* placement_name(Placement p) {
-  switch (p) {
-    case Placement::matrixfsdp: return "matrixfsdp";
-    case Placement::fsdp2: return "fsdp2";
-    case Placement::zero1: return "zero1";
-    case Placement::ddp: return "ddp";
-  }
-  throw std::invalid_argument("[placement_name] unknown placement value " +
-                              std::to_string(static_cast<int>(p)));
+  const char* n = kPlacementNames.name(p);
+  if (n[0] == '?')
+    throw std::invalid_argument("[placement_name] unknown placement value " + std::to_string(static_cast<int>(p)));
+  return n;
 }
 
-Placement parse_placement(const std::string& s) {
-  for (Placement p : {Placement::matrixfsdp, Placement::fsdp2, Placement::zero1, Placement::ddp})
-    if (s == placement_name(p)) return p;
-  throw std::invalid_argument("[parse_placement] unknown placement '" + s +
-                              "' (expected matrixfsdp, fsdp2, zero1 or ddp)");
-}
+Placement parse_placement(const std::string& s) { return kPlacementNames.parse(s, "placement"); }
 
 const char* optimizer_name(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::muon: return "muon";
-    case OptimizerKind::adamw: return "adamw";
-  }
-  throw std::invalid_argument("[optimizer_name] unknown optimizer value " +
-                              std::to_string(static_cast<int>(k)));
+  const char* n = kOptimizerKindNames.name(k);
+  if (n[0] == '?')
+    throw std::invalid_argument("[optimizer_name] unknown optimizer value " + std::to_string(static_cast<int>(k)));
+  return n;
 }
 
-OptimizerKind parse_optimizer(const std::string& s) {
-  if (s == "muon") return OptimizerKind::muon;
-  if (s == "adamw") return OptimizerKind::adamw;
-  throw std::invalid_argument("[parse_optimizer] unknown optimizer '" + s +
-                              "' (expected muon or adamw)");
-}
+OptimizerKind parse_optimizer(const std::string& s) { return kOptimizerKindNames.parse(s, "optimizer"); }
 
 // ---------------------------------------------------------------- MatrixShard / UnitLayout
 

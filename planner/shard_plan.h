@@ -7,12 +7,18 @@
 #include <vector>
 
 #include "optim/muon_options.h"
+#include "runtime/core/name_table.h"
 #include "planner/param_spec.h"
 
 namespace mfsdp {
 
 /// How a unit's parameters are laid out across ranks.
 enum class Placement : uint8_t { matrixfsdp = 0, fsdp2 = 1, zero1 = 2, ddp = 3 };
+/// "matrixfsdp", "fsdp2", "zero1", "ddp": the one list of placement names (configs, command lines).
+inline constexpr NameTable<Placement, 4> kPlacementNames{{{{Placement::matrixfsdp, "matrixfsdp"},
+                                                          {Placement::fsdp2, "fsdp2"},
+                                                          {Placement::zero1, "zero1"},
+                                                          {Placement::ddp, "ddp"}}}};
 /// "matrixfsdp", "fsdp2", "zero1", "ddp".
 const char* placement_name(Placement p);
 /// Parses a name written by placement_name; throws std::invalid_argument naming the value otherwise.
@@ -20,6 +26,8 @@ Placement parse_placement(const std::string& s);
 
 /// The optimizer that updates a parameter: Muon for role `matrix`, AdamW for everything else.
 enum class OptimizerKind : uint8_t { muon = 0, adamw = 1 };
+/// "muon", "adamw".
+inline constexpr NameTable<OptimizerKind, 2> kOptimizerKindNames{{{{OptimizerKind::muon, "muon"}, {OptimizerKind::adamw, "adamw"}}}};
 /// "muon", "adamw".
 const char* optimizer_name(OptimizerKind k);
 /// Parses a name written by optimizer_name; throws std::invalid_argument otherwise.

@@ -259,6 +259,11 @@ class Reader {
     const std::string hint = best_d <= std::max<size_t>(2, v.size() / 3) ? " (did you mean " + best + "?)" : "";
     fail(path, "unknown value \"" + v + "\", expected one of " + list + hint);
   }
+  /// The value of enumeration E named at `path`, one of `table`'s names.
+  template <class E, size_t N>
+  E choice(const std::string& path, const NameTable<E, N>& table) const {
+    return *table.find(choice(path, table.names()));
+  }
   ConfigPath path_value(const std::string& path, const std::string& base_dir) const {
     ConfigPath p;
     p.raw = str(path);
@@ -337,26 +342,21 @@ void read_data(const Reader& r, const std::string& base_dir, int64_t vocab_size,
 
 // optimizer.* and training.grad_clip (EngineOptions), with the checks that span both sections.
 void read_optimizer(const Reader& r, EngineOptions& o) {
-  o.muon_lr = r.num("optimizer.muon.lr", 0.0, 1e6);
+  o.muon.lr = r.num("optimizer.muon.lr", 0.0, 1e6);
   o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
   o.muon.nesterov = r.flag("optimizer.muon.nesterov");
   o.muon.ns_steps = r.i32("optimizer.muon.ns_steps", 1, 100);
   o.muon.weight_decay = r.num("optimizer.muon.weight_decay", 0.0, 1e6);
-  o.muon.scale_rule = parse_muon_scale_rule(r.choice("optimizer.muon.scale_rule", {"original", "match_rms_adamw"}));
+  o.muon.scale_rule = r.choice("optimizer.muon.scale_rule", kMuonScaleRuleNames);
   o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
-  o.muon.orthogonalizer = parse_orthogonalizer(
-      r.choice("optimizer.muon.orthogonalizer", {"newton_schulz5", "polar_express", "gram_newton_schulz"}));
-  o.muon.ns_dtype = parse_ns_dtype(r.choice("optimizer.muon.ns_dtype", {"f32", "bf16"}));
-  if (o.muon.ns_dtype == NsDType::bf16 && o.muon.orthogonalizer == Orthogonalizer::gram_newton_schulz)
-    r.fail("optimizer.muon.ns_dtype",
-           "bf16 is not supported with optimizer.muon.orthogonalizer = gram_newton_schulz (its Gram-matrix "
-           "recurrence stays f32): use f32, or newton_schulz5 / polar_express");
-  o.muon.variant = parse_muon_variant(r.choice("optimizer.muon.variant", {"muon", "normuon"}));
+  o.muon.orthogonalizer = r.choice("optimizer.muon.orthogonalizer", kOrthogonalizerNames);
+  o.muon.ns_dtype = r.choice("optimizer.muon.ns_dtype", kNsDTypeNames);
+  o.muon.variant = r.choice("optimizer.muon.variant", kMuonVariantNames);
   o.muon.beta2 = r.num("optimizer.muon.beta2", 0.0, 1.0, false, true);
   o.muon.split_heads = r.flag("optimizer.muon.split_heads");  // head_dim comes from the model
   o.qk_clip = r.num("optimizer.muon.qk_clip", 0.0, 1e6);
   o.overlap_backward = r.flag("optimizer.muon.overlap_backward");
-  o.adamw_lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
+  o.adamw.lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
   o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
   o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
   o.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
@@ -364,48 +364,61 @@ void read_optimizer(const Reader& r, EngineOptions& o) {
   o.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
   // schedule
   o.schedule.warmup_steps = r.i64("schedule.warmup_steps", 0);
-  o.schedule.kind = parse_decay_kind(r.choice("schedule.decay", {"constant", "cosine", "linear", "wsd"}));
+  o.schedule.kind = r.choice("schedule.decay", kDecayKindNames);
   o.schedule.floor = r.num("schedule.floor", 0.0, 1.0);
   o.schedule.decay_fraction = r.num("schedule.decay_fraction", 0.0, 1.0);
-  if (o.overlap_backward && o.grad_clip > 0) {
-    std::ostringstream gc;
-    gc << o.grad_clip;
-    r.fail("optimizer.muon.overlap_backward",
-           "needs training.grad_clip = 0 (got " + gc.str() +
-               "): clipping scales every gradient by the global norm, known only after the whole backward, "
-               "so a unit's Muon input is not final when its reduction lands");
-  }
 }
 
 // runtime.device and sharding.backend: either may be left out; when both are set they must agree.
 void read_device(const Reader& r, TrainConfig& c) {
-  const std::string device = r.choice("runtime.device", {"cpu", "cuda"});
-  const CommBackend backend = parse_comm_backend(r.choice("sharding.backend", {"mpi", "cuda_staged", "nccl"}));
+  const Device device = r.choice("runtime.device", kDeviceNames);
+  const CommBackend backend = r.choice("sharding.backend", kCommBackendNames);
   const bool device_given = r.given("runtime.device"), backend_given = r.given("sharding.backend");
   if (!backend_given) {
     c.runtime.device = device;
-    c.sharding.backend = device == "cuda" ? CommBackend::nccl : CommBackend::mpi;
+    c.sharding.backend = device == Device::CUDA ? CommBackend::nccl : CommBackend::mpi;
     return;
   }
-  const std::string backend_device = backend == CommBackend::mpi ? "cpu" : "cuda";
+  const Device backend_device = comm_backend_device(backend);
   if (device_given && device != backend_device)
     r.fail("sharding.backend", std::string(comm_backend_name(backend)) + " moves " +
-                                   (backend_device == "cpu" ? "host" : "CUDA") + " buffers, but runtime.device is " +
-                                   device + " (" + r.where("runtime.device") + "); use " +
-                                   (device == "cpu" ? "mpi" : "nccl or cuda_staged") +
+                                   (backend_device == Device::CPU ? "host" : "CUDA") + " buffers, but runtime.device is " +
+                                   device_name(device) + " (" + r.where("runtime.device") + "); use " +
+                                   (device == Device::CPU ? "mpi" : "nccl or cuda_staged") +
                                    ", or leave sharding.backend out for the device's default");
   c.runtime.device = backend_device;
   c.sharding.backend = backend;
 }
 
-// precision.*: bf16 gathers need parameters that are not resident (the f32 masters are the shards).
-void read_precision(const Reader& r, Placement placement, EngineOptions& o) {
-  o.param_dtype = parse_dtype(r.choice("precision.param_dtype", {"f32", "bf16"}));
-  o.reduce_dtype = parse_dtype(r.choice("precision.reduce_dtype", {"f32", "bf16"}));
-  if (o.param_dtype == DType::bf16 && (placement == Placement::zero1 || placement == Placement::ddp))
-    r.fail("precision.param_dtype", std::string("bf16 needs a sharded placement (matrixfsdp or fsdp2); ") +
-                                        "sharding.placement " + placement_name(placement) +
-                                        " keeps f32 parameters resident on every rank");
+// The config key of each option resolve() may reject.
+std::string config_key(OptionField f) {
+  switch (f) {
+    case OptionField::device: return "runtime.device";
+    case OptionField::placement: return "sharding.placement";
+    case OptionField::replicas: return "sharding.replicate";
+    case OptionField::param_dtype: return "precision.param_dtype";
+    case OptionField::reduce_dtype: return "precision.reduce_dtype";
+    case OptionField::grad_clip: return "training.grad_clip";
+    case OptionField::qk_clip: return "optimizer.muon.qk_clip";
+    case OptionField::overlap_backward: return "optimizer.muon.overlap_backward";
+    case OptionField::prefetch_depth: return "sharding.prefetch_depth";
+    case OptionField::prefetch_limit_bytes: return "sharding.prefetch_limit_bytes";
+    case OptionField::muon_split_heads: return "optimizer.muon.split_heads";
+    case OptionField::muon_orthogonalizer: return "optimizer.muon.orthogonalizer";
+    case OptionField::muon_variant: return "optimizer.muon.variant";
+    case OptionField::muon_ns_dtype: return "optimizer.muon.ns_dtype";
+  }
+  return kOptionFieldNames.name(f);
+}
+
+// The engine's rules (resolve()) on the parsed options, for the model the config describes; a
+// rejected option is reported at its config key, and so is every option its message names.
+void check_engine_rules(const Reader& r, const TrainConfig& c) {
+  try {
+    resolve(c.optim, c.runtime.device, c.sharding.placement, c.sharding.replicate, c.model.facts());
+  } catch (const OptionError& e) {
+    r.fail(config_key(e.field()), e.message(config_key));
+  }
 }
 
 }  // namespace
@@ -453,20 +466,16 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   read_data(r, base_dir, c.model.vocab_size, c.data);
   read_optimizer(r, c.optim);
   // sharding
-  c.sharding.placement = parse_placement(r.choice("sharding.placement", {"matrixfsdp", "fsdp2", "zero1", "ddp"}));
+  c.sharding.placement = r.choice("sharding.placement", kPlacementNames);
   read_device(r, c);
-  c.runtime.attention = r.choice("runtime.attention", {"auto", "fused", "unfused"});
-  c.optim.fused_attention = c.runtime.attention == "auto" ? -1 : c.runtime.attention == "fused" ? 1 : 0;
-  read_precision(r, c.sharding.placement, c.optim);
+  c.optim.fused_attention = r.choice("runtime.attention", kAttentionNames);
+  c.optim.param_dtype = r.choice("precision.param_dtype", kPrecisionNames);
+  c.optim.reduce_dtype = r.choice("precision.reduce_dtype", kPrecisionNames);
   c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
-  if (c.sharding.replicate > 1 && c.sharding.placement == Placement::ddp)
-    r.fail("sharding.replicate", "ddp is already fully replicated; use matrixfsdp, fsdp2 or zero1 with replicate > 1");
-  if (c.sharding.replicate > 1 && c.optim.overlap_backward)
-    r.fail("sharding.replicate", "optimizer.muon.overlap_backward is not supported with replicate > 1");
-  c.optim.prefetch_depth = r.i32("sharding.prefetch_depth", -1, 64);
+  const int prefetch_depth = r.i32("sharding.prefetch_depth", -1, 64);  // -1: the device default
+  if (prefetch_depth >= 0) c.optim.prefetch_depth = prefetch_depth;
   c.optim.prefetch_limit_bytes = r.i64("sharding.prefetch_limit_bytes", 0);
-  c.sharding.overlap_reduce = r.choice("sharding.overlap_reduce", {"auto", "on", "off"});
-  c.optim.overlap_reduce = c.sharding.overlap_reduce == "auto" ? -1 : c.sharding.overlap_reduce == "on" ? 1 : 0;
+  c.optim.overlap_reduce = r.choice("sharding.overlap_reduce", kToggleNames);
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.nccl_blocking = r.flag("sharding.nccl_blocking");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
@@ -484,8 +493,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   if (!r.at("training.target_val_loss").is_null())
     c.training.target_val_loss = r.num("training.target_val_loss", 0.0, 1e6, true);
   c.training.sample_tokens = r.i64("training.sample_tokens", 0, 100000);
-  c.training.recompute = r.choice("training.recompute", {"none", "block"});
-  c.optim.recompute_units = c.training.recompute == "block";
+  c.optim.recompute_units = r.choice("training.recompute", kRecomputeNames);
   // logging, output
   c.logging.interval = r.i64("logging.interval", 1);
   c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);
@@ -497,10 +505,12 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.checkpoint.keep_last = r.i32("checkpoint.keep_last", 0);
   c.checkpoint.at_end = r.flag("checkpoint.at_end");
   c.checkpoint.notice_signal = r.choice("checkpoint.notice_signal", notice_signal_names());
+  check_engine_rules(r, c);
   return c;
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  require_input_file<ConfigError>(path, "", /*allow_directory=*/true);
   std::ifstream f(path);
   if (!f) throw ConfigError(path + ": cannot open the config file");
   std::stringstream ss;

@@ -13,6 +13,7 @@
 #include "models/llama_spec.h"
 #include "planner/shard_plan.h"
 #include "runtime/engine/engine_options.h"
+#include "runtime/engine/resolve.h"
 
 namespace mfsdp {
 
@@ -53,6 +54,9 @@ struct ModelSection {
   GPTConfig gpt() const;
   /// The model architecture as models/llama_spec.h expects it (model.arch "llama").
   LlamaConfig llama() const;
+  /// What the engine's rules and the planner need of the model before it is built (as its
+  /// UnitModel will report: GPT has attention heads of n_embd / n_head rows, Llama reports none).
+  ModelFacts facts() const;
 };
 
 struct DataSection {
@@ -64,13 +68,11 @@ struct DataSection {
   int64_t seed = 1337;         ///< data order seed (>= 0)
 };
 
+/// runtime.device (kDeviceNames). runtime.attention is EngineOptions::fused_attention (kAttentionNames).
 struct RuntimeSection {
-  /// "cpu" or "cuda": where every rank trains (CUDA: the GPU of its local rank on the node).
-  /// When the config sets only sharding.backend, the backend's device (mpi: cpu, else cuda).
-  std::string device = "cpu";
-  /// "auto" (fused on cuda, unfused on cpu), "fused" (flash attention: no [B,H,T,T]
-  /// probabilities kept) or "unfused" (the reference kernel); EngineOptions::fused_attention.
-  std::string attention = "auto";
+  /// Where every rank trains (CUDA: the GPU of its local rank on the node). When the config sets
+  /// only sharding.backend, the backend's device (mpi: cpu, else cuda).
+  Device device = Device::CPU;
 };
 
 struct ShardingSection {
@@ -82,9 +84,6 @@ struct ShardingSection {
   /// are planned within a shard group and gradients chained through the replicas in rank order
   /// (runtime/engine/placement_traits.h). Not with ddp.
   int replicate = 1;
-  /// "auto" (on for cuda), "on" or "off": unit u's gradient reduction overlaps unit u-1's
-  /// backward (EngineOptions::overlap_reduce)
-  std::string overlap_reduce = "auto";
   bool debug_checks = false;
   /// NCCL: a blocking communicator whose every call waits for its communication (exact
   /// per-call seconds, errors reported by the call that caused them); for diagnostics. The
@@ -105,8 +104,6 @@ struct TrainingSection {
   int64_t seed = 1337;          ///< parameter init seed
   std::optional<double> target_val_loss;  ///< stop when the validation loss reaches it
   int64_t sample_tokens = 200;  ///< tokens sampled at the end; 0 = none
-  /// "none" or "block": recompute each FSDP unit's forward in its backward (EngineOptions::recompute_units)
-  std::string recompute = "none";
   /// "" = start fresh, "auto" = the newest complete checkpoint in checkpoint.dir (else fresh),
   /// otherwise a checkpoint directory (which must be complete)
   std::string resume;
@@ -140,10 +137,14 @@ struct OutputSection {
 struct TrainConfig {
   ModelSection model;
   DataSection data;
-  /// The engine's options, parsed straight into the library structs: JSON "optimizer.muon"
-  /// (lr -> muon_lr, the rest -> muon), "optimizer.adamw" (lr -> adamw_lr, the rest -> adamw),
-  /// "schedule" (total_steps = training.steps), "training.grad_clip", "training.recompute",
-  /// "precision" (param_dtype, reduce_dtype) and "sharding.prefetch_depth" / "prefetch_limit_bytes".
+  /// The engine's options, parsed straight into the library structs (their one representation):
+  /// JSON "optimizer.muon" (-> muon, lr included; qk_clip and overlap_backward -> the engine's),
+  /// "optimizer.adamw" (-> adamw), "schedule" (total_steps = training.steps), "training.grad_clip",
+  /// "training.recompute" (-> recompute_units, kRecomputeNames), "runtime.attention" (->
+  /// fused_attention, kAttentionNames), "precision" (param_dtype, reduce_dtype) and
+  /// "sharding.prefetch_depth" (-1 = unset), "prefetch_limit_bytes", "overlap_reduce" (kToggleNames).
+  /// The parser checks them with resolve() (runtime/engine/resolve.h) for runtime.device,
+  /// sharding.placement and sharding.replicate, and maps a rejected field back to its key.
   EngineOptions optim;
   RuntimeSection runtime;
   ShardingSection sharding;
@@ -160,7 +161,8 @@ struct TrainConfig {
 
 /// Loads `path`, applies `overrides` ("key.path=value"; value parsed as JSON, falling back to a
 /// plain string when it is not valid JSON) and checks everything the config alone can tell:
-/// unknown keys (with a did-you-mean), types, ranges and enumerations, n_embd % n_head, the
+/// unknown keys (with a did-you-mean), types, ranges and enumerations, the engine's rules
+/// (resolve(), named by config key), n_embd % n_head, the
 /// vocabulary against the shard formats, a missing train glob. Throws ConfigError naming the
 /// file or override and the key path. Files (shards, tokenizer) are not opened.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});

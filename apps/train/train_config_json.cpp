@@ -21,7 +21,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
   j["data"] = {{"train", p(data.train)},         {"val", p(data.val)},         {"tokenizer", data.tokenizer},
                {"tokenizer_path", p(data.tokenizer_path)}, {"shuffle", data.shuffle}, {"seed", data.seed}};
   const MuonOptions& mu = optim.muon;
-  j["optimizer"]["muon"] = {{"lr", optim.muon_lr},
+  j["optimizer"]["muon"] = {{"lr", mu.lr},
                             {"momentum", mu.momentum},
                             {"nesterov", mu.nesterov},
                             {"ns_steps", mu.ns_steps},
@@ -35,7 +35,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                             {"split_heads", mu.split_heads},
                             {"qk_clip", optim.qk_clip},
                             {"overlap_backward", optim.overlap_backward}};
-  j["optimizer"]["adamw"] = {{"lr", optim.adamw_lr},
+  j["optimizer"]["adamw"] = {{"lr", optim.adamw.lr},
                              {"beta1", optim.adamw.beta1},
                              {"beta2", optim.adamw.beta2},
                              {"eps", optim.adamw.eps},
@@ -44,14 +44,14 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"decay", decay_kind_name(optim.schedule.kind)},
                    {"floor", optim.schedule.floor},
                    {"decay_fraction", optim.schedule.decay_fraction}};
-  j["runtime"] = {{"device", runtime.device}, {"attention", runtime.attention}};
+  j["runtime"] = {{"device", device_name(runtime.device)}, {"attention", kAttentionNames.name(optim.fused_attention)}};
   j["precision"] = {{"param_dtype", dtype_name(optim.param_dtype)}, {"reduce_dtype", dtype_name(optim.reduce_dtype)}};
   j["sharding"] = {{"placement", placement_name(sharding.placement)},
                    {"backend", comm_backend_name(sharding.backend)},
                    {"replicate", sharding.replicate},
-                   {"prefetch_depth", optim.prefetch_depth},
+                   {"prefetch_depth", optim.prefetch_depth.value_or(-1)},
                    {"prefetch_limit_bytes", optim.prefetch_limit_bytes},
-                   {"overlap_reduce", sharding.overlap_reduce},
+                   {"overlap_reduce", kToggleNames.name(optim.overlap_reduce)},
                    {"debug_checks", sharding.debug_checks},
                    {"nccl_blocking", sharding.nccl_blocking},
                    {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},
@@ -65,7 +65,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"seed", training.seed},
                    {"target_val_loss", training.target_val_loss ? json(*training.target_val_loss) : json(nullptr)},
                    {"sample_tokens", training.sample_tokens},
-                   {"recompute", training.recompute},
+                   {"recompute", kRecomputeNames.name(optim.recompute_units)},
                    {"resume", training.resume}};
   j["logging"] = {{"interval", logging.interval}, {"peak_tflops", logging.peak_tflops}, {"run_dir", p(logging.run_dir)}};
   j["output"] = {{"export", p(output.export_path)}};
@@ -97,6 +97,11 @@ LlamaConfig ModelSection::llama() const {
   l.norm_eps = norm_eps;
   l.rope_theta = rope_theta;
   return l;
+}
+
+ModelFacts ModelSection::facts() const {
+  const bool gpt = arch == "gpt2";  // models/gpt.h reports its heads; models/llama.h does not
+  return {gpt ? n_embd / n_head : 0, gpt};
 }
 
 GPTConfig ModelSection::gpt() const {

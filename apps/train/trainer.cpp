@@ -124,7 +124,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
                  dtype_name(cfg.optim.param_dtype), dtype_name(cfg.optim.reduce_dtype),
                  cfg.optim.param_dtype == DType::bf16 && comm.device() == Device::CPU
                      ? fmt::format(" ({})", cpu_gemm_bf16_path()) : "",
-                 cfg.training.recompute,
+                 kRecomputeNames.name(cfg.optim.recompute_units),
                  attention_kernel_name(engine_.attention()), engine_.overlap_reduce() ? "on" : "off");
     spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {} | "
                  "CPU threads per rank {} (rank 0 may run on CPUs {})",

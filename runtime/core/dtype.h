@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/core/name_table.h"
+
 namespace mfsdp {
 
 /// Element type of a tensor or communication buffer.
@@ -18,10 +20,12 @@ enum class Device : uint8_t { CPU = 0, CUDA = 1 };
 
 /// Bytes per element of `dt`.
 inline constexpr int64_t dtype_size(DType dt) { return dt == DType::bf16 ? 2 : 4; }
-inline const char* dtype_name(DType dt) {
-  return dt == DType::f32 ? "f32" : dt == DType::bf16 ? "bf16" : "i32";
-}
-inline const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+/// "f32", "bf16", "i32".
+inline constexpr NameTable<DType, 3> kDTypeNames{{{{DType::f32, "f32"}, {DType::bf16, "bf16"}, {DType::i32, "i32"}}}};
+/// "cpu", "cuda".
+inline constexpr NameTable<Device, 2> kDeviceNames{{{{Device::CPU, "cpu"}, {Device::CUDA, "cuda"}}}};
+inline const char* dtype_name(DType dt) { return kDTypeNames.name(dt); }
+inline const char* device_name(Device d) { return kDeviceNames.name(d); }
 
 /// Parses "f32"/"float32"/"bf16"/"bfloat16"; throws std::invalid_argument otherwise.
 inline DType parse_dtype(const std::string& s) {

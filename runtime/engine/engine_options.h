@@ -1,24 +1,25 @@
 // The engine's options, its per-step report and its errors.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 
 #include "optim/adamw.h"
 #include "optim/muon.h"
 #include "optim/schedule.h"
 #include "runtime/core/dtype.h"
+#include "runtime/core/name_table.h"
 
 namespace mfsdp {
 
-/// Optimizer and step hyperparameters of the engine.
+/// Optimizer and step hyperparameters of the engine. Options that depend on the device or on each
+/// other are checked and given their device defaults by resolve() (runtime/engine/resolve.h).
 /// AdamW weight decay applies to 2-D AdamW tensors (embeddings, untied head) only; norms and
 /// biases are never decayed (the nanoGPT/GPT-2 convention). Muon decays its matrices.
 struct EngineOptions {
-  MuonOptions muon;
-  AdamWOptions adamw;
-  double muon_lr = 0.02;   ///< base learning rate of the Muon group
-  double adamw_lr = 3e-3;  ///< base learning rate of the AdamW group
-  LRSchedule schedule;     ///< both groups follow it, each from its own base lr
+  MuonOptions muon;     ///< the Muon group, with its base learning rate muon.lr
+  AdamWOptions adamw;   ///< the AdamW group, with its base learning rate adamw.lr
+  LRSchedule schedule;  ///< both groups follow it, each from its own base lr
   double grad_clip = 1.0;  ///< global-norm clipping threshold on raw gradients (<= 0 disables)
   /// QK-Clip threshold tau of MuonClip (Kimi K2, arXiv 2507.20534, section 2.1); 0 = off. After
   /// each optimizer step, every attention head whose largest pre-softmax logit q.k/sqrt(d) of
@@ -37,33 +38,42 @@ struct EngineOptions {
   /// gradients on owners and optimizer state stay f32. param_dtype bf16 needs a sharded placement.
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
-  /// Activation recompute per FSDP unit (config training.recompute = "block"): the forward keeps
+  /// Activation recompute per FSDP unit (named "block"; off is "none", kRecomputeNames): the forward keeps
   /// only each unit's input; the backward re-runs the unit's forward before differentiating it.
   /// Bitwise equal to recompute off; the last unit (the loss head) is never recomputed.
   bool recompute_units = false;
   /// FSDP prefetching (sharded placements): while unit u computes, the gathers of the units the
   /// next `prefetch_depth` units need are started (Communicator::start_all_gather_v; on CUDA with
-  /// NCCL they run on the comm stream), in the forward and in the backward. -1 = the device's
-  /// default: 1 on CUDA, 0 on CPU (MPI progresses a started gather only inside MPI calls, so on
+  /// NCCL they run on the comm stream), in the forward and in the backward (>= 0). Unset = the
+  /// device's default: 1 on CUDA, 0 on CPU (MPI progresses a started gather only inside MPI calls, so on
   /// CPU prefetching costs memory and gains little). `prefetch_limit_bytes` > 0 caps the gathered
   /// parameter bytes a prefetch may bring a rank to; the gather a unit needs now is never refused.
   /// Results are bitwise equal at every depth.
-  int prefetch_depth = -1;
+  std::optional<int> prefetch_depth;
   int64_t prefetch_limit_bytes = 0;
   /// Orthogonalize an owner's same-shape Muon matrices together (one strided-batched bf16
-  /// Newton-Schulz chain per shape on CUDA, no padding): 1 on, 0 off, -1 = on for CUDA only (on
-  /// the CPU a batch is a loop, so it only costs a batch buffer). Bitwise equal either way.
-  int batch_orthogonalize = -1;
-  /// Fused (flash) attention in every forward and backward (ops.h AttentionKernel): 1 on, 0 the
-  /// unfused reference (probabilities [B,H,T,T] kept for backward), -1 = on for CUDA only (config
-  /// runtime.attention). Not bitwise equal to the unfused kernel: sums run in another order.
-  int fused_attention = -1;
+  /// Newton-Schulz chain per shape on CUDA, no padding); automatic = on for CUDA only (on the CPU a
+  /// batch is a loop, so it only costs a batch buffer). Bitwise equal either way.
+  Toggle batch_orthogonalize = Toggle::automatic;
+  /// Fused (flash) attention in every forward and backward (ops.h AttentionKernel): on, off (the
+  /// unfused reference, probabilities [B,H,T,T] kept for backward) or automatic = on for CUDA only
+  /// (names: kAttentionNames). Not bitwise equal to the unfused kernel: sums run in another order.
+  Toggle fused_attention = Toggle::automatic;
   /// Backward: unit u's gradient reduction to the owners is started (Communicator::
   /// start_reduce_scatter_v) and finished after unit u-1's backward, so the two overlap (NCCL: on
-  /// the comm stream). 1 on, 0 off, -1 = on for CUDA only (MPI advances the messages only inside
-  /// MPI calls). Owner reductions without replicas only; bitwise equal either way.
-  int overlap_reduce = -1;
+  /// the comm stream); automatic = on for CUDA only (MPI advances the messages only inside MPI
+  /// calls). Owner reductions without replicas only; bitwise equal either way.
+  Toggle overlap_reduce = Toggle::automatic;
 };
+
+/// The names of EngineOptions::param_dtype and reduce_dtype: "f32", "bf16" (kDTypeNames' floating types).
+inline constexpr NameTable<DType, 2> kPrecisionNames{
+    {{{DType::f32, kDTypeNames.name(DType::f32)}, {DType::bf16, kDTypeNames.name(DType::bf16)}}}};
+/// The names of EngineOptions::fused_attention: "auto", "fused" (on), "unfused" (off).
+inline constexpr NameTable<Toggle, 3> kAttentionNames{
+    {{{Toggle::automatic, "auto"}, {Toggle::on, "fused"}, {Toggle::off, "unfused"}}}};
+/// The names of EngineOptions::recompute_units: "none" (false), "block" (true).
+inline constexpr NameTable<bool, 2> kRecomputeNames{{{{false, "none"}, {true, "block"}}}};
 
 /// Thrown by train_step when the global loss or the global gradient norm is NaN or Inf (checked
 /// before any optimizer step, with clipping on or off); parameters and optimizer state are left

@@ -114,10 +114,10 @@ void OwnerState::throw_non_finite(const StepStats& st) {
 
 void OwnerState::optimizer_step(int64_t step, StepStats& st, const std::vector<RowScale>& qk_clip) {
   const double mult = opts_.schedule.multiplier(step);
-  st.lr_muon = opts_.muon_lr * mult;
-  st.lr_adamw = opts_.adamw_lr * mult;
+  st.lr_muon = opts_.muon.lr * mult;
+  st.lr_adamw = opts_.adamw.lr * mult;
   ++steps_;
-  const bool batched = opts_.batch_orthogonalize > 0 || (opts_.batch_orthogonalize < 0 && units_.device() == Device::CUDA);
+  const bool batched = opts_.batch_orthogonalize == Toggle::on;  // resolve() left no Toggle automatic
   if (batched && !traits_.gathered_muon_input) orthogonalize_batched();
   for (OwnedPiece& o : pieces_) {
     const MatrixShard& s = plan_.shards[o.shard];

@@ -40,7 +40,7 @@ struct RowScale {
 class OwnerState {
  public:
   /// Lists this rank's pieces from the plan (every piece under every_rank_updates_all) and
-  /// allocates zeroed optimizer state for them.
+  /// allocates zeroed optimizer state for them. `opts` are resolved (resolve(): no Toggle automatic).
   OwnerState(UnitBuffers& units, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits,
              const EngineOptions& opts);
 

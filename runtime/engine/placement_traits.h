@@ -1,9 +1,6 @@
 // A placement as the engine sees it: one row of behaviour flags, computed once, so the step
 // schedule asks a question ("are parameters resident?") instead of naming a placement.
 #pragma once
-#include <stdexcept>
-#include <string>
-
 #include "planner/shard_plan.h"
 
 namespace mfsdp {
@@ -38,13 +35,10 @@ struct PlacementTraits {
   bool replicated = false;
 };
 
-/// The row of `p`, replicated over `replicas` shard groups (HSDP when > 1). Throws
-/// std::invalid_argument when replicas < 1, or replicas > 1 with ddp (already all replicas).
-inline PlacementTraits placement_traits(Placement p, int replicas = 1) {
-  if (replicas < 1 || (replicas > 1 && p == Placement::ddp))
-    throw std::invalid_argument(std::string("placement_traits: ") + placement_name(p) + " cannot be replicated " +
-                                std::to_string(replicas) + " times (HSDP needs R >= 1 and a sharded placement)");
-  const bool rep = replicas > 1;
+/// The row of `p`, replicated over shard groups (HSDP) when `replicated`. ddp is already all
+/// replicas: its row never is (resolve(), runtime/engine/resolve.h, refuses ddp with replicas > 1).
+inline PlacementTraits placement_traits(Placement p, bool replicated = false) {
+  const bool rep = replicated;
   switch (p) {
     case Placement::matrixfsdp: return {false, false, false, false, false, rep};
     case Placement::fsdp2: return {false, false, false, true, false, rep};

@@ -29,7 +29,7 @@ void check_ids(const Tensor& ids, int64_t vocab, const std::string& batch, const
       throw std::invalid_argument("[" + batch + "] " + what + " id " + std::to_string(p[i]) + " at position " +
                                   std::to_string(i) + " (sequence " + std::to_string(T ? i / T : 0) + ", column " +
                                   std::to_string(T ? i % T : 0) + ") is outside the vocabulary [0, " +
-                                  std::to_string(vocab) + ") (model.vocab_size)");
+                                  std::to_string(vocab) + ") of the model");
 }
 
 // A micro-batch checked and placed on the engine's device. The ids (inputs and targets) are
@@ -61,26 +61,6 @@ const ShardPlan& plan_for(const ShardPlan& plan, const Communicator& comm) {
   return plan;
 }
 
-// The options with what comes from the model (the per-head split's head_dim), checked against it.
-EngineOptions resolve_options(const EngineOptions& in, const UnitModel& model) {
-  EngineOptions o = in;
-  if (o.muon.split_heads) {
-    o.muon.head_dim = model.attention_head_dim();
-    check_arg(o.muon.head_dim > 0, "ShardedEngine", "optimizer.muon.split_heads: the model has no attention heads");
-  }
-  check_arg(o.qk_clip >= 0 && std::isfinite(o.qk_clip), "ShardedEngine",
-            "optimizer.muon.qk_clip must be finite and >= 0, got " + std::to_string(o.qk_clip));
-  check_arg(o.qk_clip == 0 || !model.attention_heads().empty(), "ShardedEngine",
-            "optimizer.muon.qk_clip: the model reports no attention heads");
-  check_arg(o.prefetch_depth >= -1 && o.prefetch_limit_bytes >= 0, "ShardedEngine",
-            "prefetch depth must be >= -1 and the prefetch limit >= 0, got " + std::to_string(o.prefetch_depth) +
-                " and " + std::to_string(o.prefetch_limit_bytes));
-  check_arg(!o.overlap_backward || o.grad_clip <= 0, "ShardedEngine",
-            "optimizer.muon.overlap_backward needs training.grad_clip = 0 (clipping changes the Muon input after "
-            "the whole backward), got grad_clip " + std::to_string(o.grad_clip));
-  return o;
-}
-
 // One all_gather_host over `comm`: element 0 summed over ranks, the others maxed.
 std::array<double, 6> reduce_step_stats(Communicator& comm, const std::array<double, 6>& local) {
   std::vector<std::array<double, 6>> all(static_cast<size_t>(comm.world_size()));
@@ -95,36 +75,14 @@ std::array<double, 6> reduce_step_stats(Communicator& comm, const std::array<dou
 
 }  // namespace
 
-PlannerOptions planner_options(const EngineOptions& o, const UnitModel& model) {
-  PlannerOptions p;
-  p.ns_steps = o.muon.ns_steps;
-  p.split_qkv = o.muon.split_qkv;
-  p.orthogonalizer = o.muon.orthogonalizer;
-  p.head_dim = o.muon.split_heads ? model.attention_head_dim() : 0;
-  return p;
-}
-
 ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts,
                              Communicator* replicas)
-    : model_(model), comm_(comm), plan_(plan_for(plan, comm)), opts_(resolve_options(opts, model)),
-      traits_(placement_traits(plan.placement, replicas ? replicas->world_size() : 1)), rank_(comm.rank()),
-      world_(comm.world_size()), replicas_(traits_.replicated ? replicas : nullptr),
-      replica_count_(replicas_ ? replicas_->world_size() : 1), units_(model, comm, plan_, traits_, replicas_, opts_.param_dtype, opts_.reduce_dtype),
-      owners_(units_, comm, plan_, traits_, opts_),
-      prefetch_depth_(opts_.prefetch_depth >= 0 ? opts_.prefetch_depth : comm.device() == Device::CUDA ? 1 : 0),
-      overlap_reduce_(opts_.overlap_reduce > 0 || (opts_.overlap_reduce < 0 && comm.device() == Device::CUDA)),
-      attention_(opts_.fused_attention > 0 || (opts_.fused_attention < 0 && comm.device() == Device::CUDA)
-                     ? AttentionKernel::fused
-                     : AttentionKernel::unfused) {
-  check_arg(!(replicas_ && opts_.overlap_backward), "ShardedEngine",
-            "optimizer.muon.overlap_backward is not supported with sharding.replicate > 1");
-  if (comm.device() != Device::CPU) {  // the CUDA kernels implement Keller Jordan's Muon only
-    check_arg(opts_.muon.orthogonalizer == Orthogonalizer::newton_schulz5, "ShardedEngine",
-              std::string("optimizer.muon.orthogonalizer ") + orthogonalizer_name(opts_.muon.orthogonalizer) +
-                  " runs on the CPU only; this engine is on " + device_name(comm.device()));
-    check_arg(opts_.muon.variant == MuonVariant::muon, "ShardedEngine",
-              "optimizer.muon.variant normuon runs on the CPU only; this engine is on " + std::string(device_name(comm.device())));
-  }
+    : model_(model), comm_(comm), plan_(plan_for(plan, comm)),
+      resolved_(resolve(opts, comm.device(), plan.placement, replicas ? replicas->world_size() : 1, model_facts(model))),
+      rank_(comm.rank()), world_(comm.world_size()), replicas_(traits_.replicated ? replicas : nullptr),
+      replica_count_(replicas_ ? replicas_->world_size() : 1),
+      units_(model, comm, plan_, traits_, replicas_, opts_.param_dtype, opts_.reduce_dtype),
+      owners_(units_, comm, plan_, traits_, opts_) {
   if (opts_.qk_clip > 0) {
     for (const AttentionHead& h : model_.attention_heads()) {
       std::vector<RowScale> rows;
@@ -243,13 +201,13 @@ std::vector<RowScale> ShardedEngine::qk_clip_scales(StepStats& st) {
 float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.param_dtype);
-  AttentionKernelScope attention(attention_);
+  AttentionKernelScope attention(resolved_.attention);
   const int U = units_.size();
   // a recomputed unit keeps only its input from the forward (out[u] is in[u + 1]'s storage)
   auto recomputed = [&](int u) { return opts_.recompute_units && u != U - 1; };
   // start the gathers of the next units in pass order (dir +1 forward, -1 backward) while u computes
   auto prefetch_after = [&](int u, int dir, CommPhase phase) {
-    for (int k = 1; k <= prefetch_depth_; ++k)
+    for (int k = 1; k <= resolved_.prefetch_depth; ++k)
       if (const int next = u + dir * k; next >= 0 && next < U)
         for (int d : model_.units_needed_by(next)) units_.prefetch(d, phase, opts_.prefetch_limit_bytes);
   };
@@ -295,7 +253,7 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
     st.t_backward += t1 - t0;
     // u's own gradients are complete (a tied embedding waits for unit 0). With overlap_reduce its
     // reduction runs while unit u-1 computes its backward; u+1's, started one unit ago, ends here.
-    units_.reduce_gradients(u, last_micro, overlap_reduce_);
+    units_.reduce_gradients(u, last_micro, resolved_.overlap_reduce);
     if (u + 1 < U) units_.finish_reduce(u + 1);
     if (u == 0 || (last_micro && opts_.overlap_backward)) units_.finish_reduce(u);
     st.t_reduce += now_seconds() - t1;
@@ -339,7 +297,7 @@ void ShardedEngine::init_parameters(uint64_t seed) {
 
 void ShardedEngine::with_full_model(const std::function<void()>& fn) {
   MatmulDTypeScope matmuls(opts_.param_dtype);
-  AttentionKernelScope attention(attention_);
+  AttentionKernelScope attention(resolved_.attention);
   units_.with_all_gathered(fn, CommPhase::other, opts_.param_dtype);
 }
 
@@ -356,7 +314,7 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
   NoGradGuard no_grad;
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.param_dtype);
-  AttentionKernelScope attention(attention_);
+  AttentionKernelScope attention(resolved_.attention);
   const int U = units_.size();
   ExactSum loss_sum;
   int64_t tokens = 0;

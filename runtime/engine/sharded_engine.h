@@ -15,6 +15,7 @@
 #include "runtime/engine/engine_options.h"
 #include "runtime/engine/owner_state.h"
 #include "runtime/engine/placement_traits.h"
+#include "runtime/engine/resolve.h"
 #include "runtime/engine/unit_buffers.h"
 #include "runtime/engine/unit_model.h"
 #include "runtime/ops.h"
@@ -22,10 +23,10 @@
 
 namespace mfsdp {
 
-/// The planner options that match engine options `o` on `model`: Newton-Schulz steps, split_qkv,
-/// the orthogonalizer, and (split_heads) the model's attention_head_dim, so the owners are
-/// balanced on the FLOPs the engine will run.
-PlannerOptions planner_options(const EngineOptions& o, const UnitModel& model);
+/// planner_options (runtime/engine/resolve.h) for a built model.
+inline PlannerOptions planner_options(const EngineOptions& o, const UnitModel& model) {
+  return planner_options(o, model_facts(model));
+}
 
 /// Trains a UnitModel whose parameters are laid out by a ShardPlan across the communicator's ranks.
 ///
@@ -132,9 +133,9 @@ class ShardedEngine {
   Device device() const { return units_.device(); }
   const EngineOptions& options() const { return opts_; }
   /// The attention kernel forward and backward use (EngineOptions::fused_attention resolved).
-  AttentionKernel attention() const { return attention_; }
+  AttentionKernel attention() const { return resolved_.attention; }
   /// Whether a unit's gradient reduction overlaps the next unit's backward (EngineOptions::overlap_reduce resolved).
-  bool overlap_reduce() const { return overlap_reduce_; }
+  bool overlap_reduce() const { return resolved_.overlap_reduce; }
 
  private:
   /// Runs micro-batch `mb` forward and backward unit by unit, reducing each unit's gradients to
@@ -161,17 +162,15 @@ class ShardedEngine {
   UnitModel& model_;
   Communicator& comm_;
   ShardPlan plan_;
-  EngineOptions opts_;
-  PlacementTraits traits_;
+  ResolvedOptions resolved_;  ///< the options, checked and with the device defaults (resolve())
+  const EngineOptions& opts_ = resolved_.options;
+  const PlacementTraits& traits_ = resolved_.traits;
   int rank_, world_;
   Communicator* replicas_;  ///< HSDP replica group (R > 1), or nullptr
   int replica_count_;       ///< R (1 without HSDP)
   UnitBuffers units_;
   OwnerState owners_;
   std::vector<std::vector<RowScale>> qk_heads_;  ///< QK-Clip: each model head's rows (factor unset)
-  int prefetch_depth_;  ///< opts_.prefetch_depth with the device default resolved
-  bool overlap_reduce_;  ///< opts_.overlap_reduce with the device default resolved
-  AttentionKernel attention_;  ///< opts_.fused_attention with the device default resolved
 };
 
 }  // namespace mfsdp

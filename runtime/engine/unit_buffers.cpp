@@ -12,12 +12,6 @@ UnitBuffers::UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& 
     : model_(model), comm_(comm), replicas_(traits.replicated ? replicas : nullptr), plan_(plan), traits_(traits),
       device_(comm.device()), param_dtype_(param_dtype), reduce_dtype_(reduce_dtype), rank_(comm.rank()) {
   check_arg(!traits.replicated || replicas, "ShardedEngine", "a replicated placement needs a replica communicator");
-  for (DType dt : {param_dtype, reduce_dtype})
-    check_arg(dt == DType::f32 || dt == DType::bf16, "ShardedEngine",
-              std::string("precision dtypes are f32 or bf16, got ") + dtype_name(dt));
-  check_arg(param_dtype == DType::f32 || !traits.resident, "ShardedEngine",
-            std::string("precision.param_dtype bf16 needs a sharded placement (matrixfsdp or fsdp2): ") +
-                placement_name(plan.placement) + " keeps its f32 parameters resident on every rank");
   const auto& inv = model_.inventory();
   check_arg(plan_.shards.size() == inv.params.size() && plan_.units.size() == inv.unit_names.size(), "ShardedEngine",
             "plan has " + std::to_string(plan_.shards.size()) + " parameters in " + std::to_string(plan_.units.size()) +

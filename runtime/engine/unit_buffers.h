@@ -55,7 +55,7 @@ class UnitBuffers {
   /// this rank with the ranks of the same shard rank in the other replicas; nullptr otherwise.
   /// `param_dtype` (f32 or bf16) is what gather() moves: bf16 all-gathers bf16-rounded copies
   /// of the f32 segments (half the bytes) and widens them, so the bound parameters hold
-  /// bf16-representable values; it needs a non-resident placement. `reduce_dtype` (f32 or bf16)
+  /// bf16-representable values; it needs a non-resident placement (resolve() checks it). `reduce_dtype` (f32 or bf16)
   /// is what reduce_gradients() puts on the wire; owners add the contributions in f32 either way.
   /// Throws std::invalid_argument when the plan and the model disagree, or for a dtype it refuses.
   UnitBuffers(UnitModel& model, Communicator& comm, const ShardPlan& plan, const PlacementTraits& traits,

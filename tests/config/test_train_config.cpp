@@ -8,6 +8,7 @@
 
 using namespace mfsdp;
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 namespace fs = std::filesystem;
 
 namespace {
@@ -23,8 +24,8 @@ TEST_CASE("the shipped configs load with the documented values", "[config]") {
   CHECK(c.model.vocab_size == 65);
   CHECK(c.sharding.placement == Placement::matrixfsdp);
   CHECK(c.sharding.backend == CommBackend::mpi);
-  CHECK(c.optim.muon_lr == 0.02);
-  CHECK(c.optim.adamw_lr == 3e-3);
+  CHECK(c.optim.muon.lr == 0.02);
+  CHECK(c.optim.adamw.lr == 3e-3);
   CHECK(c.optim.schedule.total_steps == c.training.steps);
   CHECK(c.training.steps == 800);
   CHECK(c.training.micro_batch_size == 12);
@@ -76,7 +77,7 @@ TEST_CASE("--set overrides apply, are type-checked and named in errors", "[confi
   TrainConfig c = load_train_config(cfg, {"optimizer.muon.lr=0.05", "training.steps=7", "data.shuffle=true",
                                           "sharding.placement=zero1", "training.target_val_loss=1.5",
                                           "model={\"n_layer\": 3}", "output.export=out/m.safetensors"});
-  CHECK(c.optim.muon_lr == 0.05);
+  CHECK(c.optim.muon.lr == 0.05);
   CHECK(c.training.steps == 7);
   CHECK(c.data.shuffle);
   CHECK(c.sharding.placement == Placement::zero1);  // plain string fallback
@@ -209,7 +210,7 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   };
   const std::string train = R"("data": {"train": "x.bin"})";
   const TrainConfig d = parse("{" + train + "}");
-  CHECK(d.runtime.device == "cpu");
+  CHECK(d.runtime.device == Device::CPU);
   CHECK(d.sharding.backend == CommBackend::mpi);
   CHECK(d.optim.param_dtype == DType::f32);
   CHECK(d.optim.reduce_dtype == DType::f32);
@@ -218,7 +219,7 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   const TrainConfig cuda = parse("{" + train + "}", {"runtime.device=cuda"});
   CHECK(cuda.sharding.backend == CommBackend::nccl);
   CHECK(cuda.to_json()["sharding"]["backend"] == "nccl");
-  CHECK(parse("{" + train + R"(, "sharding": {"backend": "cuda_staged"}})").runtime.device == "cuda");
+  CHECK(parse("{" + train + R"(, "sharding": {"backend": "cuda_staged"}})").runtime.device == Device::CUDA);
   CHECK(parse("{" + train + R"(, "runtime": {"device": "cuda"}, "sharding": {"backend": "cuda_staged"}})")
             .sharding.backend == CommBackend::cuda_staged);
   CHECK_THROWS_WITH(parse("{" + train + R"(, "sharding": {"backend": "nccl"}})", {"runtime.device=cpu"}),
@@ -245,20 +246,20 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"recompute": "full"}})"),
                     Contains("training.recompute: unknown value \"full\""));
   // attention kernel: auto (the engine resolves it per device), fused or unfused
-  CHECK(d.runtime.attention == "auto");
-  CHECK(d.optim.fused_attention == -1);
-  CHECK(parse("{" + train + "}", {"runtime.attention=fused"}).optim.fused_attention == 1);
+  CHECK(d.optim.fused_attention == Toggle::automatic);
+  CHECK(d.to_json()["runtime"]["attention"] == "auto");
+  CHECK(parse("{" + train + "}", {"runtime.attention=fused"}).optim.fused_attention == Toggle::on);
   const TrainConfig unfused = parse("{" + train + R"(, "runtime": {"attention": "unfused"}})");
-  CHECK(unfused.optim.fused_attention == 0);
+  CHECK(unfused.optim.fused_attention == Toggle::off);
   CHECK(unfused.to_json()["runtime"]["attention"] == "unfused");
   CHECK_THROWS_WITH(parse("{" + train + "}", {"runtime.attention=flash"}),
                     Contains("runtime.attention: unknown value \"flash\""));
   // reduce overlap: auto (the engine resolves it per device), on or off
-  CHECK(d.sharding.overlap_reduce == "auto");
-  CHECK(d.optim.overlap_reduce == -1);
-  CHECK(parse("{" + train + "}", {"sharding.overlap_reduce=on"}).optim.overlap_reduce == 1);
+  CHECK(d.optim.overlap_reduce == Toggle::automatic);
+  CHECK(d.to_json()["sharding"]["overlap_reduce"] == "auto");
+  CHECK(parse("{" + train + "}", {"sharding.overlap_reduce=on"}).optim.overlap_reduce == Toggle::on);
   const TrainConfig off = parse("{" + train + R"(, "sharding": {"overlap_reduce": "off"}})");
-  CHECK(off.optim.overlap_reduce == 0);
+  CHECK(off.optim.overlap_reduce == Toggle::off);
   CHECK(off.to_json()["sharding"]["overlap_reduce"] == "off");
   CHECK_THROWS_WITH(parse("{" + train + "}", {"sharding.overlap_reduce=yes"}),
                     Contains("sharding.overlap_reduce: unknown value \"yes\""));
@@ -274,7 +275,9 @@ TEST_CASE("sharding.prefetch_depth and prefetch_limit_bytes", "[config][gpu]") {
   auto parse = [](const std::vector<std::string>& overrides) {
     return parse_train_config(nlohmann::json::parse(R"({"data": {"train": "x.bin"}})"), "p.json", ".", overrides);
   };
-  CHECK(parse({}).optim.prefetch_depth == -1);
+  CHECK_FALSE(parse({}).optim.prefetch_depth.has_value());
+  CHECK(parse({}).to_json()["sharding"]["prefetch_depth"] == -1);
+  CHECK_FALSE(parse({"sharding.prefetch_depth=-1"}).optim.prefetch_depth.has_value());
   CHECK(parse({}).optim.prefetch_limit_bytes == 0);
   const TrainConfig c = parse({"sharding.prefetch_depth=2", "sharding.prefetch_limit_bytes=1048576"});
   CHECK(c.optim.prefetch_depth == 2);
@@ -283,4 +286,78 @@ TEST_CASE("sharding.prefetch_depth and prefetch_limit_bytes", "[config][gpu]") {
   CHECK_THROWS_WITH(parse({"sharding.prefetch_depth=-2"}), Contains("sharding.prefetch_depth: must be >= -1, got -2"));
   CHECK_THROWS_WITH(parse({"sharding.prefetch_limit_bytes=-1"}),
                     Contains("sharding.prefetch_limit_bytes: must be >= 0, got -1"));
+}
+
+TEST_CASE("the engine's rules (resolve) are reported at their config keys", "[config][resolve]") {
+  auto parse = [](const std::vector<std::string>& overrides) {
+    return parse_train_config(nlohmann::json::parse(R"({"data": {"train": "x.bin"}})"), "r.json", ".", overrides);
+  };
+  // CUDA runs Newton-Schulz 5 and plain Muon only: the message names both keys by their config names
+  CHECK_THROWS_WITH(parse({"runtime.device=cuda", "optimizer.muon.orthogonalizer=polar_express"}),
+                    Contains("--set optimizer.muon.orthogonalizer=polar_express: optimizer.muon.orthogonalizer: "
+                             "polar_express runs on the CPU only; runtime.device is cuda"));
+  CHECK_THROWS_WITH(parse({"sharding.backend=nccl", "optimizer.muon.variant=normuon"}),
+                    Contains("optimizer.muon.variant: normuon runs on the CPU only; runtime.device is cuda"));
+  CHECK(parse({"optimizer.muon.orthogonalizer=polar_express"}).optim.muon.orthogonalizer == Orthogonalizer::polar_express);
+  // the model: GPT reports its heads, Llama does not
+  CHECK(parse({"optimizer.muon.qk_clip=50", "optimizer.muon.split_heads=true"}).optim.qk_clip == 50);
+  CHECK_THROWS_WITH(parse({"model.arch=llama", "optimizer.muon.qk_clip=50"}),
+                    Contains("optimizer.muon.qk_clip: the model reports no attention heads"));
+  // a rule over two keys names the other one by its key too
+  CHECK_THROWS_WITH(parse({"optimizer.muon.overlap_backward=true"}),
+                    Contains("optimizer.muon.overlap_backward: needs training.grad_clip = 0 (got 1)"));
+  CHECK_THROWS_WITH(parse({"sharding.replicate=2", "sharding.placement=ddp"}),
+                    Contains("sharding.replicate: ddp is already fully replicated; use matrixfsdp, fsdp2 or zero1 "
+                             "with sharding.replicate > 1"));
+}
+
+TEST_CASE("resolve: device defaults, forced switches, the model's head size and field identifiers", "[resolve]") {
+  EngineOptions o;
+  const ModelFacts gpt{32, true};
+  const ResolvedOptions cpu = resolve(o, Device::CPU, Placement::matrixfsdp, 1, gpt);
+  CHECK(cpu.prefetch_depth == 0);
+  CHECK_FALSE(cpu.batch_orthogonalize);
+  CHECK_FALSE(cpu.overlap_reduce);
+  CHECK(cpu.attention == AttentionKernel::unfused);
+  CHECK(cpu.options.prefetch_depth == 0);
+  CHECK(cpu.options.overlap_reduce == Toggle::off);
+  CHECK_FALSE(cpu.traits.resident);
+  const ResolvedOptions cuda = resolve(o, Device::CUDA, Placement::zero1, 1, gpt);
+  CHECK(cuda.prefetch_depth == 1);
+  CHECK(cuda.batch_orthogonalize);
+  CHECK(cuda.overlap_reduce);
+  CHECK(cuda.attention == AttentionKernel::fused);
+  CHECK(cuda.options.batch_orthogonalize == Toggle::on);
+  CHECK(cuda.traits.resident);
+  o.prefetch_depth = 3;
+  o.overlap_reduce = Toggle::off;
+  o.fused_attention = Toggle::on;
+  o.muon.split_heads = true;
+  const ResolvedOptions forced = resolve(o, Device::CUDA, Placement::fsdp2, 2, gpt);
+  CHECK(forced.prefetch_depth == 3);
+  CHECK_FALSE(forced.overlap_reduce);
+  CHECK(forced.attention == AttentionKernel::fused);
+  CHECK(forced.options.muon.head_dim == 32);
+  CHECK(forced.traits.replicated);
+  CHECK(resolve(o, Device::CPU, Placement::fsdp2, 1, gpt).attention == AttentionKernel::fused);
+  CHECK(planner_options(o, gpt).head_dim == 32);
+  // what() speaks the engine's identifiers; message() renders them through the caller's names
+  EngineOptions ob;
+  ob.overlap_backward = true;
+  try {
+    resolve(ob, Device::CPU, Placement::matrixfsdp, 1, gpt);
+    FAIL("overlap_backward with grad_clip 1 was accepted");
+  } catch (const OptionError& e) {
+    CHECK(e.field() == OptionField::overlap_backward);
+    CHECK_THAT(std::string(e.what()), Contains("[resolve] overlap_backward: needs grad_clip = 0 (got 1)"));
+    CHECK_THAT(e.message([](OptionField f) { return std::string("<") + kOptionFieldNames.name(f) + ">"; }),
+               StartsWith("needs <grad_clip> = 0 (got 1)"));
+  }
+  // one name table per enum: parsing and printing agree
+  CHECK(kToggleNames.find("auto") == Toggle::automatic);
+  CHECK_FALSE(kToggleNames.find("yes").has_value());
+  CHECK(std::string(kAttentionNames.name(Toggle::off)) == "unfused");
+  CHECK(kPlacementNames.list(" or ") == "matrixfsdp, fsdp2, zero1 or ddp");
+  CHECK_THROWS_WITH(kPlacementNames.parse("zero3", "placement"),
+                    Contains("unknown placement 'zero3' (expected matrixfsdp, fsdp2, zero1 or ddp)"));
 }

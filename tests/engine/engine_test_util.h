@@ -30,8 +30,8 @@ inline GPTConfig tiny_config(int n_layer = 2, int n_embd = 32, bool tied = true)
 inline EngineOptions test_options(bool split_qkv = false) {
   EngineOptions o;
   o.muon.split_qkv = split_qkv;
-  o.muon_lr = 0.02;
-  o.adamw_lr = 3e-3;
+  o.muon.lr = 0.02;
+  o.adamw.lr = 3e-3;
   o.muon.weight_decay = 0.01;
   o.adamw.weight_decay = 0.1;
   o.schedule.warmup_steps = 2;
@@ -105,12 +105,12 @@ struct ReferenceTrainer {
       const Tensor& w = model.param(p.name);
       if (p.role == ParamRole::matrix) {
         muon_step_cpu(w.data_f32(), w.grad().data_f32(), m[p.name].data_f32(), p.shape[0], p.shape[1],
-                      opts.muon_lr * mult, opts.muon, p.qkv_blocks);
+                      opts.muon.lr * mult, opts.muon, p.qkv_blocks);
       } else {
         AdamWOptions a = opts.adamw;
         if (p.shape.size() < 2) a.weight_decay = 0;
         adamw_step_cpu(w.data_f32(), w.grad().data_f32(), m[p.name].data_f32(), v[p.name].data_f32(), p.numel(),
-                       opts.adamw_lr * mult, steps, a);
+                       opts.adamw.lr * mult, steps, a);
       }
     }
     return loss / micro.size();

@@ -38,7 +38,7 @@ TEST_CASE("a token id outside the vocabulary is refused on the host, naming batc
   const ShardPlan plan = make_plan(model.inventory(), world().world_size(), Placement::matrixfsdp);
   ShardedEngine engine(model, world(), plan, test_options());
   engine.init_parameters(7);
-  const std::string vocab = "outside the vocabulary [0, 65) (model.vocab_size)";
+  const std::string vocab = "outside the vocabulary [0, 65) of the model";
   // an input id in the padded rows (< 128) would be read silently on CUDA: refused too
   std::vector<MicroBatch> micro = {batch(-1, -1, 0, cfg.vocab_size), batch(kT + 3, -1, 100, cfg.vocab_size)};
   CHECK_THROWS_WITH(engine.train_step(micro, 4),

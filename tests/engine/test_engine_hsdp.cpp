@@ -105,7 +105,7 @@ TEST_CASE("HSDP training is bitwise identical to world 1 on every replica", "[en
         CHECK(run.replica_counters.at(CommPhase::fwd_gather).calls == 0);  // gathers stay in the shard group
         // overlap_reduce asked for: the replica chain stays blocking, the result the same
         EngineOptions overlap = test_options();
-        overlap.overlap_reduce = 1;
+        overlap.overlap_reduce = Toggle::on;
         check_bitwise(train(*groups.shard, groups.replica.get(), p, A, B, overlap), ref);
       }
   }
@@ -114,9 +114,20 @@ TEST_CASE("HSDP training is bitwise identical to world 1 on every replica", "[en
 TEST_CASE("HSDP refuses ddp and a replica count that does not divide the world", "[engine][hsdp][errors]") {
   int W = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
-  CHECK_THROWS_AS(placement_traits(Placement::ddp, 2), std::invalid_argument);
-  CHECK_THROWS_AS(placement_traits(Placement::matrixfsdp, 0), std::invalid_argument);
-  CHECK(placement_traits(Placement::fsdp2, 2).replicated);
-  CHECK_FALSE(placement_traits(Placement::fsdp2, 1).replicated);
+  const EngineOptions o = test_options();
+  auto refused_field = [&](Placement p, int replicas) {
+    try {
+      resolve(o, Device::CPU, p, replicas, ModelFacts{});
+    } catch (const OptionError& e) {
+      return std::string(kOptionFieldNames.name(e.field()));
+    }
+    return std::string("accepted");
+  };
+  CHECK(refused_field(Placement::ddp, 2) == "replicas");
+  CHECK(refused_field(Placement::matrixfsdp, 0) == "replicas");
+  CHECK(refused_field(Placement::fsdp2, 2) == "accepted");
+  CHECK(resolve(o, Device::CPU, Placement::fsdp2, 2, ModelFacts{}).traits.replicated);
+  CHECK_FALSE(resolve(o, Device::CPU, Placement::fsdp2, 1, ModelFacts{}).traits.replicated);
+  CHECK_FALSE(placement_traits(Placement::ddp, true).replicated);  // ddp's row is all replicas already
   CHECK_THROWS_AS(make_hsdp_groups(CommBackend::mpi, W + 1), std::invalid_argument);
 }

@@ -390,7 +390,7 @@ TEST_CASE("overlap_backward: bitwise equal to the step after the backward, under
   EngineOptions bad = test_options();
   bad.overlap_backward = true;
   const ShardPlan plan = make_plan(model.inventory(), W, Placement::matrixfsdp);
-  CHECK_THROWS_WITH(ShardedEngine(model, world(), plan, bad), Catch::Contains("training.grad_clip"));
+  CHECK_THROWS_WITH(ShardedEngine(model, world(), plan, bad), Catch::Contains("[resolve] overlap_backward: needs grad_clip = 0"));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -502,11 +502,11 @@ TEST_CASE("recompute_units: bitwise equal to keeping the activations", "[variant
 
 TEST_CASE("fused attention: bitwise equal to world 1, and within f32 rounding of the unfused kernel",
           "[variants][bitwise][attention]") {
-  const Setup fused = variant([](EngineOptions& o) { o.fused_attention = 1; });
+  const Setup fused = variant([](EngineOptions& o) { o.fused_attention = Toggle::on; });
   // each sample's attention is computed alone, so the fused kernel keeps world-size equivalence
   check_placements_bitwise(fused, "fused-attention", {Placement::matrixfsdp, Placement::fsdp2});
   const int64_t B = kGlobalSeqs / world().world_size();
-  const Run ref = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.fused_attention = 0; }));
+  const Run ref = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.fused_attention = Toggle::off; }));
   const Run got = train(world(), Placement::matrixfsdp, 1, B, fused);
   // the same math summed in another order: f32 rounding (relative 1e-7 per operation) compounded
   // over the steps stays far below 1e-4 of the loss
@@ -522,7 +522,7 @@ TEST_CASE("bf16 parameters are refused under resident placements", "[variants][p
   bad.param_dtype = DType::bf16;
   for (Placement p : {Placement::zero1, Placement::ddp}) {
     const ShardPlan plan = make_plan(model.inventory(), world().world_size(), p);
-    CHECK_THROWS_WITH(ShardedEngine(model, world(), plan, bad), Catch::Contains("precision.param_dtype bf16"));
+    CHECK_THROWS_WITH(ShardedEngine(model, world(), plan, bad), Catch::Contains("[resolve] param_dtype: bf16 needs a sharded placement"));
   }
   bad.param_dtype = DType::i32;
   const ShardPlan plan = make_plan(model.inventory(), world().world_size(), Placement::matrixfsdp);
@@ -564,7 +564,7 @@ TEST_CASE("overlap_reduce: bitwise equal to world 1 under every placement, with 
   const int W = world().world_size();
   auto overlapped = [](DType param, DType reduce, int prefetch) {
     return variant([=](EngineOptions& o) {
-      o.overlap_reduce = 1;
+      o.overlap_reduce = Toggle::on;
       o.prefetch_depth = prefetch;
       o.param_dtype = param;
       o.reduce_dtype = reduce;
@@ -574,14 +574,14 @@ TEST_CASE("overlap_reduce: bitwise equal to world 1 under every placement, with 
   check_placements_bitwise(overlapped(DType::f32, DType::f32, 1), "tied");
   check_placements_bitwise(overlapped(DType::bf16, DType::bf16, 1), "bf16-bf16", {Placement::matrixfsdp, Placement::fsdp2});
   const int64_t B = kGlobalSeqs / W;
-  const Run plain = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.overlap_reduce = 0; }));
+  const Run plain = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.overlap_reduce = Toggle::off; }));
   const Run over = train(world(), Placement::matrixfsdp, 1, B, overlapped(DType::f32, DType::f32, 0));
   CHECK(over.counters.at(CommPhase::grad_reduce).bytes_sent == plain.counters.at(CommPhase::grad_reduce).bytes_sent);
   CHECK(over.counters.at(CommPhase::grad_reduce).bytes_received ==
         plain.counters.at(CommPhase::grad_reduce).bytes_received);
   // with Muon during backward (each unit's reduction is finished before its orthogonalization)
   Setup both = variant([](EngineOptions& o) {
-    o.overlap_reduce = 1;
+    o.overlap_reduce = Toggle::on;
     o.overlap_backward = true;
   });
   both.grad_clip = 0.0;
@@ -600,8 +600,8 @@ TEST_CASE("batched orthogonalization of same-shape owned matrices: bitwise equal
   for (bool split : {false, true})
     for (Placement p : {Placement::matrixfsdp, Placement::zero1, Placement::ddp}) {
       INFO(placement_name(p) << (split ? " split_qkv" : "") << " at world " << W);
-      Setup plain = variant([](EngineOptions& o) { o.batch_orthogonalize = 0; }), batched = plain;
-      batched.tweak = [](EngineOptions& o) { o.batch_orthogonalize = 1; };
+      Setup plain = variant([](EngineOptions& o) { o.batch_orthogonalize = Toggle::off; }), batched = plain;
+      batched.tweak = [](EngineOptions& o) { o.batch_orthogonalize = Toggle::on; };
       plain.cfg = batched.cfg = tiny_config(4);  // four blocks: groups of up to four same-shape matrices
       plain.split_qkv = batched.split_qkv = split;
       const int64_t B = kGlobalSeqs / W;
