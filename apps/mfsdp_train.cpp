@@ -6,10 +6,12 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <spdlog/spdlog.h>
 
 #include "apps/train/agreement.h"
 #include "apps/train/checkpointing.h"
+#include "apps/train/preemption.h"
 #include "apps/train/trainer.h"
 #include "comm/comm_factory.h"
 #include "runtime/core/clock.h"
@@ -186,7 +188,11 @@ int main(int argc, char** argv) {
   if (!parse_command_line(argc, argv, rank, args, error)) return 0;
   TrainConfig cfg;
   error = check_inputs(args, *host, cfg, error);
-  if (error.empty()) host->set_timeout(cfg.sharding.collective_timeout_s, kCollectiveTimeoutKey);
+  std::optional<PreemptionGuard> notice;  // a notice during start-up stops the run after its first step
+  if (error.empty()) {
+    host->set_timeout(cfg.sharding.collective_timeout_s, kCollectiveTimeoutKey);
+    notice.emplace(notice_signal_number(cfg.checkpoint.notice_signal));
+  }
   const double t_agree = now_seconds();
   const int stop = agree_to_start(*host, args, error, cfg);
   if (stop >= 0) return stop;

@@ -17,6 +17,7 @@ constexpr NamedSignal kSignals[] = {{"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, 
                                     {"SIGXCPU", SIGXCPU}, {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT}};
 
 std::atomic<int> g_signal{0};  // lock-free: safe to touch in a signal handler
+int g_guards = 0;              // guards alive (made and destroyed on one thread)
 static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_preemption_signal(int sig) {
@@ -49,7 +50,7 @@ std::string signal_name(int signal_number) {
 }
 
 PreemptionGuard::PreemptionGuard(int notice_signal) {
-  g_signal = 0;
+  if (g_guards++ == 0) g_signal = 0;
   signals_ = {SIGTERM, SIGINT};
   if (notice_signal != SIGTERM && notice_signal != SIGINT) signals_.push_back(notice_signal);
   struct sigaction sa = {};
@@ -62,6 +63,7 @@ PreemptionGuard::PreemptionGuard(int notice_signal) {
 
 PreemptionGuard::~PreemptionGuard() {
   for (size_t i = 0; i < signals_.size(); ++i) sigaction(signals_[i], &old_[i], nullptr);
+  --g_guards;
 }
 
 int PreemptionGuard::signal() const { return g_signal.load(); }

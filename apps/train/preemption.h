@@ -22,7 +22,8 @@ std::string signal_name(int signal_number);
 /// While alive, `notice_signal`, SIGTERM and SIGINT ask for a stop: requested() turns true and the
 /// training loop saves and stops at its next step boundary. A SIGTERM or SIGINT that arrives while
 /// a stop is already pending exits the process at once (exit code 128 + signal); a repeated notice
-/// signal changes nothing. The previous handlers come back in the destructor. One guard at a time.
+/// signal changes nothing. The previous handlers come back in the destructor. Guards nest (one
+/// made at start-up, the trainer's inside it): an inner guard keeps a signal the outer one caught.
 class PreemptionGuard {
  public:
   explicit PreemptionGuard(int notice_signal);
