@@ -520,7 +520,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   // JSON allows repeated keys (the last wins); in a config that is always a mistake, so refuse it.
   std::vector<std::vector<std::string>> keys_seen;  // one list per open object
   std::string duplicate;
-  require_input_file<ConfigError>(path, "", /*allow_directory=*/true);
   auto reject_duplicates = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
     if (event == json::parse_event_t::object_start) keys_seen.emplace_back();
     else if (event == json::parse_event_t::object_end && !keys_seen.empty()) keys_seen.pop_back();
