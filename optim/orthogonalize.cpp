@@ -268,6 +268,7 @@ float* quintic_iterations_bf16(OrthoScratch& s, int64_t m, int64_t n, int steps,
     gemm_bf16_cpu(true, m, m, n, s.xh.data(), s.xh.data(), A);  // A = X X^T
     round_to_bf16(A, s.ah.data(), m * m);
     gemm_bf16_cpu(false, m, m, m, s.ah.data(), s.ah.data(), B);  // B = A A
+#pragma omp parallel for schedule(static) if (m * m >= (int64_t(1) << 16))
     for (int64_t i = 0; i < m * m; ++i) B[i] = k.c * B[i] + k.b * A[i];
     round_to_bf16(B, s.bh.data(), m * m);
     gemm_bf16_cpu(false, m, n, m, s.bh.data(), s.xh.data(), yp);  // Y = B X
