@@ -15,24 +15,30 @@
 
 using namespace mfsdp;
 
-int main(int argc, char** argv) {
-  MpiSession mpi(&argc, &argv);
-  CLI::App app{"mfsdp-bench: matrixfsdp vs fsdp2, zero1 and ddp: phase times, bytes and memory per rank"};
+namespace {
+
+/// The command line: the sweep (models x NS steps x placements) and what every case shares.
+struct BenchArgs {
   std::vector<std::string> models{"gpt2-124m"}, placements = kPlacementNames.names();
   std::vector<int> ns_steps{5, 2};
   BenchCase base;
   int layers = 0;
   std::string json_path;
-  app.add_option("--models", models, "model presets (models/model_presets.h; gpt2-* are runnable)")->capture_default_str();
-  app.add_option("--layers", layers, "override the presets' layer count (0 = keep)")
+};
+
+/// Declares every option of mfsdp-bench on `app`, bound to the fields of `a`.
+void add_bench_options(CLI::App& app, BenchArgs& a) {
+  app.add_option("--models", a.models, "model presets (models/model_presets.h; gpt2-* are runnable)")->capture_default_str();
+  app.add_option("--layers", a.layers, "override the presets' layer count (0 = keep)")
       ->capture_default_str()
       ->check(CLI::Range(0, cli::kMaxLayers));
-  app.add_option("--placements", placements, "placements to measure")
+  app.add_option("--placements", a.placements, "placements to measure")
       ->capture_default_str()
       ->check(CLI::IsMember(kPlacementNames.names()));
-  app.add_option("--ns-steps", ns_steps, "Newton-Schulz iterations, one sweep each")
+  app.add_option("--ns-steps", a.ns_steps, "Newton-Schulz iterations, one sweep each")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxNsSteps));
+  BenchCase& base = a.base;
   app.add_option("--dtype", base.dtype, "compute/communication dtype (CPU: f32 only)")->capture_default_str();
   app.add_option("-B,--batch", base.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
   app.add_option("-T,--seq", base.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
@@ -45,19 +51,15 @@ int main(int argc, char** argv) {
   app.add_option("--replicate", base.replicas, "HSDP replicas R (divides the world; ddp is skipped)")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxReplicas));
-  app.add_option("--json", json_path, "write every result and the ratios as JSON");
-  // Every rank parses the same arguments, so all of them leave here together.
-  if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
+  app.add_option("--json", a.json_path, "write every result and the ratios as JSON");
+}
 
-  auto world = make_host_communicator();  // the world's layout and the start-up check
+/// Measures every case of the sweep over `world` (split into HSDP groups with --replicate);
+/// every rank returns the same results. Without replicas `world` is moved into the shard group
+/// (and released at the end); a failing case aborts the job with exit 2.
+std::vector<BenchResult> run_bench_cases(std::unique_ptr<Communicator>& world, const BenchArgs& a) {
+  const BenchCase& base = a.base;
   const int W = world->world_size(), rank = world->rank();
-  // An unwritable --json is refused before minutes of measurement (rank 0 writes it).
-  const std::string json_error = rank == 0 ? cli::json_output_problem("mfsdp-bench", json_path) : "";
-  if (world->all_reduce_scalar(json_error.empty() ? 0 : 1, ReduceOp::max, CommPhase::other) > 0) {
-    if (rank == 0) std::fprintf(stderr, "%s\n", json_error.c_str());
-    return 2;
-  }
-  set_cpu_threads(default_cpu_threads(world->local_size()));  // ranks sharing a machine split its cores
   std::vector<BenchResult> results;
   try {
     HsdpGroups groups = base.replicas > 1 ? make_hsdp_groups(CommBackend::mpi, base.replicas) : HsdpGroups{};
@@ -66,11 +68,11 @@ int main(int argc, char** argv) {
       std::printf("mfsdp-bench: world %d (replicas %d), B=%d T=%d per rank, dtype %s, %d warm-up + %d measured steps "
                   "(median; times are the max over ranks)\n",
                   W, base.replicas, base.batch, base.seq, base.dtype.c_str(), base.warmup, base.steps);
-    for (const std::string& m : models)
-      for (int ns : ns_steps)
-        for (const std::string& p : placements) {
+    for (const std::string& m : a.models)
+      for (int ns : a.ns_steps)
+        for (const std::string& p : a.placements) {
           BenchCase c = base;
-          c.model = model_preset(m, layers);
+          c.model = model_preset(m, a.layers);
           c.ns_steps = ns;
           c.placement = parse_placement(p);
           if (c.replicas > 1 && c.placement == Placement::ddp) continue;
@@ -81,7 +83,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mfsdp-bench: %s\n", e.what());
     abort_job(2);
   }
-  if (rank != 0) return 0;
+  return results;
+}
+
+/// Rank 0's report: the time and memory tables, the headline ratios and (with --json) the JSON
+/// file. Returns the exit code (2 when the JSON cannot be written).
+int report_bench(const std::vector<BenchResult>& results, const BenchArgs& a, int W) {
   std::printf("\n%s\npeak MiB per rank (max over ranks)\n%s\n", bench_time_table(results).c_str(),
               bench_memory_table(results).c_str());
   const nlohmann::json ratios = bench_ratios(results);
@@ -89,10 +96,32 @@ int main(int argc, char** argv) {
     std::printf("headline %s ns=%d %s W=%d: fsdp2/matrixfsdp optimizer step %.2fx, whole step %.2fx\n",
                 r["model"].get<std::string>().c_str(), r["ns_steps"].get<int>(), r["dtype"].get<std::string>().c_str(),
                 r["world"].get<int>(), r["optimizer_ratio"].get<double>(), r["step_ratio"].get<double>());
-  if (!json_path.empty()) {
-    nlohmann::json j{{"world", W}, {"replicas", base.replicas}, {"ratios", ratios}, {"results", nlohmann::json::array()}};
-    for (const BenchResult& r : results) j["results"].push_back(r.to_json());
-    return cli::write_json_output("mfsdp-bench", json_path, j.dump(2) + "\n");
+  if (a.json_path.empty()) return 0;
+  nlohmann::json j{{"world", W}, {"replicas", a.base.replicas}, {"ratios", ratios}, {"results", nlohmann::json::array()}};
+  for (const BenchResult& r : results) j["results"].push_back(r.to_json());
+  return cli::write_json_output("mfsdp-bench", a.json_path, j.dump(2) + "\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiSession mpi(&argc, &argv);
+  CLI::App app{"mfsdp-bench: matrixfsdp vs fsdp2, zero1 and ddp: phase times, bytes and memory per rank"};
+  BenchArgs args;
+  add_bench_options(app, args);
+  // Every rank parses the same arguments, so all of them leave here together.
+  if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
+
+  auto world = make_host_communicator();  // the world's layout and the start-up check
+  const int W = world->world_size(), rank = world->rank();
+  // An unwritable --json is refused before minutes of measurement (rank 0 writes it).
+  const std::string json_error = rank == 0 ? cli::json_output_problem("mfsdp-bench", args.json_path) : "";
+  if (world->all_reduce_scalar(json_error.empty() ? 0 : 1, ReduceOp::max, CommPhase::other) > 0) {
+    if (rank == 0) std::fprintf(stderr, "%s\n", json_error.c_str());
+    return 2;
   }
-  return 0;
+  set_cpu_threads(default_cpu_threads(world->local_size()));  // ranks sharing a machine split its cores
+  const std::vector<BenchResult> results = run_bench_cases(world, args);
+  if (rank != 0) return 0;
+  return report_bench(results, args, W);
 }

@@ -160,33 +160,22 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
   return {worst, worst_ratio};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"mfsdp-project: step time and memory per rank of a placement on a cluster, world 8..512"};
-  std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b";
+/// The command line: the mode (--calibrate, --compare, projection with optional --paper), the
+/// projection's input and the sweep (placements x world sizes).
+struct ProjectArgs {
+  std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b", fsdp2_ns;
   std::vector<std::string> placements = kPlacementNames.names();
   std::vector<int> worlds{8, 16, 32, 64, 128, 256, 512};
   ProjectionInput in;
   int layers = 0;
   bool paper_mode = false;
   double tolerance = 5.0, ratio_tolerance = 2.0;
-  app.add_option("--cluster", cluster_path, "cluster JSON (configs/clusters/)");
-  app.add_option("--calibrate", calibrate_path, "measure this machine (under mpirun) and write its cluster JSON");
-  app.add_option("--compare", compare_path, "mfsdp-bench --json output to predict and compare with");
-  app.add_option("--tolerance", tolerance, "--compare fails when a predicted time is off by more than this factor")
-      ->capture_default_str()
-      ->check(CLI::Range(1.0, 1e6));
-  app.add_option("--ratio-tolerance", ratio_tolerance,
-                 "--compare fails when a predicted placement / matrixfsdp ratio is off by more than this factor")
-      ->capture_default_str()
-      ->check(CLI::Range(1.0, 1e6));
-  app.add_option("--model", model, "model preset (models/model_presets.h)")->capture_default_str();
-  app.add_option("--layers", layers, "override the preset's layer count (0 = keep)")->check(CLI::Range(0, cli::kMaxLayers));
-  app.add_option("--placements", placements, "placements")
-      ->capture_default_str()
-      ->check(CLI::IsMember(kPlacementNames.names()));
-  app.add_option("--worlds", worlds, "world sizes")->capture_default_str()->check(CLI::Range(1, cli::kMaxWorld));
+};
+
+/// Declares the options of the projection input itself (model shape, dtypes, fsdp2 baseline,
+/// schedule) on `app`, bound to `a.in` and `a.fsdp2_ns`.
+void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
+  ProjectionInput& in = a.in;
   app.add_option("--replicate", in.replicas, "HSDP replicas R")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxReplicas));
@@ -202,8 +191,7 @@ int main(int argc, char** argv) {
   app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
   app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
   app.add_flag("--checkpointing", in.activation_checkpointing, "activation checkpointing");
-  std::string fsdp2_ns;
-  app.add_option("--fsdp2-ns", fsdp2_ns,
+  app.add_option("--fsdp2-ns", a.fsdp2_ns,
                  "fsdp2 baseline's Newton-Schulz: every_rank (gather each matrix, every rank runs all; default) | "
                  "row_sharded (torch.optim.Muon on FSDP2 DTensors; --paper's default)")
       ->check(CLI::IsMember({"every_rank", "row_sharded"}));
@@ -224,51 +212,96 @@ int main(int argc, char** argv) {
                  "1: an owner's same-shape matrices in one batched chain (default: 1 on GPU clusters, 0 on CPU)")
       ->check(CLI::Range(0, 1));
   app.add_flag("--round-robin-owners", in.round_robin_owners, "owners k % N instead of LPT");
-  app.add_flag("--paper", paper_mode, "the paper's setups and the largest Llama that fits");
-  app.add_option("--json", json_path, "write the projection as JSON");
+}
+
+/// Declares every option of mfsdp-project on `app`, bound to the fields of `a`.
+void add_project_options(CLI::App& app, ProjectArgs& a) {
+  app.add_option("--cluster", a.cluster_path, "cluster JSON (configs/clusters/)");
+  app.add_option("--calibrate", a.calibrate_path, "measure this machine (under mpirun) and write its cluster JSON");
+  app.add_option("--compare", a.compare_path, "mfsdp-bench --json output to predict and compare with");
+  app.add_option("--tolerance", a.tolerance, "--compare fails when a predicted time is off by more than this factor")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
+  app.add_option("--ratio-tolerance", a.ratio_tolerance,
+                 "--compare fails when a predicted placement / matrixfsdp ratio is off by more than this factor")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
+  app.add_option("--model", a.model, "model preset (models/model_presets.h)")->capture_default_str();
+  app.add_option("--layers", a.layers, "override the preset's layer count (0 = keep)")->check(CLI::Range(0, cli::kMaxLayers));
+  app.add_option("--placements", a.placements, "placements")
+      ->capture_default_str()
+      ->check(CLI::IsMember(kPlacementNames.names()));
+  app.add_option("--worlds", a.worlds, "world sizes")->capture_default_str()->check(CLI::Range(1, cli::kMaxWorld));
+  add_projection_input_options(app, a);
+  app.add_flag("--paper", a.paper_mode, "the paper's setups and the largest Llama that fits");
+  app.add_option("--json", a.json_path, "write the projection as JSON");
+}
+
+/// --calibrate: measures this machine over the host communicator (under mpirun); rank 0 prints
+/// the cluster JSON and writes it to `path` (write-then-swap). Returns the exit code (2 when the
+/// file cannot be written).
+int run_calibrate(int* argc, char*** argv, const std::string& path) {
+  MpiSession mpi(argc, argv);
+  auto comm = make_host_communicator();
+  const ClusterSpec c = calibrate_this_machine(*comm);
+  if (comm->rank() != 0) return 0;
+  std::printf("%s\n", c.to_json().dump(2).c_str());
+  try {
+    write_file_swap(path, c.to_json().dump(2) + "\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mfsdp-project: --calibrate: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
+
+/// --compare: predictions for each row of the bench JSON on cluster `c`, added to `out`. Returns
+/// 0 within both tolerances, 1 outside, 2 when --json cannot be written; throws on a bad bench file.
+int run_compare(const ClusterSpec& c, const ProjectArgs& a, json& out) {
+  const auto [worst, worst_ratio] = compare(c, a.compare_path, out["compare"]);
+  std::printf("largest error factor: times %.2f (tolerance %.2f), placement ratios %.2f (tolerance %.2f)\n",
+              std::exp(worst), a.tolerance, std::exp(worst_ratio), a.ratio_tolerance);
+  out["worst_factor"] = std::exp(worst);
+  out["worst_ratio_factor"] = std::exp(worst_ratio);
+  if (!a.json_path.empty() && cli::write_json_output("mfsdp-project", a.json_path, out.dump(2) + "\n") != 0) return 2;
+  return std::exp(worst) <= a.tolerance && std::exp(worst_ratio) <= a.ratio_tolerance ? 0 : 1;
+}
+
+/// The projection sweep on cluster `c` (and with --paper the published setups), added to `out`.
+/// Returns the exit code (2 when --json cannot be written); throws on a bad preset.
+int run_projection(const ClusterSpec& c, ProjectArgs& a, json& out) {
+  ProjectionInput& in = a.in;
+  in.model = model_preset(a.model, a.layers).profile();
+  if (!a.fsdp2_ns.empty()) in.baseline.ns = parse_baseline_ns(a.fsdp2_ns);
+  out["projection"] = sweep(in, a.placements, c, a.worlds);
+  if (a.paper_mode) {
+    BaselineOptions published = in.baseline;
+    if (a.fsdp2_ns.empty()) published.ns = BaselineNs::row_sharded;  // torch.optim.Muon on FSDP2 DTensors
+    out["paper"] = paper(c, published);
+  }
+  return a.json_path.empty() ? 0 : cli::write_json_output("mfsdp-project", a.json_path, out.dump(2) + "\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mfsdp-project: step time and memory per rank of a placement on a cluster, world 8..512"};
+  ProjectArgs args;
+  add_project_options(app, args);
   if (const int rc = cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
-  for (const std::string& e : {cli::json_output_problem("mfsdp-project", json_path),
-                                cli::json_output_problem("mfsdp-project", calibrate_path)})
+  for (const std::string& e : {cli::json_output_problem("mfsdp-project", args.json_path),
+                                cli::json_output_problem("mfsdp-project", args.calibrate_path)})
     if (!e.empty()) {
       std::fprintf(stderr, "%s\n", e.c_str());
       return 2;
     }
   try {
-    if (!calibrate_path.empty()) {
-      MpiSession mpi(&argc, &argv);
-      auto comm = make_host_communicator();
-      const ClusterSpec c = calibrate_this_machine(*comm);
-      if (comm->rank() != 0) return 0;
-      std::printf("%s\n", c.to_json().dump(2).c_str());
-      try {
-        write_file_swap(calibrate_path, c.to_json().dump(2) + "\n");
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "mfsdp-project: --calibrate: %s\n", e.what());
-        return 2;
-      }
-      return 0;
-    }
-    if (cluster_path.empty()) throw std::runtime_error("--cluster is required (or --calibrate)");
-    const ClusterSpec c = ClusterSpec::load(cluster_path);
+    if (!args.calibrate_path.empty()) return run_calibrate(&argc, &argv, args.calibrate_path);
+    if (args.cluster_path.empty()) throw std::runtime_error("--cluster is required (or --calibrate)");
+    const ClusterSpec c = ClusterSpec::load(args.cluster_path);
     json out{{"cluster", c.to_json()}};
-    if (!compare_path.empty()) {
-      const auto [worst, worst_ratio] = compare(c, compare_path, out["compare"]);
-      std::printf("largest error factor: times %.2f (tolerance %.2f), placement ratios %.2f (tolerance %.2f)\n",
-                  std::exp(worst), tolerance, std::exp(worst_ratio), ratio_tolerance);
-      out["worst_factor"] = std::exp(worst);
-      out["worst_ratio_factor"] = std::exp(worst_ratio);
-      if (!json_path.empty() && cli::write_json_output("mfsdp-project", json_path, out.dump(2) + "\n") != 0) return 2;
-      return std::exp(worst) <= tolerance && std::exp(worst_ratio) <= ratio_tolerance ? 0 : 1;
-    }
-    in.model = model_preset(model, layers).profile();
-    if (!fsdp2_ns.empty()) in.baseline.ns = parse_baseline_ns(fsdp2_ns);
-    out["projection"] = sweep(in, placements, c, worlds);
-    if (paper_mode) {
-      BaselineOptions published = in.baseline;
-      if (fsdp2_ns.empty()) published.ns = BaselineNs::row_sharded;  // torch.optim.Muon on FSDP2 DTensors
-      out["paper"] = paper(c, published);
-    }
-    return json_path.empty() ? 0 : cli::write_json_output("mfsdp-project", json_path, out.dump(2) + "\n");
+    if (!args.compare_path.empty()) return run_compare(c, args, out);
+    return run_projection(c, args, out);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mfsdp-project: %s\n", e.what());
     return 2;
