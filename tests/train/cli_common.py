@@ -12,6 +12,7 @@ TINY = os.path.join(ROOT, "configs", "tiny_test.json")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 failures = []
+_case_tmp = None  # the running case's temporary directory (set by run_case)
 
 
 def check(cond, msg):
@@ -38,11 +39,26 @@ def safetensors_header(path):
     return n, json.loads(b[8:8 + n])
 
 
+def fresh_dir(name):
+    """A new empty directory under the running case's temporary directory (removed with it)."""
+    return tempfile.mkdtemp(prefix=name + "_", dir=_case_tmp)
+
+
+def with_run_dir(sets):
+    """`sets` (--set overrides) with logging.run_dir pointing to a fresh directory unless one names
+    it: a run never sees another run's outputs or checkpoints (the shipped configs' default run
+    directory is shared with whatever ran there before)."""
+    if any(s.startswith("logging.run_dir=") for s in sets):
+        return list(sets)
+    return [*sets, f"logging.run_dir={fresh_dir('run')}"]
+
+
 def run_case(namespace, prefix):
     """usage: DRIVER BIN_DIR CASE: runs namespace["case_" + CASE](bin_dir, tmp) in a fresh temporary
     directory. Exit 0 on success, 1 on failure, 77 when the case skipped itself."""
+    global _case_tmp
     bin_dir, case = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix=f"{prefix}_{case}_")
+    tmp = _case_tmp = tempfile.mkdtemp(prefix=f"{prefix}_{case}_")
     try:
         if namespace[f"case_{case}"](bin_dir, tmp) == 77:
             return 77

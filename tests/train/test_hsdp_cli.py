@@ -15,15 +15,17 @@ import re
 import subprocess
 import sys
 
-from cli_common import ENV, TINY, check, read_jsonl, run_case
+from cli_common import ENV, TINY, check, read_jsonl, run_case, with_run_dir
 
 LOSS_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+) \| lr (\S+) \| grad norm (\S+)")
 
 
 def train(bin_dir, np, *sets):
+    """mpirun -np NP mfsdp-train on the tiny config with each of `sets` as --set (in a fresh run
+    directory unless one of them names logging.run_dir). Returns (exit code, stdout + stderr)."""
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", TINY,
            "--threads", "1"]
-    for s in sets:
+    for s in with_run_dir(sets):
         cmd += ["--set", s]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     return p.returncode, p.stdout + p.stderr

@@ -25,13 +25,15 @@ import struct
 import subprocess
 import sys
 
-from cli_common import ENV, ROOT, TINY, check, read_jsonl, run_case
+from cli_common import ENV, ROOT, TINY, check, read_jsonl, run_case, with_run_dir
 
 
 def train(bin_dir, np, config, *sets, expect=0, args=()):
+    """mpirun -np NP mfsdp-train --config CONFIG with each of `sets` as --set (in a fresh run
+    directory unless one of them names logging.run_dir). Returns (exit code, stdout + stderr)."""
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"),
            "--config", config, *args]
-    for s in sets:
+    for s in with_run_dir(sets):
         cmd += ["--set", s]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
