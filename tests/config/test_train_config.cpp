@@ -39,6 +39,18 @@ TEST_CASE("the shipped configs load with the documented values", "[config]") {
   const GPTConfig g = c.model.gpt();
   CHECK(g.padded_vocab_size() == 128);
 
+  // The bf16 variant is the default job with bf16 gathers, matmuls and Newton-Schulz products and
+  // its own run directory, nothing else.
+  const TrainConfig b = load_train_config(kSrc + "/configs/shakespeare_char_bf16.json");
+  CHECK(b.optim.param_dtype == DType::bf16);
+  CHECK(b.optim.muon.ns_dtype == NsDType::bf16);
+  nlohmann::json bj = b.to_json(false);
+  const nlohmann::json fj = c.to_json(false);
+  CHECK(bj["logging"]["run_dir"] == "../runs/shakespeare_char_bf16");
+  for (const char* key : {"/precision/param_dtype", "/optimizer/muon/ns_dtype", "/logging/run_dir", "/output/export"})
+    bj[nlohmann::json::json_pointer(key)] = fj[nlohmann::json::json_pointer(key)];
+  CHECK(bj == fj);
+
   const TrainConfig t = load_train_config(kSrc + "/configs/tiny_test.json");
   CHECK(t.model.n_layer == 2);
   CHECK(t.model.n_embd == 32);
