@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "runtime/autograd.h"
-#include "runtime/engine/unit_model.h"
+#include "tests/forwarding_unit_model.h"
 
 namespace mfsdp::testing {
 
@@ -16,26 +16,18 @@ namespace mfsdp::testing {
 /// element at every backward. The forward values (and so the loss) are exactly the inner model's:
 /// the unit that holds `target` reads a copy of it whose backward passes the incoming gradient
 /// on with that one element poisoned.
-class NanGradModel : public UnitModel {
+class NanGradModel : public ForwardingUnitModel {
  public:
-  NanGradModel(UnitModel& inner, std::string target) : inner_(inner), target_(std::move(target)) {
+  NanGradModel(UnitModel& inner, std::string target) : ForwardingUnitModel(inner), target_(std::move(target)) {
     for (const ParamSpec& p : inner.inventory().params)
       if (p.name == target_) unit_ = p.unit;
     if (unit_ < 0) throw std::invalid_argument("NanGradModel: no parameter named " + target_);
   }
 
-  const ParamInventory& inventory() const override { return inner_.inventory(); }
-  int64_t vocab_size() const override { return inner_.vocab_size(); }
   void bind(const std::string& name, const Tensor& t) override {
     if (name == target_) bound_ = t;
     inner_.bind(name, t);
   }
-  std::vector<int> units_needed_by(int u) const override { return inner_.units_needed_by(u); }
-  void init_param(const ParamSpec& spec, uint64_t seed, float* out) const override { inner_.init_param(spec, seed, out); }
-  int64_t attention_head_dim() const override { return inner_.attention_head_dim(); }
-  std::vector<AttentionHead> attention_heads() const override { return inner_.attention_heads(); }
-  void record_attention_logits(bool on) override { inner_.record_attention_logits(on); }
-  std::vector<float> take_attention_logit_maxima() override { return inner_.take_attention_logit_maxima(); }
 
   /// The inner unit forward; the unit of `target` reads the poisoning copy while grad mode is on.
   Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const override {
@@ -55,7 +47,6 @@ class NanGradModel : public UnitModel {
   }
 
  private:
-  UnitModel& inner_;
   std::string target_;
   int unit_ = -1;
   Tensor bound_;

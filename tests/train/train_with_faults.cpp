@@ -49,25 +49,15 @@ class DieAfterRankFile : public SaveObserver {
 
 /// Trains `inner` unchanged, except that the first unit's forward sleeps `seconds` while grad
 /// mode is on (once per micro-batch of a training step, never during evaluation).
-class SlowStepModel : public UnitModel {
+class SlowStepModel : public testing::ForwardingUnitModel {
  public:
-  SlowStepModel(UnitModel& inner, double seconds) : inner_(inner), seconds_(seconds) {}
-  const ParamInventory& inventory() const override { return inner_.inventory(); }
-  int64_t vocab_size() const override { return inner_.vocab_size(); }
-  void bind(const std::string& name, const Tensor& t) override { inner_.bind(name, t); }
-  std::vector<int> units_needed_by(int u) const override { return inner_.units_needed_by(u); }
-  void init_param(const ParamSpec& spec, uint64_t seed, float* out) const override { inner_.init_param(spec, seed, out); }
-  int64_t attention_head_dim() const override { return inner_.attention_head_dim(); }
-  std::vector<AttentionHead> attention_heads() const override { return inner_.attention_heads(); }
-  void record_attention_logits(bool on) override { inner_.record_attention_logits(on); }
-  std::vector<float> take_attention_logit_maxima() override { return inner_.take_attention_logit_maxima(); }
+  SlowStepModel(UnitModel& inner, double seconds) : ForwardingUnitModel(inner), seconds_(seconds) {}
   Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const override {
     if (u == 0 && grad_mode_enabled()) std::this_thread::sleep_for(std::chrono::duration<double>(seconds_));
     return inner_.forward_unit(u, x, batch, loss_divisor);
   }
 
  private:
-  UnitModel& inner_;
   double seconds_;
 };
 
