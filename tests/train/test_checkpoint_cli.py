@@ -533,11 +533,11 @@ def case_manifest(bin_dir, tmp):
 def case_lock(bin_dir, tmp):
     shared = os.path.join(tmp, "shared_checkpoints")
     first_run, second_run = os.path.join(tmp, "first"), os.path.join(tmp, "second")
-    steps = 1000  # tens of seconds: the second job is refused within the first's lifetime
-    first = subprocess.Popen(command(bin_dir, 2, [f"logging.run_dir={first_run}", f"checkpoint.dir={shared}",
-                                                  f"training.steps={steps}", "logging.interval=100",
-                                                  "checkpoint.interval=500"]),
-                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    steps = 400  # each step sleeps 50 ms (FAULT_BIN --slow-step): the first job lives for 20 s or more
+    first_cmd = command(bin_dir, 2, [f"logging.run_dir={first_run}", f"checkpoint.dir={shared}",
+                                     f"training.steps={steps}", "logging.interval=100", "checkpoint.interval=200"])
+    first_cmd[4:5] = [sys.argv[3], "--slow-step", "0.05"]
+    first = subprocess.Popen(first_cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out1 = ""
     for line in first.stdout:  # the first job holds the lock from its start; wait until it trains
         out1 += line

@@ -10,7 +10,9 @@
 //                               unit's forward sleeps; the numbers are the run's own);
 //   --slow-export SECONDS       rank 0 sleeps SECONDS after writing the export, while the other
 //                               ranks wait for it (TrainerOptions::after_export).
-// Exit codes as mfsdp-train: 2 bad input, 3 training failure, 75 preempted. Used by
+// Rank 0 holds the checkpoint directory's lock as mfsdp-train does (a slow run is the holder in
+// test_checkpoint_cli.py's lock case). Exit codes as mfsdp-train: 2 bad input, 3 training
+// failure, 75 preempted. Used by
 // test_checkpoint_cli.py (cases crash and notice) and test_train_cli.py (cases export and
 // slow_export), under mpirun.
 #include <CLI/CLI.hpp>
@@ -22,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/train/checkpointing.h"
 #include "apps/train/trainer.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "comm/comm_factory.h"
@@ -87,6 +90,13 @@ int main(int argc, char** argv) {
   DieAfterRankFile save_fault(die_step);
   try {
     const TrainConfig cfg = load_train_config(config_path, overrides);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    // Holds the checkpoint directory as mfsdp-train does, so a slow run can be the lock's holder.
+    if (const std::string held = rank == 0 ? lock_checkpoint_dir(cfg) : ""; !held.empty()) {
+      std::fprintf(stderr, "test_train_faults: %s\n", held.c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     set_cpu_threads(threads);
     if (die_step >= 0) set_save_observer(&save_fault);
     TrainerOptions opts;
