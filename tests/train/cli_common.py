@@ -2,10 +2,13 @@
 environment, failure bookkeeping, small file readers and the case runner."""
 import json
 import os
+import re
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TINY = os.path.join(ROOT, "configs", "tiny_test.json")
@@ -20,6 +23,18 @@ def check(cond, msg):
     if not cond:
         failures.append(msg)
         print("FAILED:", msg)
+
+
+def start_training(cmd, pattern=r"step +\d+/", timeout=120):
+    """Starts `cmd` (an mpirun of a trainer) and returns (process, output so far) once a line
+    matches `pattern` (training is under way) or after `timeout` seconds."""
+    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, deadline = "", time.time() + timeout
+    for line in p.stdout:
+        out += line
+        if re.search(pattern, line) or time.time() > deadline:
+            break
+    return p, out
 
 
 def read(path):

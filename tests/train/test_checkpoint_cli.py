@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 
-from cli_common import ENV, TINY, check, read, run_case, safetensors_header
+from cli_common import ENV, TINY, check, read, run_case, safetensors_header, start_training
 
 BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1", "data.shuffle=true"]
 
@@ -537,12 +537,7 @@ def case_lock(bin_dir, tmp):
     first_cmd = command(bin_dir, 2, [f"logging.run_dir={first_run}", f"checkpoint.dir={shared}",
                                      f"training.steps={steps}", "logging.interval=100", "checkpoint.interval=200"])
     first_cmd[4:5] = [sys.argv[3], "--slow-step", "0.05"]
-    first = subprocess.Popen(first_cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out1 = ""
-    for line in first.stdout:  # the first job holds the lock from its start; wait until it trains
-        out1 += line
-        if re.search(r"step +\d+/", line):
-            break
+    first, out1 = start_training(first_cmd)  # it holds the lock from its start; wait until it trains
     rc, out = train(bin_dir, 2, f"logging.run_dir={second_run}", f"checkpoint.dir={shared}", "training.steps=10",
                     "training.resume=auto", expect=None)
     check(rc == 2, f"second job on the same checkpoint.dir: exit {rc}, expected 2: {out[-800:]}")
@@ -592,15 +587,8 @@ def case_preempt(bin_dir, tmp):
     steps = 1500
     ref = full_run(bin_dir, tmp, "full", 2, steps, "logging.interval=100")
     run = os.path.join(tmp, "preempted")
-    p = subprocess.Popen(command(bin_dir, 2, [f"logging.run_dir={run}", f"training.steps={steps}",
-                                              "logging.interval=100"]),
-                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = ""
-    deadline = time.time() + 120
-    for line in p.stdout:  # wait until training is under way
-        out += line
-        if re.search(r"step +\d+/", line) or time.time() > deadline:
-            break
+    p, out = start_training(command(bin_dir, 2, [f"logging.run_dir={run}", f"training.steps={steps}",
+                                                 "logging.interval=100"]))
     time.sleep(0.5)
     p.send_signal(signal.SIGTERM)
     out += p.communicate(timeout=300)[0]

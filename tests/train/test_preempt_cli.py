@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from cli_common import ENV, TINY, check, run_case
+from cli_common import ENV, TINY, check, run_case, start_training
 
 BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1"]
 
@@ -36,15 +36,8 @@ def faults_cmd(np, *args, sets=()):
 def notice_run(bin_dir, tmp, name, sig, sets=()):
     """A slow-step run on 2 ranks that gets `sig` at mpirun once step 1 is logged."""
     run = os.path.join(tmp, name)
-    p = subprocess.Popen(faults_cmd(2, "--slow-step", "2.5", sets=[f"logging.run_dir={run}", "training.steps=40",
-                                                                    *sets]),
-                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = ""
-    deadline = time.time() + 120
-    for line in p.stdout:  # wait until training is under way
-        out += line
-        if re.search(r"step +1/40", line) or time.time() > deadline:
-            break
+    p, out = start_training(faults_cmd(2, "--slow-step", "2.5", sets=[f"logging.run_dir={run}", "training.steps=40",
+                                                                       *sets]), r"step +1/40")
     t0 = time.time()
     p.send_signal(sig)
     out += p.communicate(timeout=300)[0]
