@@ -20,6 +20,7 @@
 #include "models/model_presets.h"
 #include "planner/projection.h"
 #include "runtime/core/file_checks.h"
+#include "runtime/engine/projection_rules.h"
 
 using namespace mfsdp;
 using nlohmann::json;
@@ -33,12 +34,12 @@ json sweep(const ProjectionInput& base, const std::vector<std::string>& placemen
               (std::to_string(base.model.num_params() / 1000000) + "M params").c_str(), base.ns_steps,
               base.ns_dtype.c_str(), base.dtype.c_str(), base.batch, base.seq,
               base.activation_checkpointing ? ", activation checkpointing" : "", base.replicas, c.name.c_str());
-  const bool gpu = c.gpu();
-  std::printf("schedule: prefetch depth %d, reductions %s, owners %s, owned matrices %s; %s\n",
-              base.prefetch_depth >= 0 ? base.prefetch_depth : (gpu ? 1 : 0),
-              (base.overlap_reduce >= 0 ? base.overlap_reduce == 1 : gpu) ? "overlapped" : "blocking",
-              base.round_robin_owners ? "round-robin" : "LPT",
-              (base.batch_orthogonalize >= 0 ? base.batch_orthogonalize == 1 : gpu) ? "batched by shape" : "one at a time",
+  ProjectionInput owners = base;  // the schedule the engine's rules give a matrixfsdp run on this cluster
+  owners.placement = Placement::matrixfsdp;
+  const EngineChoices e = engine_choices(owners, c);
+  std::printf("schedule: prefetch depth %d, reductions %s, owners %s, owned matrices %s; %s\n", e.prefetch_depth,
+              e.overlap_reduce ? "overlapped" : "blocking", e.planner.round_robin ? "round-robin" : "LPT",
+              e.batch_orthogonalize ? "batched by shape" : "one at a time",
               base.baseline.describe(base.ns_dtype, base.ns_steps).c_str());
   std::printf("%6s %-11s %10s %10s %10s %10s %10s %8s\n", "world", "placement", "fwd_ms", "bwd_ms", "reduce_ms",
               "opt_ms", "step_ms", "mem_GB");
@@ -164,6 +165,7 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
 /// projection's input and the sweep (placements x world sizes).
 struct ProjectArgs {
   std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b", fsdp2_ns;
+  std::string overlap_reduce = "auto", batch_orthogonalize = "auto";  ///< Toggle names (kToggleNames)
   std::vector<std::string> placements = kPlacementNames.names();
   std::vector<int> worlds{8, 16, 32, 64, 128, 256, 512};
   ProjectionInput in;
@@ -203,14 +205,17 @@ void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
                  "row_sharded baseline: host dispatch per DTensor op, microseconds")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e5));
-  app.add_option("--prefetch-depth", in.prefetch_depth, "units gathered ahead (default: 1 on GPU clusters, 0 on CPU)")
+  app.add_option("--prefetch-depth", in.prefetch_depth, "units gathered ahead (default: the engine's for the device)")
       ->check(CLI::Range(0, 64));
-  app.add_option("--overlap-reduce", in.overlap_reduce, "1: reductions overlap the next unit's backward, 0: block "
-                                                        "(default: 1 on GPU clusters, 0 on CPU)")
-      ->check(CLI::Range(0, 1));
-  app.add_option("--batch-orthogonalize", in.batch_orthogonalize,
-                 "1: an owner's same-shape matrices in one batched chain (default: 1 on GPU clusters, 0 on CPU)")
-      ->check(CLI::Range(0, 1));
+  app.add_option("--overlap-reduce", a.overlap_reduce,
+                 "on: reductions overlap the next unit's backward, off: they block, auto: the engine's device default")
+      ->capture_default_str()
+      ->check(CLI::IsMember(kToggleNames.names()));
+  app.add_option("--batch-orthogonalize", a.batch_orthogonalize,
+                 "on: an owner's same-shape matrices in one batched chain, off: one at a time, auto: the engine's "
+                 "device default")
+      ->capture_default_str()
+      ->check(CLI::IsMember(kToggleNames.names()));
   app.add_flag("--round-robin-owners", in.round_robin_owners, "owners k % N instead of LPT");
 }
 
@@ -272,6 +277,8 @@ int run_compare(const ClusterSpec& c, const ProjectArgs& a, json& out) {
 int run_projection(const ClusterSpec& c, ProjectArgs& a, json& out) {
   ProjectionInput& in = a.in;
   in.model = model_preset(a.model, a.layers).profile();
+  in.overlap_reduce = kToggleNames.parse(a.overlap_reduce, "--overlap-reduce");
+  in.batch_orthogonalize = kToggleNames.parse(a.batch_orthogonalize, "--batch-orthogonalize");
   if (!a.fsdp2_ns.empty()) in.baseline.ns = parse_baseline_ns(a.fsdp2_ns);
   out["projection"] = sweep(in, a.placements, c, a.worlds);
   if (a.paper_mode) {

@@ -252,12 +252,12 @@ double row_sharded_seconds(const ClusterSpec& c, const std::string& dt, int64_t 
 // The optimizer step of the slowest rank (Newton-Schulz + elementwise) and the step's
 // collectives into p; the largest persistent bytes of a rank into `persistent`.
 void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const ShardPlan& plan, const Cost& cost,
-                     Projection& p, double& persistent) {
+                     bool batch_orthogonalize, Projection& p, double& persistent) {
   const int S = plan.world_size;
   const bool in_node = S <= c.gpus_per_node, fsdp2 = in.placement == Placement::fsdp2;
   const int steps = fsdp2 && in.baseline.ns_steps >= 0 ? in.baseline.ns_steps : in.ns_steps;
   const bool owners = in.placement == Placement::matrixfsdp || in.placement == Placement::zero1;
-  const bool batched = owners && (in.batch_orthogonalize >= 0 ? in.batch_orthogonalize == 1 : c.gpu());
+  const bool batched = owners && batch_orthogonalize;
   const bool row_sharded = fsdp2 && in.baseline.ns == BaselineNs::row_sharded;
   const std::function<double(double)> gather = [&](double b) { return cost.coll(b * (S - 1) / S, S, in_node); };
   const std::function<double(double)> all_reduce = [&](double b) { return cost.coll(2 * b * (S - 1) / S, S, in_node); };
@@ -298,19 +298,16 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
 
 }  // namespace
 
-Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int world) {
+Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int world, const EngineChoices& engine) {
   const int R = in.replicas;
-  if (R < 1 || world % R != 0 || (R > 1 && in.placement == Placement::ddp))
+  if (R < 1 || world % R != 0)
     throw std::invalid_argument("projection: replicas " + std::to_string(R) + " must divide world " +
-                                std::to_string(world) + " (and ddp is not replicated)");
+                                std::to_string(world));
   const int S = world / R;
   const Cost cost{cluster, world};
   const double e = dtype_bytes(in.dtype);
   dtype_bytes(in.ns_dtype);
-  PlannerOptions po;
-  po.ns_steps = in.ns_steps;
-  po.round_robin = in.round_robin_owners;
-  const ShardPlan plan = make_plan(in.model.inventory, S, in.placement, po);
+  const ShardPlan plan = make_plan(in.model.inventory, S, in.placement, engine.planner);
   const bool resident = in.placement == Placement::zero1 || in.placement == Placement::ddp;
   const bool shard_in_node = S <= cluster.gpus_per_node, world_in_node = world <= cluster.gpus_per_node;
   Projection p;
@@ -332,10 +329,7 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
         u.reduce += (R - 1) * cost.coll(bytes / S, 2, world_in_node) + cost.coll(bytes / S, R, world_in_node);
     }
   }
-  const int depth = in.prefetch_depth >= 0 ? in.prefetch_depth : (cluster.gpu() ? 1 : 0);
-  const bool overlap = (in.overlap_reduce >= 0 ? in.overlap_reduce == 1 : cluster.gpu()) && R == 1 &&
-                       in.placement != Placement::ddp;
-  const UnitSchedule sched = schedule_units(units, depth, overlap);
+  const UnitSchedule sched = schedule_units(units, engine.prefetch_depth, engine.overlap_reduce);
   double compute = 0;
   for (const UnitTimes& u : units) compute += u.forward + u.backward;
   p.forward_ms = 1e3 * sched.forward;
@@ -343,7 +337,7 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
   p.reduce_ms = 1e3 * sched.reduce_wait;
   p.exposed_gather_ms = 1e3 * (sched.forward + sched.backward - compute);
   double persistent = 0;
-  optimizer_terms(in, cluster, plan, cost, p, persistent);
+  optimizer_terms(in, cluster, plan, cost, engine.batch_orthogonalize, p, persistent);
   p.step_ms = p.forward_ms + p.backward_ms + p.reduce_ms + p.optimizer_ms;
   p.total_gb = memory_gb(in, plan, persistent, p);
   p.oom = p.total_gb > cluster.memory_gb - cluster.reserve_gb;

@@ -4,6 +4,7 @@
 // comes as a ModelProfile (its inventory and sizes), so the planner names no model family;
 // models/model_presets.h makes profiles of the GPT-2 and Llama shapes.
 #pragma once
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 
 #include "planner/param_spec.h"
 #include "planner/shard_plan.h"
+#include "runtime/core/name_table.h"
 
 namespace mfsdp {
 
@@ -38,8 +40,8 @@ struct ClusterSpec {
   double launch_us = 0;         ///< per kernel launch (GPU: host launch + tail), microseconds
   std::string source;           ///< where the rates and the curve come from (citation)
 
-  /// A GPU cluster (cores_per_node == 0): prefetching, overlapped reductions and batched
-  /// Newton-Schulz are on by default there, as in the engine on CUDA.
+  /// A GPU cluster (cores_per_node <= 0): its runs are resolved for a CUDA device (engine_choices(),
+  /// runtime/engine/projection_rules.h); otherwise for the CPU.
   bool gpu() const { return cores_per_node <= 0; }
 
   /// Reads a cluster JSON (keys above; missing keys keep the defaults). Throws std::runtime_error
@@ -109,11 +111,25 @@ struct ProjectionInput {
   std::string ns_dtype = "bf16";    ///< Newton-Schulz dtype
   int batch = 1, seq = 1024;        ///< sequences x tokens per rank per step
   bool activation_checkpointing = false;
-  int prefetch_depth = -1;          ///< units gathered ahead; < 0: the device default (GPU 1, CPU 0)
-  int overlap_reduce = -1;          ///< 1 on, 0 off, < 0: the device default (GPU on, CPU off)
-  int batch_orthogonalize = -1;     ///< same-shape owned matrices in one batched chain; < 0: GPU on, CPU off
+  /// The engine's switches as asked for, in EngineOptions' types (runtime/engine/engine_options.h):
+  /// unset / automatic leave the choice to the engine's device default, which only the engine's
+  /// rulebook states (engine_choices(), runtime/engine/projection_rules.h).
+  std::optional<int> prefetch_depth;             ///< units gathered ahead
+  Toggle overlap_reduce = Toggle::automatic;      ///< reductions overlap the next unit's backward
+  Toggle batch_orthogonalize = Toggle::automatic; ///< an owner's same-shape matrices in one batched chain
   bool round_robin_owners = false;  ///< owners k % N (PlannerOptions::round_robin) instead of LPT
   BaselineOptions baseline;         ///< the fsdp2 placement's optimizer-step semantics
+};
+
+/// What the engine would do for a projected run: ProjectionInput's switches resolved by the
+/// engine's rulebook for the cluster's device, placement and replicas (engine_choices(),
+/// runtime/engine/projection_rules.h). The projection applies these and states no default or
+/// rule of its own.
+struct EngineChoices {
+  int prefetch_depth = 0;            ///< units gathered ahead (>= 0)
+  bool overlap_reduce = false;       ///< reductions overlap the next unit's backward
+  bool batch_orthogonalize = false;  ///< an owner's same-shape matrices in one batched chain
+  PlannerOptions planner;            ///< the owner planner's options (planner_options() + round_robin)
 };
 
 /// Predicted step of one rank (the slowest). Times in ms, memory in GB (1e9 bytes).
@@ -141,18 +157,20 @@ struct Projection {
 ///  - gathers (non-resident placements): the parameters at the compute dtype, forward and backward;
 ///    gradient reduction: reduce-scatter (all-reduce for ddp); HSDP adds the replica chain of
 ///    the engine (R reduce-scatters in turn, R - 1 hops and a broadcast of the owned shard);
-///  - the step's schedule (schedule_units): gathers prefetched `prefetch_depth` units ahead and
-///    reductions overlapped with the next unit's backward, as the engine runs them; HSDP's chain
-///    and ddp's all-reduce block;
+///  - the step's schedule (schedule_units): gathers prefetched engine.prefetch_depth units ahead
+///    and reductions overlapped with the next unit's backward when engine.overlap_reduce, as the
+///    engine runs them;
 ///  - optimizer: the slowest rank's Newton-Schulz (newton_schulz_seconds over its owned matrices,
-///    same shapes batched when batch_orthogonalize; fsdp2 per `baseline`; every matrix on every
+///    same shapes batched when engine.batch_orthogonalize; fsdp2 per `baseline`; every matrix on every
 ///    rank for ddp), AdamW and Muon elementwise bytes / mem_GBps, plus fsdp2's collectives and
 ///    zero1's all-gather of the updated parameters;
 ///  - memory: f32 master parameters, gradients and state (12 B Muon, 16 B AdamW per element,
 ///    owned or resident), two gathered units, fsdp2's full Muon input and update, activations
 ///    (ModelProfile::activation_bytes_per_token_layer; checkpointing keeps one layer's inputs per
 ///    layer), logits and their gradient in f32. OOM when the total exceeds memory - reserve.
-/// Throws std::invalid_argument when replicas does not divide world or is > 1 with ddp.
-Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int world);
+/// `engine`: the schedule, batching and planner options the engine would use (EngineChoices; the
+/// overload project(in, cluster, world) in runtime/engine/projection_rules.h resolves them).
+/// Throws std::invalid_argument when replicas is < 1 or does not divide world.
+Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int world, const EngineChoices& engine);
 
 }  // namespace mfsdp

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "models/model_presets.h"
+#include "runtime/engine/projection_rules.h"
 
 namespace mfsdp {
 namespace {
@@ -54,7 +55,7 @@ ProjectionInput published_input(int seq, const BaselineOptions& b) {
   in.dtype = in.ns_dtype = "bf16";
   in.activation_checkpointing = true;
   in.baseline = b;
-  in.batch_orthogonalize = 0;  // torch.optim.Muon orthogonalizes one matrix at a time
+  in.batch_orthogonalize = Toggle::off;  // torch.optim.Muon orthogonalizes one matrix at a time
   return in;
 }
 

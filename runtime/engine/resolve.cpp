@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "runtime/engine/projection_rules.h"
 #include "runtime/engine/unit_model.h"
 
 namespace mfsdp {
@@ -112,7 +113,8 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   r.traits = placement_traits(placement, replicas > 1);
   r.prefetch_depth = in.prefetch_depth.value_or(cuda ? 1 : 0);
   r.batch_orthogonalize = toggle_value(in.batch_orthogonalize, cuda);
-  r.overlap_reduce = toggle_value(in.overlap_reduce, cuda);
+  // a replica chain and ddp's all-reduce block whatever the switch says
+  r.overlap_reduce = toggle_value(in.overlap_reduce, cuda) && replicas == 1 && !r.traits.all_reduce_gradients;
   r.attention = toggle_value(in.fused_attention, cuda) ? AttentionKernel::fused : AttentionKernel::unfused;
   r.options.prefetch_depth = r.prefetch_depth;
   const auto fixed = [](bool on) { return on ? Toggle::on : Toggle::off; };
@@ -120,6 +122,23 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   r.options.overlap_reduce = fixed(r.overlap_reduce);
   r.options.fused_attention = fixed(r.attention == AttentionKernel::fused);
   return r;
+}
+
+EngineChoices engine_choices(const ProjectionInput& in, const ClusterSpec& cluster) {
+  EngineOptions o;
+  o.muon.ns_steps = in.ns_steps;
+  o.prefetch_depth = in.prefetch_depth;
+  o.overlap_reduce = in.overlap_reduce;
+  o.batch_orthogonalize = in.batch_orthogonalize;
+  const ModelFacts facts;
+  const ResolvedOptions r = resolve(o, cluster.gpu() ? Device::CUDA : Device::CPU, in.placement, in.replicas, facts);
+  EngineChoices e;
+  e.prefetch_depth = r.prefetch_depth;
+  e.overlap_reduce = r.overlap_reduce;
+  e.batch_orthogonalize = r.batch_orthogonalize;
+  e.planner = planner_options(r.options, facts);
+  e.planner.round_robin = in.round_robin_owners;
+  return e;
 }
 
 }  // namespace mfsdp

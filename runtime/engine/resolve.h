@@ -85,7 +85,8 @@ struct ResolvedOptions {
 
 /// Checks `in` against itself, the device, the placement replicated `replicas` times and the model,
 /// and applies the device defaults: prefetch_depth 1 on CUDA, 0 on CPU; batch_orthogonalize,
-/// fused_attention and overlap_reduce on for CUDA only. Rules, each reported as an OptionError on
+/// fused_attention and overlap_reduce on for CUDA only (overlap_reduce is off, whatever asked, with
+/// replicas > 1 or all-reduced gradients: the replica chain and ddp's all-reduce block). Rules, each reported as an OptionError on
 /// the field named first: replicas >= 1, not > 1 with ddp nor with overlap_backward; param_dtype
 /// and reduce_dtype f32 or bf16, param_dtype bf16 only under a sharded (non-resident) placement;
 /// qk_clip finite and >= 0, and > 0 only for a model that reports heads; muon.split_heads only for

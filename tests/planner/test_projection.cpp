@@ -5,6 +5,7 @@
 #include "planner/projection.h"
 #include "planner/projection_terms.h"
 #include "planner/cost_model.h"
+#include "runtime/engine/projection_rules.h"
 
 #include <cmath>
 
@@ -178,7 +179,7 @@ TEST_CASE("GPU defaults overlap communication; the baseline's semantics are opti
   ProjectionInput m = llama7b(Placement::matrixfsdp);
   const Projection overlapped = project(m, c, 8);
   m.prefetch_depth = 0;
-  m.overlap_reduce = 0;
+  m.overlap_reduce = Toggle::off;
   const Projection blocking = project(m, c, 8);
   CHECK(overlapped.step_ms < blocking.step_ms);
   CHECK(overlapped.exposed_gather_ms < 0.2 * blocking.exposed_gather_ms);
