@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/bench/cuda_timing.h"
 #include "optim/muon.h"
 #include "optim/optim_cuda.h"
 #include "runtime/cuda/device_api.h"
@@ -30,9 +31,7 @@ using namespace mfsdp;
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("[bench] ") + what + ": " + cudaGetErrorString(e));
-}
+using cuda_timing::check;
 
 Tensor random_tensor(int64_t n, Device dev, uint32_t seed, float stddev = 1.0f) {
   std::mt19937 rng(seed);
@@ -47,27 +46,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// Median milliseconds of `fn` on the GPU after `warmup` untimed calls.
-double time_cuda(const std::function<void()>& fn, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) fn();
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "cudaEventCreate");
-  check(cudaEventCreate(&b), "cudaEventCreate");
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(a, 0), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(b, 0), "cudaEventRecord");
-    check(cudaEventSynchronize(b), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, a, b), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return median(ms);
-}
+/// Median milliseconds of `fn` on the GPU after `warmup` untimed calls (apps/bench/cuda_timing.h).
+double time_cuda(const std::function<void()>& fn, int warmup, int reps) { return cuda_timing::median_ms(fn, warmup, reps); }
 
 /// Median milliseconds of `fn` on the host after one untimed call.
 double time_cpu(const std::function<void()>& fn, int reps) {

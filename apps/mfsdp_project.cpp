@@ -3,6 +3,8 @@
 //                 [--worlds 8 16 ... 512] [--replicate R] [--ns-steps 5] [--dtype bf16] [--json out.json]
 //   mfsdp-project --cluster C --paper            the paper's setups next to its figures, largest fits
 //   mpirun -np 2 mfsdp-project --calibrate this_machine.json      measure this machine's constants
+//   mfsdp-project --calibrate gpu.json --device cuda [--cluster base.json] [--calibrate-sizes 256 1024 ...]
+//                                                one GPU's constants; interconnect fields from base.json
 //   mfsdp-project --cluster this_machine.json --compare bench.json [--tolerance 5] [--ratio-tolerance 2]
 //                                                predictions vs mfsdp-bench measurements (exit 1 if off)
 #include <CLI/CLI.hpp>
@@ -14,6 +16,7 @@
 #include <tuple>
 
 #include "apps/bench/calibrate.h"
+#include "apps/bench/calibrate_cuda.h"
 #include "apps/bench/paper_figures.h"
 #include "apps/cli_common.h"
 #include "comm/comm_factory.h"
@@ -166,6 +169,8 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
 struct ProjectArgs {
   std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b", fsdp2_ns;
   std::string overlap_reduce = "auto", batch_orthogonalize = "auto";  ///< Toggle names (kToggleNames)
+  std::string device = "cpu";       ///< --calibrate's device: cpu (under mpirun) or cuda (one GPU)
+  std::vector<int> calibrate_sizes;  ///< --calibrate --device cuda: GEMM sides (empty: CudaCalibration's)
   std::vector<std::string> placements = kPlacementNames.names();
   std::vector<int> worlds{8, 16, 32, 64, 128, 256, 512};
   ProjectionInput in;
@@ -223,6 +228,13 @@ void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
 void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--cluster", a.cluster_path, "cluster JSON (configs/clusters/)");
   app.add_option("--calibrate", a.calibrate_path, "measure this machine (under mpirun) and write its cluster JSON");
+  app.add_option("--device", a.device, "--calibrate's device: cpu (this machine's ranks, under mpirun) | cuda "
+                                       "(this process's GPU; --cluster gives the fields one GPU cannot measure)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--calibrate-sizes", a.calibrate_sizes, "--calibrate --device cuda: square GEMM and Newton-Schulz "
+                                                         "sides, increasing (default 256 512 768 1024 2048 4096 8192)")
+      ->check(CLI::Range(16, 16384));
   app.add_option("--compare", a.compare_path, "mfsdp-bench --json output to predict and compare with");
   app.add_option("--tolerance", a.tolerance, "--compare fails when a predicted time is off by more than this factor")
       ->capture_default_str()
@@ -257,6 +269,22 @@ int run_calibrate(int* argc, char*** argv, const std::string& path) {
     std::fprintf(stderr, "mfsdp-project: --calibrate: %s\n", e.what());
     return 2;
   }
+  return 0;
+}
+
+/// --calibrate --device cuda: measures this process's GPU (no MPI job) and writes its cluster JSON
+/// with the raw timings under "measurements"; the fields one GPU cannot measure come from
+/// --cluster when given. Throws (exit 2 in main) without CUDA, without a visible GPU, or when the
+/// file cannot be written.
+int run_calibrate_cuda(const ProjectArgs& a) {
+  CudaCalibration what;
+  if (!a.calibrate_sizes.empty()) what.sizes = a.calibrate_sizes;
+  const ClusterSpec base = a.cluster_path.empty() ? ClusterSpec{} : ClusterSpec::load(a.cluster_path);
+  const CudaCalibrationResult r = calibrate_cuda_device(what, base, a.cluster_path);
+  json j = r.cluster.to_json();
+  j["measurements"] = r.measurements;
+  std::printf("%s\n", j.dump(2).c_str());
+  write_file_swap(a.calibrate_path, j.dump(2) + "\n");
   return 0;
 }
 
@@ -303,6 +331,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   try {
+    if (args.device != "cpu" && args.calibrate_path.empty()) throw std::runtime_error("--device applies to --calibrate only");
+    if (!args.calibrate_path.empty() && args.device == "cuda") return run_calibrate_cuda(args);
     if (!args.calibrate_path.empty()) return run_calibrate(&argc, &argv, args.calibrate_path);
     if (args.cluster_path.empty()) throw std::runtime_error("--cluster is required (or --calibrate)");
     const ClusterSpec c = ClusterSpec::load(args.cluster_path);

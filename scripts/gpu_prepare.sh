@@ -5,7 +5,7 @@
 #   scripts/gpu_prepare.sh [DIR]        # default gpu-bundle/; build tree in build-gpu-bundle/
 #
 # DIR holds:
-#   bin/        the CUDA test executables, mfsdp-bench-cuda and mfsdp-train: portable x86-64 code
+#   bin/        the CUDA test executables, mfsdp-bench-cuda, mfsdp-project and mfsdp-train: portable x86-64 code
 #               (no -march=native), SASS for sm_80 and sm_90 (+ sm_90 PTX), no RPATH, stripped;
 #   lib/        every shared library they and the MPI runtime load that the GPU machine does not
 #               provide (scripts/gpu_provided_libs.txt: glibc, libstdc++, libgcc_s, the driver's
@@ -24,7 +24,7 @@ DIR="${1:-gpu-bundle}"
 BUILD="${GPU_BUNDLE_BUILD_DIR:-build-gpu-bundle}"
 LIMIT_MIB=64
 TARGETS=(test_cuda_backend test_optim_cuda test_comm_kernels test_comm_cuda test_engine_mpi test_engine_batches
-         mfsdp-bench-cuda mfsdp-train)
+         mfsdp-bench-cuda mfsdp-project mfsdp-train)
 # Network stacks Debian's Open MPI can load but a single machine does not need; plugins needing them go.
 REFUSE='^lib(ibverbs|rdmacm|ucp|ucs|uct|ucm|fabric|psm|psm2|jvm|java|gfortran|nl-|efa|mlx)'
 
