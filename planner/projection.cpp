@@ -233,6 +233,12 @@ std::vector<double> unit_forward_seconds(const ProjectionInput& in, const Cluste
 }
 
 // Seconds of fsdp2's row-sharded Newton-Schulz of one rows x cols matrix over S ranks (BaselineNs).
+// Its collectives are the ones torch.optim.Muon issues on FSDP2's Shard(0) DTensors (torch 2.15,
+// logged per call at 8 ranks of a fake process group by scripts/muon_dtensor_collectives.py):
+// one scalar all-reduce for the Frobenius norm; per iteration, a tall matrix all-reduces an
+// m x m matrix twice (the Gram X X^T stays Partial(sum): the first addmm all-reduces it as its
+// left factor and leaves gram_update Partial, which the second addmm all-reduces), a wide or
+// square one all-gathers X, A and X.
 double row_sharded_seconds(const ClusterSpec& c, const std::string& dt, int64_t rows, int64_t cols, int steps,
                            int S, double share, const std::function<double(double)>& gather,
                            const std::function<double(double)>& all_reduce) {
@@ -240,13 +246,13 @@ double row_sharded_seconds(const ClusterSpec& c, const std::string& dt, int64_t 
   const double e = dt == "f32" ? 4.0 : 2.0, launch = c.launch_us * 1e-6;
   double it = 0;
   if (rows > cols) {  // transposed to [m, n], sharded along n: X X^T partial sums, A A whole
-    it = gemm_seconds(c, dt, 1, m, m, n / S, share) + all_reduce(m * m * e) + gemm_seconds(c, dt, 1, m, m, m, share) +
-         gemm_seconds(c, dt, 1, m, n / S, m, share);
+    it = gemm_seconds(c, dt, 1, m, m, n / S, share) + 2 * all_reduce(m * m * e) +
+         gemm_seconds(c, dt, 1, m, m, m, share) + gemm_seconds(c, dt, 1, m, n / S, m, share);
   } else {  // sharded along m: X, A and X gathered for the three products
     it = gather(m * n * e) + gemm_seconds(c, dt, 1, m / S, m, n, share) + gather(m * m * e) +
          gemm_seconds(c, dt, 1, m / S, m, m, share) + gather(m * n * e) + gemm_seconds(c, dt, 1, m / S, n, m, share);
   }
-  return kNsNormalizeLaunches * launch + steps * (it + kNsExtraLaunchesPerIteration * launch);
+  return all_reduce(e) + kNsNormalizeLaunches * launch + steps * (it + kNsExtraLaunchesPerIteration * launch);
 }
 
 // The optimizer step of the slowest rank (Newton-Schulz + elementwise) and the step's

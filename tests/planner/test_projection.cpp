@@ -192,6 +192,19 @@ TEST_CASE("GPU defaults overlap communication; the baseline's semantics are opti
   const Projection rows = project(f, c, 8);
   CHECK(rows.ns_ms < 0.4 * every.ns_ms);  // each rank computes about 1/8 of the products (and the Grams whole)
   CHECK(rows.opt_comm_ms > every.opt_comm_ms);
+  // Its exchanges in closed form (torch.optim.Muon's collectives on Shard(0) DTensors): per matrix
+  // one scalar all-reduce; per iteration a tall matrix (w1, w3: [11008, 4096]) all-reduces its
+  // 4096^2 Gram twice, a wide or square one (w2; wq, wk, wv, wo) all-gathers X, A and X. A
+  // collective of 8 ranks in one node moving b bytes per rank: b / 230 GB/s + 3 hops x 8 us.
+  {
+    const double coll_8 = 3 * 8e-6, bw = 230e9, part = 7.0 / 8, e = 2, m = 4096, n = 11008;
+    const auto all_reduce = [&](double bytes) { return 2 * bytes * part / bw + coll_8; };
+    const auto gather = [&](double bytes) { return bytes * part / bw + coll_8; };
+    const double tall = all_reduce(e) + 2 * 2 * all_reduce(m * m * e);
+    const double wide = all_reduce(e) + 2 * (2 * gather(m * n * e) + gather(m * m * e));
+    const double square = all_reduce(e) + 2 * 3 * gather(m * m * e);
+    CHECK(rows.opt_comm_ms == Approx(1e3 * 32 * (2 * tall + wide + 4 * square)).epsilon(1e-9));
+  }
   CHECK(every.host_ms == 0);
   // Host dispatch: per matrix 9 ops, 2 more when tall, 4 per iteration, at host_op_us each; the
   // slowest rank runs every matrix's share. llama-7b: per layer 4 square + w2 (wide) + w1, w3 (tall).
