@@ -6,6 +6,7 @@
 #include "planner/projection_terms.h"
 #include "planner/cost_model.h"
 #include "runtime/engine/projection_rules.h"
+#include "runtime/engine/resolve.h"
 
 #include <cmath>
 
@@ -223,4 +224,45 @@ TEST_CASE("GPU defaults overlap communication; the baseline's semantics are opti
         "fsdp2 baseline: row_sharded Newton-Schulz, gather f32, NS 5, 90 us host dispatch per DTensor op");
   CHECK(parse_baseline_ns("row_sharded") == BaselineNs::row_sharded);
   CHECK_THROWS_WITH(parse_baseline_ns("owners"), Catch::Contains("every_rank or row_sharded"));
+}
+
+TEST_CASE("the projection's engine switches are the engine's rulebook for the cluster's device", "[projection][resolve]") {
+  const ClusterSpec gpu = a100();
+  ClusterSpec cpu = gpu;
+  cpu.cores_per_node = 2;  // a calibrated CPU machine: its runs resolve for Device::CPU
+  const ProjectionInput m = llama7b(Placement::matrixfsdp);
+  const EngineChoices g = engine_choices(m, gpu), h = engine_choices(m, cpu);
+  CHECK(g.prefetch_depth == 1);  // resolve()'s CUDA defaults
+  CHECK(g.overlap_reduce);
+  CHECK(g.batch_orthogonalize);
+  CHECK(h.prefetch_depth == 0);  // and its CPU ones
+  CHECK_FALSE(h.overlap_reduce);
+  CHECK_FALSE(h.batch_orthogonalize);
+  CHECK(g.planner.ns_steps == m.ns_steps);
+  CHECK_FALSE(g.planner.round_robin);
+  // asked-for switches win over the device default; round-robin owners reach the planner
+  ProjectionInput forced = m;
+  forced.prefetch_depth = 3;
+  forced.overlap_reduce = Toggle::off;
+  forced.batch_orthogonalize = Toggle::on;
+  forced.round_robin_owners = true;
+  forced.ns_steps = 2;
+  const EngineChoices f = engine_choices(forced, cpu);
+  CHECK(f.prefetch_depth == 3);
+  CHECK_FALSE(f.overlap_reduce);
+  CHECK(f.batch_orthogonalize);
+  CHECK(f.planner.round_robin);
+  CHECK(f.planner.ns_steps == 2);
+  // the rulebook's rules: no overlapped reduction under replicas or for ddp's all-reduce, even asked for
+  ProjectionInput hsdp = m;
+  hsdp.replicas = 2;
+  hsdp.overlap_reduce = Toggle::on;
+  CHECK_FALSE(engine_choices(hsdp, gpu).overlap_reduce);
+  ProjectionInput ddp = llama7b(Placement::ddp);
+  ddp.overlap_reduce = Toggle::on;
+  CHECK_FALSE(engine_choices(ddp, gpu).overlap_reduce);
+  ddp.replicas = 2;  // ddp is already replicated: refused as the engine refuses it
+  CHECK_THROWS_AS(engine_choices(ddp, gpu), OptionError);
+  // project(in, cluster, world) is project() with these choices
+  CHECK(project(forced, cpu, 8).step_ms == project(forced, cpu, 8, f).step_ms);
 }
