@@ -99,7 +99,8 @@ double rate_curve(const std::vector<int>& sizes, const std::vector<double>& ms,
 }
 
 // Newton-Schulz efficiency per size: the GEMM time the projection predicts on `c` (its measured
-// curve, ns_efficiency 1) over the measured time less the call's launches.
+// curve, ns_efficiency 1) over the measured time less the call's launches (at least half the
+// measured time, so a launch estimate near a small call's whole time cannot inflate the ratio).
 std::vector<double> ns_efficiency(const ClusterSpec& c, const std::vector<int>& sizes, const std::vector<double>& ms,
                                   int steps) {
   ClusterSpec probe = c;
@@ -108,7 +109,7 @@ std::vector<double> ns_efficiency(const ClusterSpec& c, const std::vector<int>& 
   std::vector<double> eff;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const double gemms = newton_schulz_seconds(probe, "bf16", sizes[i], sizes[i], steps, 1, false, 1.0) - launches;
-    eff.push_back(gemms / std::max(ms[i] * 1e-3 - launches, 1e-9));
+    eff.push_back(gemms / std::max(ms[i] * 1e-3 - launches, ms[i] * 1e-3 / 2));
   }
   return eff;
 }

@@ -33,7 +33,7 @@ struct CudaCalibrationResult {
 /// result, f32 accumulation; f32: cublasSgemm with FP32 math, no TF32, as the engine's f32
 /// GEMMs), gemm_curve_* each size's rate / that best, launch_us the host time per enqueued tiny
 /// GEMM, ns_efficiency the median over sizes of (the Newton-Schulz GEMM time the projection
-/// predicts from the measured curve) / (newton_schulz_cuda's measured time less its launches),
+/// predicts from the measured curve) / (newton_schulz_cuda's measured time less its launches, at least half of it),
 /// mem_GBps (read + write bytes) / time of a device-to-device copy, memory_gb the device's total
 /// memory; source "measured on <device name> ...". The fields one GPU cannot measure
 /// (interconnect bandwidths and latencies, model_efficiency, reserve_gb, gpus_per_node) are
