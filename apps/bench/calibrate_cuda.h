@@ -31,10 +31,10 @@ struct CudaCalibrationResult {
 /// Measures device 0 (the process's current device) and returns its constants as a ClusterSpec:
 /// gemm_tflops_bf16 / _f32 the best rate over `what.sizes` (bf16: cublasGemmEx, bf16 operands and
 /// result, f32 accumulation; f32: cublasSgemm with FP32 math, no TF32, as the engine's f32
-/// GEMMs), gemm_curve_* each size's rate / that best, launch_us the host time per enqueued tiny
-/// GEMM, ns_efficiency the median over sizes of (the Newton-Schulz GEMM time the projection
-/// predicts from the measured curve) / (newton_schulz_cuda's measured time less its launches, at least half of it),
-/// mem_GBps (read + write bytes) / time of a device-to-device copy, memory_gb the device's total
+/// GEMMs), gemm_curve_* each size's rate / that best, launch_us the wall time per back-to-back
+/// 32^3 bf16 GEMM (host launch plus kernel), ns_efficiency the median over sizes of (the
+/// Newton-Schulz GEMM time the projection predicts from the measured curve) / (newton_schulz_cuda's
+/// measured time less its launches, at least half of it), mem_GBps (read + write bytes) / time of a device-to-device copy, memory_gb the device's total
 /// memory; source "measured on <device name> ...". The fields one GPU cannot measure
 /// (interconnect bandwidths and latencies, model_efficiency, reserve_gb, gpus_per_node) are
 /// `base`'s, named in the source and in measurements["not_measured"]. Times are medians of CUDA
