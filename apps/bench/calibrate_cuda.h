@@ -34,8 +34,8 @@ struct CudaCalibrationResult {
 /// GEMMs), gemm_curve_* each size's rate / that best, launch_us the wall time per back-to-back
 /// 32^3 bf16 GEMM (host launch plus kernel), ns_efficiency the median over sizes of (the
 /// Newton-Schulz GEMM time the projection predicts from the measured curve) / (newton_schulz_cuda's
-/// measured time less its launches, at least half of it), mem_GBps (read + write bytes) / time of a device-to-device copy, memory_gb the device's total
-/// memory; source "measured on <device name> ...". The fields one GPU cannot measure
+/// measured time less its launches, at least half of it), mem_GBps (read + write bytes) / time
+/// of a device-to-device copy, memory_gb the device's total memory; source "measured on <device name> ...". The fields one GPU cannot measure
 /// (interconnect bandwidths and latencies, model_efficiency, reserve_gb, gpus_per_node) are
 /// `base`'s, named in the source and in measurements["not_measured"]. Times are medians of CUDA
 /// events on the legacy default stream after warm-up calls.
