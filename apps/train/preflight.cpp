@@ -148,6 +148,28 @@ std::string check_export(const TrainConfig& cfg) {
   return e.empty() ? "" : cfg.source + ": " + e;
 }
 
+// logging.trace: a writable file name (its directory is made) that is no file the run reads or
+// writes otherwise.
+std::string check_trace(const TrainConfig& cfg) {
+  const std::filesystem::path out(cfg.logging.trace.resolved);
+  std::error_code ec;
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path(), ec);
+  if (std::string e = output_file_problem(out.string()); !e.empty()) return cfg.source + ": logging.trace: " + e;
+  std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
+                                                            {"output.export", cfg.output.export_path.resolved},
+                                                            {"model.init_from", cfg.model.init_from.resolved}};
+  for (const auto& f : expand_glob(cfg.data.train.resolved)) taken.push_back({"data.train", f});
+  if (!cfg.data.val.resolved.empty())
+    for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
+  if (!cfg.logging.run_dir.resolved.empty())
+    for (const char* f : kRunDirFiles)
+      taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
+  for (const auto& [what, path] : taken)
+    if (!path.empty() && std::filesystem::weakly_canonical(out, ec) == std::filesystem::weakly_canonical(path, ec))
+      return cfg.source + ": logging.trace: " + out.string() + " is " + what + " (" + path + "); choose another path";
+  return "";
+}
+
 // The run directory: writable, and every file the run writes there absent or the trainer's own.
 std::string check_run_dir(const TrainConfig& cfg) {
   if (cfg.logging.run_dir.resolved.empty()) return "";
@@ -193,6 +215,8 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
     if (eval_only) return "";
     // the outputs must be writable before hours of training, not after
     if (std::string e = check_run_dir(cfg); !e.empty()) return e;
+    if (!cfg.logging.trace.resolved.empty())
+      if (std::string e = check_trace(cfg); !e.empty()) return e;
     if (!cfg.output.export_path.resolved.empty()) return check_export(cfg);
   } catch (const std::exception& e) {
     return e.what();

@@ -127,6 +127,12 @@ struct LoggingSection {
   /// of this project's reference machine, ~0.17 TFLOP/s fp32; an A100 is 312 bf16, an H200 989).
   double peak_tflops = 0.17;
   ConfigPath run_dir{"runs/latest", ""};
+  /// "" = off; else the Chrome-trace / Perfetto JSON file rank 0 writes with every rank's
+  /// timeline of steps trace_start .. trace_start + trace_steps - 1 (1-based, as in the logs;
+  /// the default skips the first, warm-up step)
+  ConfigPath trace;
+  int64_t trace_start = 2;
+  int64_t trace_steps = 3;
 };
 
 struct OutputSection {

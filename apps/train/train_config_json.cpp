@@ -67,7 +67,9 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"sample_tokens", training.sample_tokens},
                    {"recompute", kRecomputeNames.name(optim.recompute_units)},
                    {"resume", training.resume}};
-  j["logging"] = {{"interval", logging.interval}, {"peak_tflops", logging.peak_tflops}, {"run_dir", p(logging.run_dir)}};
+  j["logging"] = {{"interval", logging.interval},       {"peak_tflops", logging.peak_tflops},
+                  {"run_dir", p(logging.run_dir)},        {"trace", p(logging.trace)},
+                  {"trace_start", logging.trace_start}, {"trace_steps", logging.trace_steps}};
   j["output"] = {{"export", p(output.export_path)}};
   j["checkpoint"] = {{"dir", p(checkpoint.dir)},
                      {"interval", checkpoint.interval},

@@ -15,6 +15,7 @@
 #include "apps/train/model_io.h"
 #include "apps/train/preemption.h"
 #include "apps/train/run_log.h"
+#include "apps/train/trace_window.h"
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/cpu_affinity.h"
@@ -74,6 +75,7 @@ class Trainer {
   std::unique_ptr<UnitModel> wrapped_;  ///< opts.wrap_units(model_->units()), or null
   UnitModel& units_;                    ///< what the engine trains: *wrapped_ or model_->units()
   ShardPlan plan_;
+  TraceWindow trace_;  ///< logging.trace: before the engine, which trains over trace_.engine_comm()
   ShardedEngine engine_;
   DataLoader loader_;
   std::string ckpt_root_;
@@ -102,7 +104,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
       units_(wrapped_ ? *wrapped_ : model_->units()),
       plan_(make_plan(units_.inventory(), comm.world_size(), cfg.sharding.placement,
                       planner_options(cfg.optim, units_))),
-      engine_(units_, comm, plan_, cfg.optim, opts.replicas),
+      trace_(cfg, comm), engine_(units_, trace_.engine_comm(), plan_, cfg.optim, opts.replicas),
       loader_(cfg.data.train.resolved, B_, T_, rank_, world_, A_, cfg.data.shuffle,
               static_cast<uint64_t>(cfg.data.seed), cfg.model.vocab_size),
       ckpt_root_(cfg.checkpoint.root(cfg.logging.run_dir.resolved)),
@@ -175,12 +177,14 @@ void Trainer::train() {
     set_comm_context("step " + std::to_string(step + 1));
     std::vector<MicroBatch> micro = next_batches();
     StepStats s;
+    trace_.before_step(step + 1);
     try {
       s = engine_.train_step(micro, step);
     } catch (const NonFiniteLossError& e) {
       throw std::runtime_error(std::string(e.what()) + "; stopping without export. Lower optimizer.muon.lr / "
                                "optimizer.adamw.lr, enable training.grad_clip, or check model.init_from.");
     }
+    trace_.after_step(step + 1);
     ++steps_done_;
     tokens_seen_ += s.tokens;
     final_train_loss_ = s.loss;
@@ -200,6 +204,7 @@ void Trainer::train() {
     }
     if (stop) break;
   }
+  trace_.finish();
   finish(preempted != 0);
 }
 

@@ -9,8 +9,19 @@
 #include "optim/clip.h"
 #include "optim/step.h"
 #include "runtime/kernels.h"
+#include "runtime/trace/trace.h"
 
 namespace mfsdp {
+namespace {
+
+// The args of a Newton-Schulz span: the matrix (when one), how many matrices and each one's shape.
+std::string ns_args(const std::string& matrix, int64_t matrices, int64_t rows, int64_t cols) {
+  return (matrix.empty() ? std::string() : "\"matrix\":" + trace::json_string(matrix) + ",") +
+         "\"matrices\":" + std::to_string(matrices) + ",\"shape\":[" + std::to_string(rows) + "," +
+         std::to_string(cols) + "]";
+}
+
+}  // namespace
 
 ExactSum all_reduce_exact(Communicator& comm, const ExactSum& local, CommPhase phase) {
   const auto words = local.to_words();
@@ -154,6 +165,7 @@ Tensor OwnerState::orthogonalized(OwnedPiece& o, bool commit) {
     MemCategoryScope scope(MemCategory::other);
     Tensor U = Tensor::empty({o.numel}, DType::f32, dev);
     momentum(U);
+    trace::Span span(trace::Lane::schedule, "newton_schulz", s.name.c_str(), [&] { return ns_args(s.name, 1, rows, cols); });
     muon_orthogonalize(U, U, rows, cols, blocks, opts_.muon);
     return U;
   }
@@ -164,6 +176,7 @@ Tensor OwnerState::orthogonalized(OwnedPiece& o, bool commit) {
   comm_.all_gather(send.data_f32(), full_u.data_f32(), slot, DType::f32, CommPhase::opt_step);
   // the first `rows` rows of the gathered slots are the matrix, in order (padding rows follow)
   Tensor update = Tensor::empty({rows * cols}, DType::f32, dev);
+  trace::Span span(trace::Lane::schedule, "newton_schulz", s.name.c_str(), [&] { return ns_args(s.name, 1, rows, cols); });
   muon_orthogonalize(full_u.view(0, {rows * cols}), update, rows, cols, blocks, opts_.muon);
   return update;
 }
@@ -189,6 +202,12 @@ void OwnerState::orthogonalize_batched() {
         OwnedPiece& o = *group[first + static_cast<size_t>(i)];
         muon_momentum(grad(o), o.m.clone(), U.view(i * numel, {numel}), opts_.muon);  // committed by muon_piece
       }
+      trace::Span span(trace::Lane::schedule, "newton_schulz", "batch", [&] {
+        std::string names;
+        for (int64_t i = 0; i < n; ++i)
+          names.append(i ? "," : "").append(trace::json_string(plan_.shards[group[first + static_cast<size_t>(i)]->shard].name));
+        return ns_args("", n, rows, cols) + ",\"names\":[" + names + "]";
+      });
       muon_orthogonalize(U, U, n * rows, cols, n * blocks, opts_.muon);
       for (int64_t i = 0; i < n; ++i) group[first + static_cast<size_t>(i)]->update = U.view(i * numel, {numel});
       orthogonalizations_ += n;
@@ -204,6 +223,8 @@ void OwnerState::muon_piece(OwnedPiece& o, double lr) {
   const bool normuon = opts_.muon.variant == MuonVariant::normuon;
   if (!traits_.gathered_muon_input && !normuon && !o.update.defined()) {  // one fused call
     if (o.numel) {
+      trace::Span span(trace::Lane::schedule, "newton_schulz", s.name.c_str(),  // momentum, NS and update in one
+                       [&] { return ns_args(s.name, 1, rows, cols) + ",\"with_update\":true"; });
       muon_step(param(o), grad(o), o.m, rows, cols, lr, opts_.muon, s.qkv_blocks);
       ++orthogonalizations_;
     }

@@ -7,12 +7,14 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/autograd.h"
 #include "runtime/core/clock.h"
 #include "runtime/ops.h"
+#include "runtime/trace/trace.h"
 
 namespace mfsdp {
 namespace {
@@ -128,7 +130,10 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   }
 
   // 2. the global mean loss (overlap_backward scaled each unit's gradients as they landed)
-  st.loss = sum_over_world(loss_sum).value() / denom;
+  {
+    trace::Span span(trace::Lane::schedule, "phase", "loss");
+    st.loss = sum_over_world(loss_sum).value() / denom;
+  }
   if (!std::isfinite(st.loss))  // every rank sees the same reduced value, so all throw together
     throw NonFiniteLossError("step " + std::to_string(step) + ": the training loss is " + std::to_string(st.loss) +
                              " (diverged); the optimizer step was skipped");
@@ -137,8 +142,11 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   // 3. the owners' step: global norm, clipping, optimizer, QK-Clip (then zero1's gather of the updates)
   const std::vector<RowScale> qk = qk_clip_scales(st);
   const double t_opt = now_seconds();
-  owners_.clip_gradients(st);
-  owners_.optimizer_step(step, st, qk);
+  {
+    trace::Span span(trace::Lane::schedule, "phase", "optimizer");
+    owners_.clip_gradients(st);
+    owners_.optimizer_step(step, st, qk);
+  }
   st.t_optimizer = now_seconds() - t_opt;
   st.t_total = now_seconds() - t_start;
   st.orthogonalizations = owners_.orthogonalizations() - orth0;
@@ -148,6 +156,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   // 4. step statistics reduced once (and once more over HSDP replicas): tokens summed, phase times maxed
   std::array<double, 6> stats = {static_cast<double>(local_tokens), st.t_forward, st.t_backward, st.t_reduce,
                                  st.t_optimizer, st.t_total};
+  trace::Span span(trace::Lane::schedule, "phase", "step statistics");
   stats = reduce_step_stats(comm_, stats);
   if (replicas_) stats = reduce_step_stats(*replicas_, stats);
   st.tokens = static_cast<int64_t>(stats[0]);
@@ -214,7 +223,9 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
   // forward: gather -> compute -> free, unit by unit (the last unit stays for backward)
   double t0 = now_seconds();
   std::vector<Tensor> out(U), in(U);
+  std::optional<trace::Span> pass(std::in_place, trace::Lane::schedule, "phase", "forward");
   for (int u = 0; u < U; ++u) {
+    trace::Span unit(trace::Lane::schedule, "phase", "forward unit", [u] { return "\"unit\":" + std::to_string(u); });
     for (int d : model_.units_needed_by(u)) units_.gather(d, CommPhase::fwd_gather);
     prefetch_after(u, +1, CommPhase::fwd_gather);
     if (u > 0) {
@@ -232,11 +243,14 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
   }
   const float loss = out[U - 1].item();
   st.t_forward += now_seconds() - t0;
+  pass.emplace(trace::Lane::schedule, "phase", "backward");
 
   // backward: gather -> backward -> reduce to owners -> free, in reverse unit order
   Tensor grad;  // d loss / d out[u]; undefined for the scalar loss
   for (int u = U - 1; u >= 0; --u) {
     t0 = now_seconds();
+    std::optional<trace::Span> span(std::in_place, trace::Lane::schedule, "phase", "backward unit",
+                                    [u] { return "\"unit\":" + std::to_string(u); });
     for (int d : model_.units_needed_by(u)) {
       units_.gather(d, CommPhase::bwd_gather);
       units_.ensure_grad_buffers(d);
@@ -251,6 +265,7 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
     }
     const double t1 = now_seconds();
     st.t_backward += t1 - t0;
+    span.emplace(trace::Lane::schedule, "phase", "reduce", [u] { return "\"unit\":" + std::to_string(u); });
     // u's own gradients are complete (a tied embedding waits for unit 0). With overlap_reduce its
     // reduction runs while unit u-1 computes its backward; u+1's, started one unit ago, ends here.
     units_.reduce_gradients(u, last_micro, resolved_.overlap_reduce);
@@ -258,6 +273,7 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
     if (u == 0 || (last_micro && opts_.overlap_backward)) units_.finish_reduce(u);
     st.t_reduce += now_seconds() - t1;
     if (last_micro && opts_.overlap_backward) {  // u's gradients are final: its Muon updates can start
+      span.emplace(trace::Lane::schedule, "phase", "orthogonalize unit", [u] { return "\"unit\":" + std::to_string(u); });
       const double t2 = now_seconds();
       units_.scale_unit_gradients(u, grad_scale);
       owners_.orthogonalize_unit(u);
