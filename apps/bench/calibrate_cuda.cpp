@@ -79,12 +79,13 @@ double launch_us(cublasHandle_t h, Operands& o) {
 
 // Read + write GB/s of a device-to-device copy of `bytes`; its median milliseconds into `ms`.
 double copy_GBps(int64_t bytes, double& ms) {
-  Tensor src = Tensor::zeros({bytes / 4}, DType::f32, Device::CUDA), dst = Tensor::zeros({bytes / 4}, DType::f32, Device::CUDA);
+  const int64_t n = bytes / 4;
+  Tensor src = Tensor::zeros({n}, DType::f32, Device::CUDA), dst = Tensor::zeros({n}, DType::f32, Device::CUDA);
   ms = cuda_timing::median_ms([&] {
-    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(bytes / 4 * 4), cudaMemcpyDeviceToDevice, 0),
+    check(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(n * 4), cudaMemcpyDeviceToDevice, 0),
           "cudaMemcpyAsync");
   }, 2, 10);
-  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+  return 2.0 * static_cast<double>(n * 4) / (ms * 1e-3) / 1e9;
 }
 
 // The GEMM rate of each size as a fraction of the best into `curve`; returns the best, TFLOP/s.
@@ -181,9 +182,9 @@ CudaCalibrationResult calibrate_cuda_device(const CudaCalibration& what, const C
   const std::string kept = "intra_GBps, inter_GBps, intra_latency_us, inter_latency_us, linear_latency, "
                            "model_efficiency, reserve_gb, gpus_per_node";
   m["not_measured"] = kept + " (from " + (base_name.empty() ? std::string("the defaults") : base_name) + ")";
-  c.source = std::string("measured on ") + prop.name + " by mfsdp-project --calibrate --device cuda: gemm_tflops_* the " +
-             "best rate of square cuBLAS GEMMs (bf16: cublasGemmEx, bf16 in and out, f32 accumulation; f32: " +
-             "cublasSgemm, FP32 math, no TF32), gemm_curve_* each size's rate / that best, launch_us the wall time " +
+  c.source = std::string("measured on ") + prop.name +
+             " by mfsdp-project --calibrate --device cuda: gemm_tflops_* the best rate of square cuBLAS " +
+             "GEMMs (bf16: cublasGemmEx, bf16 in and out, f32 accumulation; f32: cublasSgemm, FP32 math, no TF32), gemm_curve_* each size's rate / that best, launch_us the wall time " +
              "per back-to-back 32^3 GEMM, ns_efficiency the median over sizes of predicted / measured bf16 " +
              "Newton-Schulz GEMM time, mem_GBps a device-to-device copy (read + write bytes), memory_gb the " +
              "device's total. Not measured: " + m["not_measured"].get<std::string>() + ".";

@@ -35,9 +35,10 @@ struct CudaCalibrationResult {
 /// 32^3 bf16 GEMM (host launch plus kernel), ns_efficiency the median over sizes of (the
 /// Newton-Schulz GEMM time the projection predicts from the measured curve) / (newton_schulz_cuda's
 /// measured time less its launches, at least half of it), mem_GBps (read + write bytes) / time
-/// of a device-to-device copy, memory_gb the device's total memory; source "measured on <device name> ...". The fields one GPU cannot measure
-/// (interconnect bandwidths and latencies, model_efficiency, reserve_gb, gpus_per_node) are
-/// `base`'s, named in the source and in measurements["not_measured"]. Times are medians of CUDA
+/// of a device-to-device copy, memory_gb the device's total memory; source "measured on <device
+/// name> ...". The fields one GPU cannot measure (interconnect bandwidths and latencies,
+/// model_efficiency, reserve_gb, gpus_per_node) are `base`'s (`base_name`: its file, "" for the
+/// defaults), named in the source and in measurements["not_measured"]. Times are medians of CUDA
 /// events on the legacy default stream after warm-up calls.
 /// Throws std::runtime_error when this build has no CUDA, when no CUDA device is visible, or on a
 /// CUDA / cuBLAS error; std::invalid_argument on sizes outside [16, 16384] or not increasing.
