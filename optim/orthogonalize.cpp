@@ -14,8 +14,8 @@
 
 #include "optim/clip.h"
 #include "optim/muon.h"
+#include "optim/newton_schulz_bf16.h"
 #include "runtime/core/dtype.h"
-#include "runtime/cpu_gemm_bf16.h"
 #include "runtime/cpu_sgemm_serial.h"
 
 namespace mfsdp {
@@ -36,7 +36,6 @@ using SymMap = Eigen::Map<ColMat>;
 /// q, t, rz: [m, m] (Gram form only: Q, a product temporary, R Z).
 struct OrthoScratch {
   std::vector<float> x, y, a, b, q, t, rz;
-  std::vector<bf16> xh, ah, bh;  // bf16 path: bf16 copies of X, A and B
   static void grow(std::vector<float>& v, int64_t size) {
     if (static_cast<int64_t>(v.size()) < size) v.resize(static_cast<size_t>(size));
   }
@@ -222,62 +221,14 @@ float* quintic_iterations(OrthoScratch& s, int64_t m, int64_t n, int steps, Orth
   return xp;
 }
 
-/// dst[i] = bf16(src[i]) for i < n.
-void round_to_bf16(const float* src, bf16* dst, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= (int64_t(1) << 16))
-  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-}
-
-/// C [M, N] = A op(B) with bf16 A [M, K] and B (row-major; B stored [N, K] when tb, else [K, N])
-/// and f32 accumulation. On the CPU's bf16 instructions when present, else the
-/// operands are widened (exactly) to f32 and multiplied by the serial Eigen GEMM.
-void gemm_bf16_cpu(bool tb, int64_t M, int64_t N, int64_t K, const bf16* A, const bf16* B, float* C) {
-  if (cpu_gemm_bf16_native()) {
-    cpu_gemm_bf16(false, tb, M, N, K, 1.0f, A, B, 0.0f, C);
-    return;
-  }
-  thread_local std::vector<float> wa, wb;
-  wa.resize(static_cast<size_t>(M * K));
-  wb.resize(static_cast<size_t>(K * N));
-  for (int64_t i = 0; i < M * K; ++i) wa[static_cast<size_t>(i)] = bf16_to_float(A[i]);
-  for (int64_t i = 0; i < K * N; ++i) wb[static_cast<size_t>(i)] = bf16_to_float(B[i]);
-  MatMap c(C, M, N);
-  c.setZero();
-  ConstMatMap a(wa.data(), M, K);
-  if (tb)
-    gemm_serial(c, a, ConstMatMap(wb.data(), N, K).transpose(), 1.0f);
-  else
-    gemm_serial(c, a, ConstMatMap(wb.data(), K, N), 1.0f);
-}
-
-/// The quintic steps of quintic_iterations with bf16 products: per step, with bf16(.) rounding
-/// to bf16 and every product accumulated in f32, A = bf16(X) bf16(X)^T, B = b A + c bf16(A)
-/// bf16(A), X' = a X + bf16(B) bf16(X) (the additions in f32). Returns the buffer holding X.
-float* quintic_iterations_bf16(OrthoScratch& s, int64_t m, int64_t n, int steps, Orthogonalizer method) {
-  OrthoScratch::grow(s.t, m * m);
-  s.xh.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(s.xh.size()), m * n)));
-  s.ah.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(s.ah.size()), m * m)));
-  s.bh.resize(static_cast<size_t>(std::max<int64_t>(static_cast<int64_t>(s.bh.size()), m * m)));
-  float* xp = s.x.data();
-  float* yp = s.y.data();
-  float* A = s.a.data();
-  float* B = s.b.data();
+/// The bf16 quintic steps (newton_schulz_bf16.h) on s.x and s.y; returns the buffer holding X.
+float* bf16_iterations(OrthoScratch& s, int64_t m, int64_t n, int steps, Orthogonalizer method) {
+  std::vector<QuinticStep> ks;
   for (int it = 0; it < steps; ++it) {
     const Coeffs32 k = coeffs32(method, it);
-    round_to_bf16(xp, s.xh.data(), m * n);
-    gemm_bf16_cpu(true, m, m, n, s.xh.data(), s.xh.data(), A);  // A = X X^T
-    round_to_bf16(A, s.ah.data(), m * m);
-    gemm_bf16_cpu(false, m, m, m, s.ah.data(), s.ah.data(), B);  // B = A A
-#pragma omp parallel for schedule(static) if (m * m >= (int64_t(1) << 16))
-    for (int64_t i = 0; i < m * m; ++i) B[i] = k.c * B[i] + k.b * A[i];
-    round_to_bf16(B, s.bh.data(), m * m);
-    gemm_bf16_cpu(false, m, n, m, s.bh.data(), s.xh.data(), yp);  // Y = B X
-    const int64_t mn = m * n;
-#pragma omp parallel for schedule(static) if (mn >= (int64_t(1) << 16))
-    for (int64_t i = 0; i < mn; ++i) yp[i] = k.a * xp[i] + yp[i];  // X' = a X + B X
-    std::swap(xp, yp);
+    ks.push_back({k.a, k.b, k.c});
   }
-  return xp;
+  return quintic_iterations_bf16(s.x.data(), s.y.data(), m, n, ks);
 }
 
 /// Gram Newton-Schulz (see orthogonalize.h): the same polynomials as quintic_iterations, with the
@@ -376,7 +327,7 @@ void orthogonalize_one(const float* G, float* out, int64_t rows, int64_t cols, i
   scaled_copy(G, rows, cols, transposed, inv, s.x.data());  // X = G / denom, [m, n]
 
   float* result = gram                    ? gram_iterations(s, m, n, steps, method)
-                  : dtype == NsDType::bf16 ? quintic_iterations_bf16(s, m, n, steps, method)
+                  : dtype == NsDType::bf16 ? bf16_iterations(s, m, n, steps, method)
                                            : quintic_iterations(s, m, n, steps, method);
 
   scaled_copy(result, m, n, transposed, 1.0f, out);

@@ -30,14 +30,43 @@ uint32_t float_bits(float x) {
   return u;
 }
 
-/// The CPU engine and stream, and one primitive (with its memory descriptors) per GEMM shape.
+/// The shape, strides, dtypes and coefficients of one matmul; the key of its cached primitive.
+struct MatmulSpec {
+  bool ta = false, tb = false, bf16_out = false, add = false;  // add: a binary-add operand D
+  int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
+  uint32_t alpha = 0, beta = 0;  // bit patterns of the floats
+  auto key() const { return std::tie(ta, tb, bf16_out, add, M, N, K, lda, ldb, ldc, alpha, beta); }
+  bool operator<(const MatmulSpec& o) const { return key() < o.key(); }
+};
+
+void append_post_ops(dnnl_primitive_attr_t attr, const MatmulSpec& s, const dnnl_memory_desc_t& c) {
+  float alpha, beta;
+  std::memcpy(&alpha, &s.alpha, 4);
+  std::memcpy(&beta, &s.beta, 4);
+  dnnl_post_ops_t ops;
+  dnnl_check(dnnl_post_ops_create(&ops), "post_ops_create");
+  if (s.add) {  // C = beta * (acc * alpha / beta + D): a binary add of D between two scalings
+    const float scale = alpha / beta;
+    dnnl_check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale), "output scales");
+    dnnl_check(dnnl_post_ops_append_binary(ops, dnnl_binary_add, &c), "post_ops_append_binary");
+    dnnl_check(dnnl_post_ops_append_eltwise(ops, 1.f, dnnl_eltwise_linear, beta, 0.f), "post_ops_append_eltwise");
+  } else {
+    if (alpha != 1.f) dnnl_check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output scales");
+    if (beta != 0.f)  // C = alpha A B + beta C: oneDNN's sum post-op adds beta times the old C
+      dnnl_check(dnnl_post_ops_append_sum(ops, beta), "post_ops_append_sum");
+  }
+  const dnnl_status_t st = dnnl_primitive_attr_set_post_ops(attr, ops);
+  dnnl_post_ops_destroy(ops);
+  dnnl_check(st, "set_post_ops");
+}
+
+/// The CPU engine and stream, and one primitive (with its memory descriptors) per MatmulSpec.
 class MatmulCache {
  public:
   struct Entry {
     dnnl_primitive_t primitive = nullptr;
     dnnl_memory_desc_t a, b, c;
   };
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, uint32_t, uint32_t>;
 
   MatmulCache() {
     dnnl_check(dnnl_engine_create(&engine_, dnnl_cpu, 0), "engine_create");
@@ -49,59 +78,68 @@ class MatmulCache {
     dnnl_engine_destroy(engine_);
   }
 
-  const Entry& get(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
-    const Key key{ta, tb, M, N, K, float_bits(alpha), float_bits(beta)};
-    auto it = entries_.find(key);
+  const Entry& get(const MatmulSpec& s) {
+    auto it = entries_.find(s);
     if (it != entries_.end()) return it->second;
     Entry e;
-    // op(A)[m,k] lives at A[m*K + k] (not transposed) or A[k*M + m] (stored transposed); same for B.
-    const dnnl_dims_t a_dims{M, K}, a_strides{ta ? 1 : K, ta ? M : 1};
-    const dnnl_dims_t b_dims{K, N}, b_strides{tb ? 1 : N, tb ? K : 1};
-    const dnnl_dims_t c_dims{M, N}, c_strides{N, 1};
+    // op(A)[m,k] lives at A[m*lda + k] (not transposed) or A[k*lda + m] (stored transposed); same for B.
+    const dnnl_dims_t a_dims{s.M, s.K}, a_strides{s.ta ? 1 : s.lda, s.ta ? s.lda : 1};
+    const dnnl_dims_t b_dims{s.K, s.N}, b_strides{s.tb ? 1 : s.ldb, s.tb ? s.ldb : 1};
+    const dnnl_dims_t c_dims{s.M, s.N}, c_strides{s.ldc, 1};
     dnnl_check(dnnl_memory_desc_init_by_strides(&e.a, 2, a_dims, dnnl_bf16, a_strides), "memory_desc (A)");
     dnnl_check(dnnl_memory_desc_init_by_strides(&e.b, 2, b_dims, dnnl_bf16, b_strides), "memory_desc (B)");
-    dnnl_check(dnnl_memory_desc_init_by_strides(&e.c, 2, c_dims, dnnl_f32, c_strides), "memory_desc (C)");
+    dnnl_check(dnnl_memory_desc_init_by_strides(&e.c, 2, c_dims, s.bf16_out ? dnnl_bf16 : dnnl_f32, c_strides),
+               "memory_desc (C)");
     dnnl_matmul_desc_t desc;
     dnnl_check(dnnl_matmul_desc_init(&desc, &e.a, &e.b, nullptr, &e.c), "matmul_desc_init");
     dnnl_primitive_attr_t attr;
     dnnl_check(dnnl_primitive_attr_create(&attr), "primitive_attr_create");
-    if (alpha != 1.f) dnnl_check(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output scales");
-    if (beta != 0.f) {  // C = alpha A B + beta C: oneDNN's sum post-op adds beta times the old C
-      dnnl_post_ops_t ops;
-      dnnl_check(dnnl_post_ops_create(&ops), "post_ops_create");
-      dnnl_check(dnnl_post_ops_append_sum(ops, beta), "post_ops_append_sum");
-      dnnl_check(dnnl_primitive_attr_set_post_ops(attr, ops), "set_post_ops");
-      dnnl_post_ops_destroy(ops);
+    dnnl_primitive_desc_t pd = nullptr;
+    dnnl_status_t st = dnnl_success;
+    try {
+      append_post_ops(attr, s, e.c);
+      st = dnnl_primitive_desc_create(&pd, &desc, attr, engine_, nullptr);
+    } catch (...) {
+      dnnl_primitive_attr_destroy(attr);
+      throw;
     }
-    dnnl_primitive_desc_t pd;
-    const dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, attr, engine_, nullptr);
     dnnl_primitive_attr_destroy(attr);
-    dnnl_check(st, ("matmul for M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K)).c_str());
+    dnnl_check(st, ("matmul for M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K))
+                       .c_str());
     const dnnl_status_t made = dnnl_primitive_create(&e.primitive, pd);
     dnnl_primitive_desc_destroy(pd);
     dnnl_check(made, "primitive_create");
-    return entries_.emplace(key, e).first->second;
+    return entries_.emplace(s, e).first->second;
   }
 
-  void run(const Entry& e, const void* A, const void* B, float* C) {
-    dnnl_memory_t a, b, c;
-    dnnl_check(dnnl_memory_create(&a, &e.a, engine_, const_cast<void*>(A)), "memory_create (A)");
-    dnnl_check(dnnl_memory_create(&b, &e.b, engine_, const_cast<void*>(B)), "memory_create (B)");
-    dnnl_check(dnnl_memory_create(&c, &e.c, engine_, C), "memory_create (C)");
-    const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
-    const dnnl_status_t st = dnnl_primitive_execute(e.primitive, stream_, 3, args);
+  /// Runs e on A, B -> C (D: the binary-add operand, laid out as C, or null).
+  void run(const Entry& e, const void* A, const void* B, void* C, const void* D) {
+    dnnl_memory_t mem[4] = {nullptr, nullptr, nullptr, nullptr};
+    dnnl_check(dnnl_memory_create(&mem[0], &e.a, engine_, const_cast<void*>(A)), "memory_create (A)");
+    dnnl_check(dnnl_memory_create(&mem[1], &e.b, engine_, const_cast<void*>(B)), "memory_create (B)");
+    dnnl_check(dnnl_memory_create(&mem[2], &e.c, engine_, C), "memory_create (C)");
+    if (D) dnnl_check(dnnl_memory_create(&mem[3], &e.c, engine_, const_cast<void*>(D)), "memory_create (D)");
+    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
+                                     {DNNL_ARG_WEIGHTS, mem[1]},
+                                     {DNNL_ARG_DST, mem[2]},
+                                     {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, mem[3]}};
+    const dnnl_status_t st = dnnl_primitive_execute(e.primitive, stream_, D ? 4 : 3, args);
     const dnnl_status_t waited = st == dnnl_success ? dnnl_stream_wait(stream_) : st;
-    dnnl_memory_destroy(a);
-    dnnl_memory_destroy(b);
-    dnnl_memory_destroy(c);
+    for (dnnl_memory_t m : mem)
+      if (m) dnnl_memory_destroy(m);
     dnnl_check(waited, "matmul execute");
   }
 
  private:
   dnnl_engine_t engine_ = nullptr;
   dnnl_stream_t stream_ = nullptr;
-  std::map<Key, Entry> entries_;
+  std::map<MatmulSpec, Entry> entries_;
 };
+
+MatmulCache& matmul_cache() {
+  static MatmulCache cache;
+  return cache;
+}
 
 bool has_isa(dnnl_cpu_isa_t isa, dnnl_cpu_isa_t want) {
   return (static_cast<unsigned>(isa) & static_cast<unsigned>(want)) == static_cast<unsigned>(want);
@@ -122,8 +160,28 @@ const char* cpu_gemm_bf16_path() {
 
 void cpu_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
                    float beta, float* C) {
-  static MatmulCache cache;
-  cache.run(cache.get(ta, tb, M, N, K, alpha, beta), A, B, C);
+  MatmulSpec s;
+  s.ta = ta;
+  s.tb = tb;
+  s.M = M, s.N = N, s.K = K;
+  s.lda = ta ? M : K, s.ldb = tb ? K : N, s.ldc = N;
+  s.alpha = float_bits(alpha), s.beta = float_bits(beta);
+  MatmulCache& cache = matmul_cache();
+  cache.run(cache.get(s), A, B, C, nullptr);
+}
+
+void cpu_gemm_bf16_fused(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+                         const void* B, int64_t ldb, float beta, const void* D, void* C, int64_t ldc, bool bf16_out) {
+  if (beta != 0.f && D == nullptr) throw std::invalid_argument("[gemm_bf16] beta != 0 needs the operand D");
+  MatmulSpec s;
+  s.tb = tb;
+  s.bf16_out = bf16_out;
+  s.add = beta != 0.f;
+  s.M = M, s.N = N, s.K = K;
+  s.lda = lda, s.ldb = ldb, s.ldc = ldc;
+  s.alpha = float_bits(alpha), s.beta = float_bits(beta);
+  MatmulCache& cache = matmul_cache();
+  cache.run(cache.get(s), A, B, C, s.add ? D : nullptr);
 }
 
 #else
@@ -131,6 +189,10 @@ void cpu_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 bool cpu_gemm_bf16_native() { return false; }
 const char* cpu_gemm_bf16_path() { return "bf16 matmuls widened to f32 (built without oneDNN)"; }
 void cpu_gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const void*, const void*, float, float*) {
+  throw std::runtime_error("[gemm_bf16] built without oneDNN: no native bf16 GEMM");
+}
+void cpu_gemm_bf16_fused(bool, int64_t, int64_t, int64_t, float, const void*, int64_t, const void*, int64_t, float,
+                         const void*, void*, int64_t, bool) {
   throw std::runtime_error("[gemm_bf16] built without oneDNN: no native bf16 GEMM");
 }
 

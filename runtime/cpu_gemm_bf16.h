@@ -21,4 +21,15 @@ const char* cpu_gemm_bf16_path();
 void cpu_gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,
                    float beta, float* C);
 
+/// Row-major C = alpha * A op(B) + beta * D with bf16 A and B: A [M,K] (leading dimension lda),
+/// op(B) [K,N] (B stored [N,K] with leading dimension ldb when tb, else [K,N]); C and D [M,N] with
+/// leading dimension ldc, both bf16 (bf16_out) or both f32 (D may be null when beta == 0; it must
+/// not overlap C). The product accumulates in f32 and the sum with beta * D is formed in f32, then
+/// stored once (rounded once to bf16 when bf16_out, as a cuBLAS bf16 GEMM with an f32 compute type
+/// rounds). Primitives are cached per shape, strides and coefficients; deterministic for a fixed
+/// thread count and ISA. Requires cpu_gemm_bf16_native(); throws std::invalid_argument for
+/// beta != 0 without D, std::runtime_error on a oneDNN failure. One thread at a time.
+void cpu_gemm_bf16_fused(bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+                         const void* B, int64_t ldb, float beta, const void* D, void* C, int64_t ldc, bool bf16_out);
+
 }  // namespace mfsdp
