@@ -184,10 +184,11 @@ CudaCalibrationResult calibrate_cuda_device(const CudaCalibration& what, const C
   m["not_measured"] = kept + " (from " + (base_name.empty() ? std::string("the defaults") : base_name) + ")";
   c.source = std::string("measured on ") + prop.name +
              " by mfsdp-project --calibrate --device cuda: gemm_tflops_* the best rate of square cuBLAS " +
-             "GEMMs (bf16: cublasGemmEx, bf16 in and out, f32 accumulation; f32: cublasSgemm, FP32 math, no TF32), gemm_curve_* each size's rate / that best, launch_us the wall time " +
-             "per back-to-back 32^3 GEMM, ns_efficiency the median over sizes of predicted / measured bf16 " +
-             "Newton-Schulz GEMM time, mem_GBps a device-to-device copy (read + write bytes), memory_gb the " +
-             "device's total. Not measured: " + m["not_measured"].get<std::string>() + ".";
+             "GEMMs (bf16: cublasGemmEx, bf16 in and out, f32 accumulation; f32: cublasSgemm, FP32 math, " +
+             "no TF32), gemm_curve_* each size's rate / that best, launch_us the wall time per " +
+             "back-to-back 32^3 GEMM, ns_efficiency the median over sizes of predicted / measured bf16 " +
+             "Newton-Schulz GEMM time, mem_GBps a device-to-device copy (read + write bytes), memory_gb " +
+             "the device's total. Not measured: " + m["not_measured"].get<std::string>() + ".";
   return r;
 }
 
