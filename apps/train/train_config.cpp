@@ -499,7 +499,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);
   c.logging.run_dir = r.path_value("logging.run_dir", base_dir);
   c.logging.trace = r.path_value("logging.trace", base_dir);
-  c.logging.trace_start = r.i64("logging.trace_start", 1);
+  c.logging.trace_start = r.i64("logging.trace_start", 1, int64_t(1) << 40);
   c.logging.trace_steps = r.i64("logging.trace_steps", 1, 1000);
   c.output.export_path = r.path_value("output.export", base_dir);
   c.training.resume = r.str("training.resume");

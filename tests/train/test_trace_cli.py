@@ -9,9 +9,11 @@ usage: test_trace_cli.py BIN_DIR CASE   with CASE one of
              4 x parameters x (world - 1) x micro-batches bytes (the direct model, summed over
              ranks) and the run's summary counts the same per step; Newton-Schulz runs once per
              Muon matrix per step, on its owner, with the matrix's name and shape; started
-             all-gathers and reduce-scatters sit on their own rows. A run whose window lies past
-             its last step writes no file and says so.
-  bad_input  logging.trace naming a directory, and logging.trace_steps 0, exit 2 naming the key
+             all-gathers and reduce-scatters sit on their own rows; the same run untraced ends in
+             the same state fingerprint and traffic. A run whose window lies past its last step
+             writes no file and says so.
+  bad_input  logging.trace naming a directory, logging.trace_steps 0 and logging.trace_start 0 exit 2
+             naming the key
 Exit 0 on success, 1 on failure.
 """
 import json
@@ -147,6 +149,18 @@ def case_window(bin_dir, tmp):
     check_newton_schulz(spans, steps, muon)
     print(f"window: {len(spans)} spans, {muon} Muon matrices, {summary['parameters']} parameters")
 
+    plain_dir = os.path.join(tmp, "plain")  # tracing changes no result
+    rc, out = train(bin_dir, "training.steps=5", f"training.grad_accum={accum}", "training.eval_interval=0",
+                    "training.sample_tokens=0", "sharding.prefetch_depth=2", "sharding.overlap_reduce=on",
+                    f"logging.run_dir={plain_dir}")
+    check(rc == 0, f"untraced run failed ({rc}): {out[-1000:]}")
+    if rc == 0:
+        with open(os.path.join(plain_dir, "summary.json")) as f:
+            plain = json.load(f)
+        check(plain["state_fingerprint"] == summary["state_fingerprint"]
+              and plain["comm_bytes"] == summary["comm_bytes"],
+              "the traced run's state or traffic differs from the untraced run's")
+
     late = os.path.join(tmp, "late.json")
     rc, out = train(bin_dir, f"logging.trace={late}", "logging.trace_start=4", "training.steps=3",
                     "training.eval_interval=0", "training.sample_tokens=0")
@@ -156,7 +170,8 @@ def case_window(bin_dir, tmp):
 
 def case_bad_input(bin_dir, tmp):
     for sets, key in [([f"logging.trace={tmp}"], "logging.trace"),
-                      ([f"logging.trace={tmp}/t.json", "logging.trace_steps=0"], "logging.trace_steps")]:
+                      ([f"logging.trace={tmp}/t.json", "logging.trace_steps=0"], "logging.trace_steps"),
+                      ([f"logging.trace={tmp}/t.json", "logging.trace_start=0"], "logging.trace_start")]:
         rc, out = train(bin_dir, *sets, "training.steps=2")
         check(rc == 2 and key in out, f"{sets}: exit {rc}, expected 2 naming {key}: {out[-600:]}")
 
