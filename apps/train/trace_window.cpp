@@ -12,13 +12,15 @@
 
 namespace mfsdp {
 
-TraceWindow::TraceWindow(const TrainConfig& cfg, Communicator& comm) : cfg_(cfg), comm_(comm) {
+TraceWindow::TraceWindow(const TrainConfig& cfg, Communicator& comm, Communicator* replicas)
+    : cfg_(cfg), comm_(comm), replicas_(replicas) {
   if (cfg.logging.trace.resolved.empty()) return;
   CommOptions opts;
   opts.timeout_seconds = cfg.sharding.collective_timeout_s;
   opts.timeout_name = kCollectiveTimeoutKey;
   host_ = make_host_communicator(opts);
   traced_ = std::make_unique<trace::TracedCommunicator>(comm);
+  if (replicas) traced_replicas_ = std::make_unique<trace::TracedCommunicator>(*replicas);
   recorder_ = std::make_unique<trace::Recorder>(comm.device());
   first_ = cfg.logging.trace_start;
   last_ = std::min(cfg.logging.trace_start + cfg.logging.trace_steps - 1, cfg.training.steps);
