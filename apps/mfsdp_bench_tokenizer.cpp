@@ -33,19 +33,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, mfsdp::cli::kMaxSteps));
   if (const int rc = mfsdp::cli::parse_or_exit_code(app, argc, argv); rc >= 0) return rc;
-  std::ifstream f;
-  if (const std::string e = mfsdp::special_input_file(file); !e.empty()) {
-    std::fprintf(stderr, "mfsdp-bench-tokenizer: %s\n", e.c_str());
+  std::string text;
+  try {  // regular files only: a FIFO or a device is refused by name, never read
+    text = mfsdp::read_input_file(file, "");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mfsdp-bench-tokenizer: %s\n", e.what());
     return 2;
   }
-  f.open(file, std::ios::binary);
-  if (!f) {
-    std::fprintf(stderr, "mfsdp-bench-tokenizer: cannot read %s\n", file.c_str());
-    return 2;
-  }
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
   std::vector<std::string> docs;
   for (size_t pos = 0; pos < text.size();) {
     size_t at = text.find("\n\n", pos);

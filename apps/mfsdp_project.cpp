@@ -23,6 +23,7 @@
 #include "models/model_presets.h"
 #include "planner/projection.h"
 #include "runtime/core/file_checks.h"
+#include "runtime/core/json_limits.h"
 #include "runtime/engine/projection_rules.h"
 
 using namespace mfsdp;
@@ -115,10 +116,9 @@ void check_bench_row(const ProjectionInput& in, int world, double opt_ms, double
 // NS steps, predicted over measured)}: the ratios cancel the machine's speed, which on shared cores
 // varies with the other jobs between calibration and measurement.
 std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench_path, json& out) {
-  require_input_file(bench_path, "--compare");
-  std::ifstream f(bench_path);
-  if (!f) throw std::runtime_error(bench_path + ": cannot open");
-  const json b = json::parse(f);
+  const std::string text = read_input_file(bench_path, "--compare", size_t{64} << 20);  // regular files only
+  if (json_nesting_depth(text) > kMaxJsonDepth) throw std::runtime_error(bench_path + ": nested deeper than 64 levels");
+  const json b = json::parse(text);
   double worst = 0, worst_ratio = 0;
   std::map<std::string, std::pair<double, double>> base_meas, base_pred;  // (world, ns) -> matrixfsdp (opt, step)
   std::vector<std::tuple<std::string, std::string, double, double, double, double>> rows;

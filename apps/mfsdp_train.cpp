@@ -98,8 +98,12 @@ std::string check_inputs(const Args& args, Communicator& host, TrainConfig& cfg,
 /// the config, build and input files (check_agreement). Bounded by `host`'s timeout: a rank
 /// stuck in its checks cannot hang the others. Returns the exit code when the run stops here
 /// (2 bad input, 0 after --print-config), or -1 to train.
-int agree_to_start(Communicator& host, const Args& args, const std::string& error, const TrainConfig& cfg) {
+int agree_to_start(Communicator& host, const Args& args, const std::string& start_error, const TrainConfig& cfg) {
   const int rank = host.rank(), world = host.world_size();
+  // The input files are hashed first: one that cannot be read as a regular file stops every rank.
+  std::string error = start_error;
+  std::map<std::string, std::string> facts;
+  if (error.empty()) facts = run_facts(cfg, error);
   set_comm_context("the start-up checks");
   // One maximum over {error, print, eval, -error, -print, -eval}: the last three give the minima.
   const float mine[3] = {error.empty() ? 0.f : 1.f, args.print_config ? 1.f : 0.f, args.eval_only ? 1.f : 0.f};
@@ -122,7 +126,7 @@ int agree_to_start(Communicator& host, const Args& args, const std::string& erro
   // Every rank must run the same config, build and input files: compared before any training
   // collective, so a stale node is named instead of hanging or training a wrong model.
   set_comm_context("the start-up agreement");
-  const std::string disagreement = check_agreement(run_facts(cfg), host);
+  const std::string disagreement = check_agreement(facts, host);
   set_comm_context("");
   if (!disagreement.empty()) {
     std::fprintf(stderr, "mfsdp-train: error (rank %d): %s\n", rank, disagreement.c_str());

@@ -103,13 +103,16 @@ std::string rank_file_name(int rank) {
   return buf;
 }
 
-// Step 1, rank 0: an empty temporary directory (a leftover of a crashed save is removed). Returns
+// Step 1, rank 0: an empty temporary directory (a leftover of a crashed save is removed, any
+// other file or directory of that name refused). Returns
 // the error ("" when ready).
 std::string prepare_save_dir(const fs::path& root_dir, const fs::path& final_dir, const fs::path& tmp_dir) {
   std::error_code ec;
   fs::create_directories(root_dir, ec);
   if (ec) return root_dir.string() + ": cannot create the checkpoint directory: " + ec.message();
   if (fs::exists(final_dir)) return final_dir.string() + ": a checkpoint of this step already exists";
+  if (const std::string e = foreign_partial_checkpoint(tmp_dir.string()); !e.empty())
+    return e + "; not a partial checkpoint, so it is kept (move it away to save this step)";
   fs::remove_all(tmp_dir, ec);
   if (!fs::create_directory(tmp_dir, ec) || ec) return tmp_dir.string() + ": cannot create: " + (ec ? ec.message() : "exists");
   return "";
@@ -184,13 +187,13 @@ json manifest_json(ShardedEngine& engine, const CheckpointMeta& meta, std::map<s
 // Step 4, rank 0: the manifest last, fsync, the rename into place, the latest pointer, and only
 // then the oldest complete checkpoints beyond keep_last go. Throws on failure.
 void publish(const json& manifest, const fs::path& root_dir, const fs::path& tmp_dir, const fs::path& final_dir, int keep_last) {
-  write_file_atomic(tmp_dir / kManifest, seal_manifest(manifest.dump(1) + "\n"));
+  write_file_swap((tmp_dir / kManifest).string(), seal_manifest(manifest.dump(1) + "\n"));
   if (!sync_path(tmp_dir)) throw CheckpointError(tmp_dir.string() + ": fsync failed");
   std::error_code ec;
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) throw CheckpointError(final_dir.string() + ": rename failed: " + ec.message());
   sync_path(root_dir);
-  write_file_atomic(root_dir / "latest", final_dir.filename().string() + "\n");
+  write_file_swap((root_dir / "latest").string(), final_dir.filename().string() + "\n");
   sync_path(root_dir);
   std::vector<std::string> complete = list_checkpoints(root_dir.string());
   for (size_t i = 0; keep_last > 0 && i + static_cast<size_t>(keep_last) < complete.size(); ++i)
@@ -233,6 +236,24 @@ std::string save_checkpoint(ShardedEngine& engine, const std::string& root, cons
   return final_dir.string();
 }
 
+std::string foreign_partial_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (!fs::exists(st)) return "";
+  if (!fs::is_directory(st)) return dir + " is not a directory a checkpoint save made";
+  const auto ours = [](const std::string& n) {  // manifest.json, rank_<digits>.safetensors
+    const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+    return n == kManifest || (n.size() > 17 && n.rfind("rank_", 0) == 0 && n.compare(n.size() - 12, 12, ".safetensors") == 0 &&
+                              std::all_of(n.begin() + 5, n.end() - 12, digit));
+  };
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    const std::string base = n[0] == '.' && n.rfind(".tmp-") != std::string::npos ? n.substr(1, n.rfind(".tmp-") - 1) : "";
+    if (!ours(n) && !(ours(base) && is_temp_name_of(n, base))) return dir + " holds " + n + ", which no checkpoint save writes";
+  }
+  return ec ? dir + ": cannot list: " + ec.message() : "";
+}
+
 // ---------------------------------------------------------------------------------------- read
 
 std::vector<std::string> list_checkpoints(const std::string& root) {
@@ -271,10 +292,13 @@ std::string resolve_resume(const std::string& resume, const std::string& root, s
   // rename of a new checkpoint and the update of the pointer.
   const std::vector<std::string> complete = list_checkpoints(root);
   const std::string chosen = complete.empty() ? "" : complete.back();
-  std::ifstream latest;  // a pointer that is not a regular file is ignored (never read: it could block)
-  if (special_input_file((fs::path(root) / "latest").string()).empty()) latest.open(fs::path(root) / "latest");
-  std::string target;
-  if (latest && std::getline(latest, target) && !chosen.empty() && fs::path(chosen).filename().string() != target)
+  std::string target;  // a pointer that is not a regular file is ignored (open_input_file: never blocks)
+  try {
+    target = read_input_file((fs::path(root) / "latest").string(), "", 4096, false);
+  } catch (const std::exception&) {
+  }
+  target = target.substr(0, target.find('\n'));
+  if (!target.empty() && !chosen.empty() && fs::path(chosen).filename().string() != target)
     msg += "the latest pointer names " + clip_for_message(target) + ", not the newest complete checkpoint; ";
   if (chosen.empty()) msg += "no complete checkpoint in " + root + ": starting fresh";
   else msg += "resuming from " + chosen;
@@ -290,13 +314,8 @@ constexpr size_t kSealLine = kSealPrefix.size() + 16 + 3;  // kSealPrefix, 16 he
 // The manifest text of `path` with its checksum verified, before any field is read. Throws
 // CheckpointError naming the file.
 std::string read_sealed_manifest(const std::string& path) {
-  require_input_file<CheckpointError>(path, "");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path + ": cannot open (not a complete checkpoint?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  if (text.size() > kMaxManifestBytes) throw CheckpointError(path + ": larger than 1 GiB, refused");
+  if (!fs::exists(path)) throw CheckpointError(path + ": cannot open (not a complete checkpoint?)");
+  const std::string text = read_input_file<CheckpointError>(path, "", kMaxManifestBytes);  // over 1 GiB: refused
   const std::string hex = text.size() >= kSealLine ? text.substr(kSealPrefix.size(), 16) : "";
   if (hex.empty() || text.compare(0, kSealPrefix.size(), kSealPrefix) != 0 ||
       hex.find_first_not_of("0123456789abcdef") != std::string::npos ||

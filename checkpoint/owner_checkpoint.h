@@ -119,6 +119,12 @@ std::vector<float> read_full_tensor(const CheckpointManifest& manifest, const st
 /// message per problem (empty when the checkpoint is intact).
 std::vector<std::string> verify_checkpoint(const CheckpointManifest& manifest);
 
+/// Why `dir` (a step_N.tmp path) must not be removed as a partial checkpoint: "" when it is absent
+/// or a directory holding only what a save writes there (rank_<digits>.safetensors, manifest.json
+/// and their SwapFile temporaries; empty included), else "<dir> holds <entry>, which no checkpoint
+/// save writes" (or "is not a directory"). Saves refuse such a path; start-up cleanup keeps it.
+std::string foreign_partial_checkpoint(const std::string& dir);
+
 /// Complete checkpoints under `root` (directories step_* with a manifest.json), oldest first.
 std::vector<std::string> list_checkpoints(const std::string& root);
 

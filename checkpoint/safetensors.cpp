@@ -101,32 +101,15 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
   while ((8 + h.size()) % 8 != 0) h += ' ';
   const uint64_t n = h.size();
 
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw SafetensorsError(who + "cannot create " + tmp + ": " + std::strerror(errno));
-  bool ok = std::fwrite(&n, 8, 1, f) == 1 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
-  for (size_t i = 0; ok && i < tensors.size(); ++i)
-    if (sizes[i] > 0) ok = std::fwrite(tensors[i].data, 1, static_cast<size_t>(sizes[i]), f) == static_cast<size_t>(sizes[i]);
-  const int saved_errno = errno;
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (::fsync(fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw SafetensorsError(who + "write failed: " + std::strerror(saved_errno ? saved_errno : errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string e = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw SafetensorsError(who + "cannot rename " + tmp + ": " + e);
-  }
-  // Persist the rename itself.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  try {
+    SwapFile f(path);
+    f.write(&n, 8);
+    f.write(h.data(), h.size());
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (sizes[i] > 0) f.write(tensors[i].data, static_cast<size_t>(sizes[i]));
+    f.commit();
+  } catch (const std::runtime_error& e) {
+    throw SafetensorsError("[write_safetensors] " + std::string(e.what()));
   }
 }
 
@@ -135,9 +118,7 @@ namespace {
 // Maps `path` read-only; returns the mapping and sets `bytes`. Throws SafetensorsError (`who`
 // names the file) when it cannot be opened, is not a regular file or is shorter than 8 bytes.
 const uint8_t* map_file(const std::string& path, const std::string& who, int64_t& bytes) {
-  require_input_file<SafetensorsError>(path, "[safetensors]");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw SafetensorsError(who + "cannot open: " + std::strerror(errno));
+  const int fd = open_input_file<SafetensorsError>(path, "[safetensors]");  // a FIFO is refused, never waited on
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     const std::string e = std::strerror(errno);

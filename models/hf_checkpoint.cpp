@@ -5,7 +5,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "checkpoint/atomic_file.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 
@@ -20,14 +19,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 json read_json(const fs::path& path) {
-  require_input_file(path.string(), "");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path.string() + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (json_nesting_depth(ss.str()) > kMaxJsonDepth)
+  const std::string text = read_input_file(path.string(), "", size_t{256} << 20);  // regular files only
+  if (json_nesting_depth(text) > kMaxJsonDepth)
     throw std::runtime_error(path.string() + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels, refused");
-  json j = json::parse(ss.str(), nullptr, false);
+  json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw std::runtime_error(path.string() + ": not a JSON object");
   return j;
 }
@@ -62,7 +57,7 @@ HfExportPaths hf_export_paths(const std::string& path) {
   return {(fs::path(path) / "model.safetensors").string(), (fs::path(path) / "config.json").string()};
 }
 
-void write_hf_config(const std::string& path, const json& config) { write_file_atomic(path, config.dump(2) + "\n"); }
+void write_hf_config(const std::string& path, const json& config) { write_file_swap(path, config.dump(2) + "\n"); }
 
 HfCheckpoint::HfCheckpoint(const std::string& path) : path_(path) {
   const fs::path p(path);

@@ -9,6 +9,7 @@
 
 #include "planner/cost_model.h"
 #include "runtime/core/file_checks.h"
+#include "runtime/core/json_limits.h"
 #include "planner/planner.h"
 #include "planner/projection_terms.h"
 
@@ -108,40 +109,98 @@ double memory_gb(const ProjectionInput& in, const ShardPlan& plan, double persis
 
 }  // namespace
 
+namespace {
+
+// Typed, bounded access to the fields of one cluster JSON; every error names the file and the key.
+struct ClusterFields {
+  const nlohmann::json& j;
+  const std::string& path;
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw std::runtime_error(path + ": " + key + ": " + what);
+  }
+  // A finite number in [lo, hi] (in (lo, hi] when `open_lo`); absent: `fallback`, which must obey
+  // the same bounds (a required key has an invalid fallback).
+  double number(const std::string& key, double fallback, double lo, double hi, bool open_lo = false) const {
+    const bool has = j.contains(key);
+    const nlohmann::json v = has ? j.at(key) : nlohmann::json(fallback);
+    const double x = v.is_number() ? v.get<double>() : std::nan("");
+    if (v.is_number() && std::isfinite(x) && x <= hi && (open_lo ? x > lo : x >= lo)) return x;
+    fail(key, std::string(has ? "expected" : "missing; expected") + " a number in " + (open_lo ? "(" : "[") +
+                  nlohmann::json(lo).dump() + ", " + nlohmann::json(hi).dump() + "]" +
+                  (has ? ", got " + clip_for_message(v.dump()) : ""));
+  }
+  int integer(const std::string& key, int fallback, int lo, int hi) const {
+    if (!j.contains(key)) return fallback;
+    const auto& v = j.at(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+      fail(key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                    clip_for_message(v.dump()));
+    return static_cast<int>(v.get<int64_t>());
+  }
+  // [[size, efficiency], ...]: at most 256 points, sizes finite and > 0 and increasing, efficiencies
+  // in (0, 1.5] (curve_efficiency's rule).
+  std::vector<std::pair<double, double>> curve(const std::string& key) const {
+    std::vector<std::pair<double, double>> out;
+    if (!j.contains(key)) return out;
+    const auto& v = j.at(key);
+    if (!v.is_array() || v.size() > 256) fail(key, "expected a list of at most 256 [size, efficiency] pairs");
+    for (const auto& pt : v) {
+      if (!pt.is_array() || pt.size() != 2 || !pt[0].is_number() || !pt[1].is_number())
+        fail(key, "expected [size, efficiency] pairs of numbers, got " + clip_for_message(pt.dump()));
+      const double size = pt[0].get<double>();
+      if (!std::isfinite(size) || !(size > 0) || size > 1e9) fail(key, "size " + clip_for_message(pt[0].dump()) + " not in (0, 1e9]");
+      out.emplace_back(size, pt[1].get<double>());
+    }
+    try {
+      curve_efficiency(out, 1.0);
+    } catch (const std::exception& e) {
+      fail(key, e.what());
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
 ClusterSpec ClusterSpec::load(const std::string& path) {
-  require_input_file(path, "cluster file");
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(path + ": cannot open cluster file");
+  const std::string text = read_input_file(path, "cluster file", size_t{16} << 20);  // regular files only
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    if (json_nesting_depth(text) > kMaxJsonDepth) throw std::runtime_error("nested deeper than 64 levels");
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": " + e.what());
   }
+  if (!j.is_object()) throw std::runtime_error(path + ": not a JSON object");
+  const ClusterFields f{j, path};
   ClusterSpec c;
-  c.name = j.value("name", c.name);
-#define MFSDP_CLUSTER_KEY(k) c.k = j.value(#k, c.k)
-  MFSDP_CLUSTER_KEY(gemm_tflops_bf16); MFSDP_CLUSTER_KEY(gemm_tflops_f32); MFSDP_CLUSTER_KEY(ns_efficiency);
-  MFSDP_CLUSTER_KEY(model_efficiency); MFSDP_CLUSTER_KEY(mem_GBps); MFSDP_CLUSTER_KEY(memory_gb);
-  MFSDP_CLUSTER_KEY(reserve_gb); MFSDP_CLUSTER_KEY(gpus_per_node); MFSDP_CLUSTER_KEY(intra_GBps);
-  MFSDP_CLUSTER_KEY(inter_GBps); MFSDP_CLUSTER_KEY(intra_latency_us); MFSDP_CLUSTER_KEY(inter_latency_us);
-  MFSDP_CLUSTER_KEY(linear_latency); MFSDP_CLUSTER_KEY(cores_per_node); MFSDP_CLUSTER_KEY(launch_us);
-  MFSDP_CLUSTER_KEY(source);
-#undef MFSDP_CLUSTER_KEY
-  try {
-    c.gemm_curve_bf16 = j.value("gemm_curve_bf16", c.gemm_curve_bf16);
-    c.gemm_curve_f32 = j.value("gemm_curve_f32", c.gemm_curve_f32);
-    for (const auto* curve : {&c.gemm_curve_bf16, &c.gemm_curve_f32}) curve_efficiency(*curve, 1.0);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": gemm_curve_bf16 / gemm_curve_f32 must be [[size, efficiency], ...]: " +
-                             e.what());
+  for (const char* key : {"name", "source"}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_string()) f.fail(key, "expected a string");
+    (std::string(key) == "name" ? c.name : c.source) = j[key].get<std::string>();
   }
-  if (c.launch_us < 0) throw std::runtime_error(path + ": launch_us must be >= 0");
-  for (double v : {c.gemm_tflops_f32, c.mem_GBps, c.intra_GBps, c.inter_GBps, c.ns_efficiency, c.model_efficiency})
-    if (!(v > 0)) throw std::runtime_error(path + ": gemm_tflops_f32, mem_GBps, intra_GBps, inter_GBps and the "
-                                                  "efficiencies must be > 0");
+  if (j.contains("linear_latency") && !j["linear_latency"].is_boolean()) f.fail("linear_latency", "expected true or false");
+  c.linear_latency = j.value("linear_latency", c.linear_latency);
+  // Rates: > 0 (gemm_tflops_bf16 may be 0: the f32 rate), at most far above any device.
+  c.gemm_tflops_f32 = f.number("gemm_tflops_f32", c.gemm_tflops_f32, 0, 1e5, true);
+  c.gemm_tflops_bf16 = f.number("gemm_tflops_bf16", c.gemm_tflops_bf16, 0, 1e5);
+  c.ns_efficiency = f.number("ns_efficiency", c.ns_efficiency, 0, 100, true);
+  c.model_efficiency = f.number("model_efficiency", c.model_efficiency, 0, 100, true);
+  c.mem_GBps = f.number("mem_GBps", c.mem_GBps, 0, 1e6, true);
+  c.intra_GBps = f.number("intra_GBps", c.intra_GBps, 0, 1e6, true);
+  c.inter_GBps = f.number("inter_GBps", c.inter_GBps, 0, 1e6, true);
+  c.memory_gb = f.number("memory_gb", c.memory_gb, 0, 1e6, true);
+  c.reserve_gb = f.number("reserve_gb", c.reserve_gb, 0, 1e6);
+  if (c.reserve_gb >= c.memory_gb) f.fail("reserve_gb", "must be below memory_gb (" + nlohmann::json(c.memory_gb).dump() + ")");
+  c.intra_latency_us = f.number("intra_latency_us", c.intra_latency_us, 0, 1e7);
+  c.inter_latency_us = f.number("inter_latency_us", c.inter_latency_us, 0, 1e7);
+  c.launch_us = f.number("launch_us", c.launch_us, 0, 1e6);
+  c.gpus_per_node = f.integer("gpus_per_node", c.gpus_per_node, 1, 65536);
+  c.cores_per_node = f.integer("cores_per_node", c.cores_per_node, 0, 1 << 20);
+  c.gemm_curve_bf16 = f.curve("gemm_curve_bf16");
+  c.gemm_curve_f32 = f.curve("gemm_curve_f32");
   if (!(c.gemm_tflops_bf16 > 0)) c.gemm_tflops_bf16 = c.gemm_tflops_f32;
-  if (c.gpus_per_node < 1) throw std::runtime_error(path + ": gpus_per_node must be >= 1");
   return c;
 }
 

@@ -1,14 +1,16 @@
 #include "apps/train/agreement.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/cuda/device_api.h"
 #include "runtime/data/token_shards.h"
@@ -26,12 +28,20 @@ void flatten(const json& j, const std::string& prefix, std::map<std::string, std
   }
 }
 
-// Size plus a hash of sampled blocks: cheap for multi-GB shards, and content-based.
-std::string file_fact(const std::string& path) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  std::ifstream f(path, std::ios::binary);
-  if (ec || !f) return "unreadable";
+// Size plus a hash of sampled blocks: cheap for multi-GB shards, and content-based. The file is
+// opened by open_input_file (never blocks; anything but a regular file is refused): a refusal is
+// recorded as "refused" and its message kept in `problem` (the first one).
+std::string file_fact(const std::string& path, std::string& problem) {
+  int fd = -1;
+  try {
+    fd = open_input_file(path, "input file");
+  } catch (const std::exception& e) {
+    if (problem.empty()) problem = e.what();
+    return "refused";
+  }
+  struct stat sb{};
+  ::fstat(fd, &sb);
+  const auto size = static_cast<uint64_t>(sb.st_size);
   // Files up to 64 MiB are hashed whole (XXH3 reads them in a few ms); larger ones by their
   // first and last 64 KiB and 16 evenly spaced 4 KiB blocks.
   constexpr uint64_t kWhole = 64 << 20, kEdge = 64 << 10, kBlock = 4 << 10;
@@ -48,10 +58,10 @@ std::string file_fact(const std::string& path) {
   std::vector<char> buf;
   for (const auto& [off, len] : ranges) {
     buf.resize(len);
-    f.seekg(static_cast<std::streamoff>(off));
-    f.read(buf.data(), static_cast<std::streamsize>(len));
-    XXH3_64bits_update(st, buf.data(), static_cast<size_t>(f.gcount()));
+    const ssize_t n = ::pread(fd, buf.data(), len, static_cast<off_t>(off));
+    XXH3_64bits_update(st, buf.data(), n > 0 ? static_cast<size_t>(n) : 0);
   }
+  ::close(fd);
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   char out[64];
@@ -60,18 +70,20 @@ std::string file_fact(const std::string& path) {
   return out;
 }
 
-void add_files(const std::string& glob, std::map<std::string, std::string>& out) {
+void add_files(const std::string& glob, std::map<std::string, std::string>& out, std::string& problem) {
   if (glob.empty()) return;
+  std::vector<std::string> files;
   try {
-    for (const std::string& f : expand_glob(glob)) out["file:" + f] = file_fact(f);
+    files = expand_glob(glob);
   } catch (const std::exception&) {
     out["file:" + glob] = "no match";
   }
+  for (const std::string& f : files) out["file:" + f] = file_fact(f, problem);
 }
 
 }  // namespace
 
-std::map<std::string, std::string> run_facts(const TrainConfig& cfg) {
+std::map<std::string, std::string> run_facts(const TrainConfig& cfg, std::string& problem) {
   std::map<std::string, std::string> facts;
   flatten(cfg.to_json(), "config", facts);
 #if defined(__VERSION__)
@@ -84,25 +96,25 @@ std::map<std::string, std::string> run_facts(const TrainConfig& cfg) {
 #endif
   facts["build.cuda"] = cuda::built() ? "on" : "off";
   facts["build.pointer_bytes"] = std::to_string(sizeof(void*));
-  add_files(cfg.data.train.resolved, facts);
-  add_files(cfg.data.val.resolved, facts);
+  add_files(cfg.data.train.resolved, facts, problem);
+  add_files(cfg.data.val.resolved, facts, problem);
   const std::string& tok = cfg.data.tokenizer_path.resolved;
   if (!tok.empty()) {
     if (std::filesystem::is_directory(tok)) {
-      for (const char* name : {"encoder.json", "vocab.bpe"}) add_files((std::filesystem::path(tok) / name).string(), facts);
+      for (const char* name : {"encoder.json", "vocab.bpe"}) add_files((std::filesystem::path(tok) / name).string(), facts, problem);
     } else {
-      add_files(tok, facts);
+      add_files(tok, facts, problem);
     }
   }
   const std::string& init = cfg.model.init_from.resolved;
   if (!init.empty() && std::filesystem::is_directory(init)) {  // a Hugging Face checkpoint directory
     for (const char* name : {"config.json", "*.safetensors", "model.safetensors.index.json"})
-      add_files((std::filesystem::path(init) / name).string(), facts);
+      add_files((std::filesystem::path(init) / name).string(), facts, problem);
   } else if (!init.empty()) {
-    add_files(init, facts);
+    add_files(init, facts, problem);
   }
   if (!cfg.training.resume.empty() && cfg.training.resume != "auto")
-    add_files((std::filesystem::path(cfg.training.resume) / "manifest.json").string(), facts);
+    add_files((std::filesystem::path(cfg.training.resume) / "manifest.json").string(), facts, problem);
   return facts;
 }
 

@@ -19,8 +19,10 @@ namespace mfsdp {
 ///                     on other nodes agree), for the
 ///                     train and val shards, the tokenizer files, model.init_from and the manifest of
 ///                     training.resume.
-/// Unreadable files are recorded as "unreadable" (the preflight check reports them).
-std::map<std::string, std::string> run_facts(const TrainConfig& cfg);
+/// Every file is opened by open_input_file (O_NONBLOCK, fstat of the descriptor): one that is
+/// missing or not a regular file (a FIFO swapped in after the preflight check) is recorded as
+/// "refused", and the first such message ("input file: <path> is a FIFO ...") lands in `problem`.
+std::map<std::string, std::string> run_facts(const TrainConfig& cfg, std::string& problem);
 
 /// Collective over `comm` (host data; the host communicator of comm/comm_factory.h): one
 /// all-gather of a 64-bit digest of the facts, and only on a mismatch a second exchange of the

@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint_lock.h"
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
+#include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 
 namespace mfsdp {
@@ -158,24 +159,32 @@ std::string lock_checkpoint_dir(const TrainConfig& cfg) {
   return e.empty() ? "" : cfg.source + ": checkpoint.dir: " + e;
 }
 
-void remove_stale_temporaries(const std::string& run_dir_str, const std::string& ckpt_root) {
-  const std::filesystem::path run_dir(run_dir_str);
+void remove_stale_temporaries(const std::string& run_dir, const std::string& ckpt_root) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::vector<std::filesystem::path> stale;
-  if (!run_dir.empty())
-    for (const char* f : {"config.json.tmp", "summary.json.tmp"})
-      if (std::filesystem::exists(run_dir / f, ec)) stale.push_back(run_dir / f);
-  if (!ckpt_root.empty() && std::filesystem::is_directory(ckpt_root, ec)) {
-    if (std::filesystem::exists(std::filesystem::path(ckpt_root) / "latest.tmp", ec))
-      stale.push_back(std::filesystem::path(ckpt_root) / "latest.tmp");
-    for (const auto& e : std::filesystem::directory_iterator(ckpt_root, ec)) {
+  std::vector<fs::path> stale;
+  // Only the SwapFile temporaries of the files this run writes there (is_temp_name_of).
+  const auto collect = [&](const std::string& dir, std::initializer_list<const char*> targets) {
+    if (dir.empty() || !fs::is_directory(dir, ec)) return;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.rfind("step_", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
-        stale.push_back(e.path());
+      for (const char* t : targets)
+        if (is_temp_name_of(name, t) && e.is_regular_file(ec)) stale.push_back(e.path());
     }
-  }
+  };
+  collect(run_dir, {"config.json", "summary.json"});
+  collect(ckpt_root, {"latest"});
+  if (!ckpt_root.empty() && fs::is_directory(ckpt_root, ec))
+    for (const auto& e : fs::directory_iterator(ckpt_root, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step_", 0) != 0 || name.size() <= 9 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
+      if (const std::string foreign = foreign_partial_checkpoint(e.path().string()); foreign.empty())
+        stale.push_back(e.path());
+      else
+        spdlog::warn("keeping {}: {}; not a partial checkpoint", e.path().string(), foreign);
+    }
   for (const auto& p : stale) {
-    std::filesystem::remove_all(p, ec);
+    fs::remove_all(p, ec);
     spdlog::info("removed {} (left by an interrupted write)", p.string());
   }
 }

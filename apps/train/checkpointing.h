@@ -61,9 +61,11 @@ void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, S
 /// no checkpoint directory), else "<config>: checkpoint.dir: ..." naming the holder's run directory.
 std::string lock_checkpoint_dir(const TrainConfig& cfg);
 
-/// Removes leftovers of interrupted writes (config.json.tmp / summary.json.tmp in the run
-/// directory, latest.tmp and step_N.tmp under the checkpoint root), saying so; complete files are
-/// never touched. Rank 0 only.
+/// Removes leftovers of interrupted writes, saying so: the SwapFile temporaries of config.json and
+/// summary.json in the run directory and of latest under the checkpoint root (names
+/// ".<file>.tmp-<pid>-<hex>", is_temp_name_of), and step_N.tmp directories holding only what a save
+/// writes (foreign_partial_checkpoint; any other is kept, with a warning). A user's own
+/// "<file>.tmp" and complete files are never touched. Rank 0 only.
 void remove_stale_temporaries(const std::string& run_dir, const std::string& ckpt_root);
 
 }  // namespace mfsdp

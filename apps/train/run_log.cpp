@@ -6,7 +6,6 @@
 #include <cmath>
 #include <string_view>
 
-#include "checkpoint/atomic_file.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/block_cache.h"
@@ -70,14 +69,14 @@ std::string foreign_run_files(const std::filesystem::path& run_dir, const std::s
     if (!std::filesystem::exists(path, ec)) continue;
     if (!input_config.empty() && std::filesystem::equivalent(path, input_config, ec))
       return path.string() + " is the input config; the run would overwrite it (use another logging.run_dir)";
-    if (const std::string e = special_input_file(path.string()); !e.empty())
-      return e + "; the run would write it (move it or use another logging.run_dir)";
-    std::ifstream f(path, std::ios::binary);
-    std::string text(kMaxRead, '\0');
-    f.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<size_t>(f.gcount()));
-    const bool whole = std::string(name) == "metrics.jsonl" || f.eof();
-    if (!f.bad() && whole && written_by_run_log(name, text)) continue;
+    std::string text;
+    try {  // open_input_file: a FIFO or a device is refused by name, never read
+      text = read_input_file(path.string(), "", kMaxRead, false);
+    } catch (const std::exception& e) {
+      return std::string(e.what()) + "; the run would write it (move it or use another logging.run_dir)";
+    }
+    const bool whole = std::string(name) == "metrics.jsonl" || std::filesystem::file_size(path, ec) <= kMaxRead;
+    if (whole && written_by_run_log(name, text)) continue;
     return path.string() + " was not written by mfsdp-train; refusing to overwrite it (move it or use another logging.run_dir)";
   }
   return "";
@@ -91,7 +90,7 @@ void RunLog::open(const json& config, bool resumed) {
   std::filesystem::remove(dir_ / "summary.json");
   metrics_.open(dir_ / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
   if (!metrics_) throw std::runtime_error((dir_ / "metrics.jsonl").string() + ": cannot open for writing");
-  write_file_atomic(dir_ / "config.json", config.dump(2) + "\n");
+  write_file_swap((dir_ / "config.json").string(), config.dump(2) + "\n");
 }
 
 void RunLog::record(const json& j) {
@@ -101,7 +100,7 @@ void RunLog::record(const json& j) {
 }
 
 void RunLog::write_summary(const json& summary) {
-  if (lead_ && !dir_.empty()) write_file_atomic(dir_ / "summary.json", summary.dump(2) + "\n");
+  if (lead_ && !dir_.empty()) write_file_swap((dir_ / "summary.json").string(), summary.dump(2) + "\n");
 }
 
 json local_counters(const Communicator& comm, Device device) {

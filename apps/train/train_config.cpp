@@ -513,12 +513,9 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  require_input_file<ConfigError>(path, "", /*allow_directory=*/true);
-  std::ifstream f(path);
-  if (!f) throw ConfigError(path + ": cannot open the config file");
-  std::stringstream ss;
-  ss << f.rdbuf();
   if (fs::is_directory(path)) throw ConfigError(path + ": is a directory, not a config file");
+  if (!fs::exists(path)) throw ConfigError(path + ": cannot open the config file");
+  std::stringstream ss(read_input_file<ConfigError>(path, ""));  // a FIFO or a device: refused by name
   json doc;
   // JSON allows repeated keys (the last wins); in a config that is always a mistake, so refuse it.
   std::vector<std::vector<std::string>> keys_seen;  // one list per open object

@@ -182,8 +182,14 @@ class ByteLevelBpe final : public Tokenizer {
                                  "') has a part or a result outside the vocabulary");
       merges_.emplace(pair_key(li->second, ri->second), std::make_pair(static_cast<int32_t>(r), mi->second));
     }
+    // Ids leave no gap, so an added token's id is below vocabulary + added tokens: checked before
+    // the table is sized by it (an id of 2^31 - 1 would otherwise allocate 2^31 strings).
+    const size_t id_limit = decoder_.size() + spec.specials.size();
     for (auto& [content, id] : spec.specials) {
       if (id < 0) throw std::runtime_error(src + ": added token '" + content + "' has a negative id");
+      if (static_cast<size_t>(id) >= id_limit)
+        throw std::runtime_error(src + ": added token '" + content + "' has id " + std::to_string(id) + ", beyond the " +
+                                 std::to_string(id_limit) + " ids of the vocabulary and the added tokens (ids leave no gap)");
       if (static_cast<size_t>(id) < decoder_.size()) {
         if (decoder_[id] != content)
           throw std::runtime_error(src + ": added token '" + content + "' reuses id " + std::to_string(id) +

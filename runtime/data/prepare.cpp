@@ -65,20 +65,10 @@ std::vector<std::string> list_files(const std::vector<std::string>& inputs) {
   return files;
 }
 
+// A whole input file (open_input_file: a FIFO or device swapped in after the listing is refused by
+// name, never read). DataError "[mfsdp-prepare] ..." naming the path.
 std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot read " + path + ": " + std::strerror(errno));
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  std::string text;
-  try {
-    text.resize(ec ? 0 : static_cast<size_t>(size));
-  } catch (const std::bad_alloc&) {
-    fail(path + ": " + std::to_string(size) + " bytes do not fit in memory (one file is read whole)");
-  }
-  f.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (f.bad() || static_cast<size_t>(f.gcount()) != text.size()) fail("cannot read " + path + ": read error");
-  return text;
+  return read_input_file<DataError>(path, "[mfsdp-prepare]");
 }
 
 // Offset of the first invalid UTF-8 sequence, or npos.
@@ -259,12 +249,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const PrepareOptions& opt, const std::
       if (built_itos.empty()) fail("empty corpus: no text in " + std::to_string(files.size()) + " file(s)");
       return make_char_tokenizer(built_itos);
     }
-    require_input_file<DataError>(opt.tokenizer, "[mfsdp-prepare] tokenizer");
-    std::ifstream probe(opt.tokenizer);
-    if (!probe) fail("cannot read tokenizer " + opt.tokenizer + " (expected gpt2, char or a JSON file)");
-    std::string head(4096, '\0');
-    probe.read(head.data(), static_cast<std::streamsize>(head.size()));
-    head.resize(static_cast<size_t>(probe.gcount()));
+    if (!fs::exists(opt.tokenizer)) fail("cannot read tokenizer " + opt.tokenizer + " (expected gpt2, char or a JSON file)");
+    const std::string head = read_input_file<DataError>(opt.tokenizer, "[mfsdp-prepare] tokenizer", 4096, false);
     const bool char_meta = head.find("\"itos\"") != std::string::npos && head.find("\"model\"") == std::string::npos;
     return Tokenizer::load(char_meta ? "char" : "tokenizer.json", opt.tokenizer);
   } catch (const DataError&) {
@@ -304,25 +290,26 @@ struct OutputNames {
 // the exact size its header states, or a char meta JSON with "itos"), else the reason.
 std::string foreign_output(const fs::path& path) {
   const std::string p = path.string();
-  if (const std::string e = special_input_file(p); !e.empty()) return e;
-  std::ifstream f(p, std::ios::binary);
+  std::string text;
+  try {  // open_input_file: a FIFO or a device is refused by name, never read
+    text = read_input_file(p, "", path.extension() == ".json" ? size_t{64} << 20 : 12, false);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
   if (path.extension() == ".json") {
     std::error_code ec;
     if (fs::file_size(path, ec) > (size_t{64} << 20)) return p + " is larger than any char meta JSON";
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    const std::string text = ss.str();
     const auto j = json_nesting_depth(text) <= kMaxJsonDepth ? nlohmann::json::parse(text, nullptr, false)
                                                               : nlohmann::json();
     const bool ours = j.is_object() && j.value("kind", nlohmann::json()) == "char" && j.contains("itos");
     return ours ? "" : p + " is not a char meta JSON";
   }
   int32_t header[3] = {0, 0, 0};
-  f.read(reinterpret_cast<char*>(header), sizeof header);
+  std::memcpy(header, text.data(), std::min(text.size(), sizeof header));
   std::error_code ec;
   const auto size = static_cast<int64_t>(fs::file_size(path, ec));
   const int64_t width = header[0] == kShardMagicU16 ? 2 : header[0] == kShardMagicU32 ? 4 : 0;
-  const bool ours = f && width > 0 && header[1] == kShardVersion && header[2] >= 0 &&
+  const bool ours = text.size() == sizeof header && width > 0 && header[1] == kShardVersion && header[2] >= 0 &&
                     size == kShardHeaderBytes + width * header[2];
   return ours ? "" : p + " is not a token shard";
 }
@@ -413,32 +400,30 @@ std::vector<uint32_t> encode_corpus(const std::vector<std::string>& files, const
   return tokens;
 }
 
-// Outputs written under temporary names beside their final ones, renamed onto them only once
-// every one is complete; the temporaries of an unfinished run are removed.
+// Outputs written under temporary names beside their final ones (SwapFile), renamed onto them
+// only once every one is complete; the temporaries of an unfinished run are removed.
 class StagedOutputs {
  public:
-  ~StagedOutputs() {
-    for (const auto& [tmp, final_path] : staged_) std::remove(tmp.c_str());
-  }
   // A fresh temporary for `final_path`.
-  std::string stage(const std::string& final_path) {
-    std::string tmp;
+  SwapFile& stage(const std::string& final_path) {
     try {
-      tmp = create_temp_beside(final_path);
+      staged_.push_back(std::make_unique<SwapFile>(final_path));
     } catch (const std::exception& e) {
       fail(e.what());
     }
-    staged_.emplace_back(tmp, final_path);
-    return tmp;
+    return *staged_.back();
   }
-  // Renames every temporary onto its final name, then removes the earlier outputs (`stale`) that
-  // no new file replaced.
+  // Renames every (finished) temporary onto its final name, then removes the earlier outputs
+  // (`stale`) that no new file replaced.
   void commit(const std::vector<fs::path>& stale) {
     std::set<std::string> written;
-    for (const auto& [tmp, final_path] : staged_) {
-      if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
-        fail("cannot rename " + tmp + " to " + final_path + ": " + std::strerror(errno));
-      written.insert(fs::path(final_path).filename().string());
+    for (auto& f : staged_) {
+      try {
+        f->commit();
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      written.insert(fs::path(f->path()).filename().string());
     }
     staged_.clear();
     std::error_code ec;
@@ -447,7 +432,7 @@ class StagedOutputs {
   }
 
  private:
-  std::vector<std::pair<std::string, std::string>> staged_;  // (temporary, final)
+  std::vector<std::unique_ptr<SwapFile>> staged_;  // each removes its temporary unless committed
 };
 
 // Writes one split as one file or shards of opt.shard_tokens tokens; records the final names.
@@ -461,7 +446,7 @@ void write_split(const std::vector<uint32_t>& t, const char* split, const Prepar
     else std::snprintf(suffix, sizeof suffix, "_%s.bin", split);
     const std::string path = opt.output_prefix + suffix;
     const auto e = t.begin() + std::min<int64_t>(at + per, static_cast<int64_t>(t.size()));
-    write_token_shard(staged.stage(path), std::vector<uint32_t>(t.begin() + at, e), width);
+    write_token_shard_to(staged.stage(path), std::vector<uint32_t>(t.begin() + at, e), width);
     out.push_back(path);
   }
 }
@@ -500,8 +485,10 @@ void write_outputs(std::vector<uint32_t>& tokens, const PrepareOptions& opt, con
   write_split(tokens, "train", opt, res.width, staged, res.train_files);
   if (itos.empty()) return;
   res.meta_file = opt.output_prefix + "_meta.json";
+  SwapFile& meta = staged.stage(res.meta_file);
   try {
-    write_file_swap(staged.stage(res.meta_file), char_meta(itos, opt, nval));
+    meta.write(char_meta(itos, opt, nval));
+    meta.finish();
   } catch (const DataError&) {
     throw;
   } catch (const std::exception& e) {

@@ -55,9 +55,7 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
 }
 
 TokenShard::TokenShard(const std::string& path) : path_(path) {
-  require_input_file<DataError>(path, "[token shard]");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw DataError("[token shard] " + path + ": cannot open: " + errno_text());
+  const int fd = open_input_file<DataError>(path, "[token shard]");  // a FIFO is refused, never waited on
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     std::string e = errno_text();
@@ -194,7 +192,8 @@ std::vector<ShardInfo> validate_shards(const std::string& glob, int64_t vocab_si
   return out;
 }
 
-void write_token_shard(const std::string& path, const std::vector<uint32_t>& tokens, TokenWidth width) {
+void write_token_shard_to(SwapFile& out, const std::vector<uint32_t>& tokens, TokenWidth width) {
+  const std::string& path = out.path();
   if (tokens.size() > static_cast<size_t>(INT32_MAX))
     throw DataError("[write_token_shard] " + path + ": " + std::to_string(tokens.size()) +
                     " tokens exceed the header's int32 count; split into several shards");
@@ -215,26 +214,26 @@ void write_token_shard(const std::string& path, const std::vector<uint32_t>& tok
       std::memcpy(body.data() + 4 * i, &t, 4);
     }
   }
-  std::string tmp;
   try {
-    tmp = create_temp_beside(path);  // a fresh name: never a file of the user's
+    out.write(header.data(), header.size() * 4);
+    out.write(body.data(), body.size());
+    out.finish();
+  } catch (const DataError&) {
+    throw;
   } catch (const std::exception& e) {
     throw DataError(std::string("[write_token_shard] ") + e.what());
   }
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) {
-    const std::string e = errno_text();
-    std::remove(tmp.c_str());
-    throw DataError("[write_token_shard] cannot create " + tmp + ": " + e);
-  }
-  bool ok = std::fwrite(header.data(), 4, 256, f) == 256 &&
-            (body.empty() || std::fwrite(body.data(), 1, body.size(), f) == body.size());
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (::fsync(fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw DataError("[write_token_shard] cannot write " + path + ": " + errno_text());
+}
+
+void write_token_shard(const std::string& path, const std::vector<uint32_t>& tokens, TokenWidth width) {
+  try {
+    SwapFile out(path);  // a fresh name: never a file of the user's
+    write_token_shard_to(out, tokens, width);
+    out.commit();
+  } catch (const DataError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DataError(std::string("[write_token_shard] ") + e.what());
   }
 }
 

@@ -16,6 +16,8 @@
 
 namespace mfsdp {
 
+class SwapFile;  // runtime/core/file_checks.h
+
 /// Any problem with token data (missing files, bad header, size, token ids, too short).
 /// Messages name the file and the problem.
 class DataError : public std::runtime_error {
@@ -90,10 +92,14 @@ std::vector<ShardInfo> validate_shards(const std::string& glob, int64_t vocab_si
                                        int64_t min_tokens = 1,
                                        const std::string& what_min = "one global batch");
 
-/// Writes a shard (a fresh temporary beside it, every write checked, then a rename). Tokens must
-/// fit `width` (throws DataError otherwise, and naming the file on a failed write).
+/// Writes a shard (a SwapFile: a fresh temporary beside it, every write checked, then a rename).
+/// Tokens must fit `width` (throws DataError otherwise, and naming the file on a failed write).
 /// Used by tests and the prepare tool.
 void write_token_shard(const std::string& path, const std::vector<uint32_t>& tokens,
                        TokenWidth width = TokenWidth::u16);
+
+/// Writes a whole shard into `out` and finishes it (complete and fsync'ed, not yet renamed: the
+/// caller commits). Same checks and errors as write_token_shard. mfsdp-prepare stages its outputs so.
+void write_token_shard_to(SwapFile& out, const std::vector<uint32_t>& tokens, TokenWidth width);
 
 }  // namespace mfsdp

@@ -21,12 +21,7 @@ namespace mfsdp {
 namespace {
 
 std::string read_file(const std::string& path, const char* who) {
-  require_input_file(path, std::string("[") + who + "]");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(std::string("[") + who + "] cannot open " + path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return read_input_file(path, std::string("[") + who + "]");
 }
 
 // JSON of a tokenizer file, refused (as a parse error the callers report with the path) when it

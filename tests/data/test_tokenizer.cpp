@@ -183,6 +183,11 @@ TEST_CASE("tokenizer.json ignore_merges emits whole-word tokens; unsupported fea
   refused([](auto& k) { k["decoder"] = {{"type", "WordPiece"}}; }, "decoder 'WordPiece' is not supported");
   refused([](auto& k) { k["model"]["merges"][0] = "a b c"; }, "malformed merge 'a b c'");
   refused([](auto& k) { k["model"]["vocab"]["Ā"] = 50257; }, "id of 'Ā' is not an integer in [0, number of entries)");
+  // An added token's id sizes the added-token table: refused (before any allocation) beyond the
+  // vocabulary plus the added tokens; 2^31 - 1 would ask for 2^31 strings.
+  refused([](auto& k) { k["added_tokens"] = {{{"id", 2147483647}, {"content", "<|far|>"}}}; },
+          "added token '<|far|>' has id 2147483647, beyond the 50258 ids");
+  refused([](auto& k) { k["added_tokens"] = {{{"id", 50258}, {"content", "<|gap|>"}}}; }, "has id 50258, beyond the 50258 ids");
   refused(
       [](auto& k) {
         k["pre_tokenizer"] = {{"type", "Sequence"},

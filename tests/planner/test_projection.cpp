@@ -8,7 +8,12 @@
 #include "runtime/engine/projection_rules.h"
 #include "runtime/engine/resolve.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 using namespace mfsdp;
 
@@ -111,7 +116,50 @@ TEST_CASE("cluster files load and bad ones are refused", "[projection][cluster]"
   CHECK(c.gpus_per_node == 8);
   CHECK(c.memory_gb == 80);
   CHECK(c.inter_GBps == 23);
-  CHECK_THROWS_WITH(ClusterSpec::load("/nonexistent.json"), Catch::Contains("cannot open cluster file"));
+  CHECK_THROWS_WITH(ClusterSpec::load("/nonexistent.json"),
+                    Catch::Contains("cannot open") && Catch::Contains("/nonexistent.json"));
+}
+
+TEST_CASE("cluster numbers out of range are refused naming the file and the field", "[projection][cluster]") {
+  const std::string good = std::string(MFSDP_SOURCE_DIR) + "/configs/clusters/a100_80gb_8x.json";
+  std::ifstream in(good);
+  const nlohmann::json base = nlohmann::json::parse(in);
+  const std::string path = (std::filesystem::temp_directory_path() / ("mfsdp_cluster_" + std::to_string(::getpid()) + ".json")).string();
+  const auto load_with = [&](const std::string& key, const std::string& value_text) {
+    nlohmann::json j = base;
+    j[key] = nullptr;
+    std::string text = j.dump();  // the value as raw text: 1e999 and strings reach the reader as written
+    const std::string slot = "\"" + key + "\":null";
+    text.replace(text.find(slot), slot.size(), "\"" + key + "\":" + value_text);
+    std::ofstream(path) << text;
+    return ClusterSpec::load(path);
+  };
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"gpus_per_node", "0"},        {"gpus_per_node", "2.5"},    {"gpus_per_node", "100000000"},
+      {"memory_gb", "-1"},           {"memory_gb", "0"},          {"reserve_gb", "80"},
+      {"reserve_gb", "-0.5"},        {"mem_GBps", "\"fast\""},    {"mem_GBps", "1e300"},
+      {"intra_GBps", "0"},           {"inter_GBps", "-23"},       {"gemm_tflops_f32", "1e9"},
+      {"gemm_tflops_bf16", "-1"},    {"ns_efficiency", "0"},      {"model_efficiency", "1000"},
+      {"intra_latency_us", "-8"},    {"inter_latency_us", "1e30"}, {"launch_us", "-1"},
+      {"cores_per_node", "-4"},      {"linear_latency", "2"},     {"name", "7"},
+      {"gemm_curve_f32", "[[-256, 0.5]]"}, {"gemm_curve_bf16", "[[256, 2.0]]"}, {"gemm_curve_bf16", "[[256]]"},
+      {"gemm_curve_f32", "[[512, 0.5], [256, 0.6]]"}};
+  for (const auto& [key, value] : bad) {
+    INFO(key << " = " << value);
+    CHECK_THROWS_WITH(load_with(key, value), Catch::Contains(path + ": " + key + ":"));
+  }
+  // A number beyond double's range is refused by the parser, naming the file.
+  CHECK_THROWS_WITH(load_with("mem_GBps", "1e999"), Catch::Contains(path + ": ") && Catch::Contains("overflow"));
+  // In range (the edges included) loads, with the value read.
+  CHECK(load_with("gpus_per_node", "1").gpus_per_node == 1);
+  CHECK(load_with("reserve_gb", "0").reserve_gb == 0);
+  CHECK(load_with("gemm_tflops_bf16", "0").gemm_tflops_bf16 == 156);  // 0: the f32 rate
+  // A required rate that is missing is named.
+  nlohmann::json j = base;
+  j.erase("mem_GBps");
+  std::ofstream(path) << j.dump();
+  CHECK_THROWS_WITH(ClusterSpec::load(path), Catch::Contains(path + ": mem_GBps: missing"));
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("GEMM efficiency follows the cluster's curve and the roofline", "[projection][gemm]") {

@@ -12,6 +12,9 @@ and CASE one of
   crash      a rank dies after writing its file but before the manifest (FAULT_BIN's save
              observer): resume auto takes the previous checkpoint and says it ignored the
              incomplete one
+  temporaries  a user's config.json.tmp / summary.json.tmp / latest.tmp and a user's directory named
+             like a save's step_N.tmp survive a run; the run's own stale temporaries are removed; a
+             save whose step_N.tmp is such a user directory stops the run naming it, and leaves it
   corrupt    damaged or foreign checkpoints: exit 2 on every rank with the file named, before
              training; no checkpoint file is changed (edited manifests are re-sealed, so each
              field's own check is reached)
@@ -341,6 +344,38 @@ def case_crash(bin_dir, tmp):
 
 
 
+
+
+def case_temporaries(bin_dir, tmp):
+    run = os.path.join(tmp, "run")
+    ck = os.path.join(run, "checkpoints")
+    user = {os.path.join(run, "config.json.tmp"): "my config draft\n", os.path.join(run, "summary.json.tmp"): "mine\n",
+            os.path.join(ck, "latest.tmp"): "my pointer\n", os.path.join(ck, "step_00000009.tmp", "notes.txt"): "notes\n"}
+    ours = [os.path.join(run, ".config.json.tmp-12-0123456789abcdef"), os.path.join(ck, ".latest.tmp-7-fedcba9876543210"),
+            os.path.join(ck, "step_00000008.tmp", ".rank_00001.safetensors.tmp-3-00112233445566aa")]
+    for path, text in list(user.items()) + [(p, "stale") for p in ours]:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=4", "checkpoint.interval=2")
+    check(rc == 0, f"run beside the user's .tmp files: exit {rc}: {out[-600:]}")
+    for path, text in user.items():
+        check(os.path.exists(path) and read(path) == text.encode(), f"{path} (the user's) was changed or removed")
+    for path in ours:
+        check(not os.path.exists(path), f"{path} (a stale temporary of the trainer's) was not removed")
+    check(not os.path.exists(os.path.join(ck, "step_00000008.tmp")), "the partial step_00000008.tmp was not removed")
+    check("keeping" in out and "step_00000009.tmp" in out and "notes.txt" in out, "no warning about the kept directory")
+    check(newest_checkpoint(ck) == 4, f"checkpoints of the run: {sorted(os.listdir(ck))}")
+    # a save whose temporary directory is a user's directory stops, naming it, and leaves it
+    run2 = os.path.join(tmp, "run2")
+    mine = os.path.join(run2, "checkpoints", "step_00000002.tmp", "data.csv")
+    os.makedirs(os.path.dirname(mine))
+    with open(mine, "w") as f:
+        f.write("1,2,3\n")
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run2}", "training.steps=4", "checkpoint.interval=2", expect=None)
+    check(rc != 0 and "step_00000002.tmp holds data.csv" in out and "not a partial checkpoint" in out,
+          f"save into a user's step_00000002.tmp: exit {rc}: {out[-600:]}")
+    check(read(mine) == b"1,2,3\n", "the user's directory was changed")
 
 
 def case_corrupt(bin_dir, tmp):

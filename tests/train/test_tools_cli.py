@@ -11,8 +11,8 @@ for ckpt_manifest) and CASE one of
                    unchanged; the trainer's own files from an earlier run are replaced
   fifo             a FIFO (and /dev/zero) as every input kind of every tool: refused by name, exit 2,
                    within seconds (each command runs under a timeout: a hang fails the case)
-  bounds           every tool's numeric options (and the numbers of a --compare file) out of range: exit 2
-                   naming the option or field
+  bounds           every tool's numeric options (and the numbers of a --compare file and of a cluster
+                   JSON) out of range: exit 2 naming the option or field (and the file)
   json_out         --json to an unwritable path: exit 2 naming it (mfsdp-bench before measuring);
                    a good path gets complete JSON
   ckpt_manifest    a (sealed) manifest whose tensor claims 1 TiB: mfsdp-ckpt export and diff refuse it
@@ -212,6 +212,19 @@ def case_bounds(bin_dir, tmp):
             json.dump({"results": [dict(row, **{field: value})]}, f)
         rc, out = run([b("mfsdp-project"), *cluster, "--compare", bench])
         check(rc == 2 and f"results[0].{field}: out of range" in out, f"--compare with {field} {value}: exit {rc}: {out[-300:]}")
+
+
+    # every number of a cluster JSON is bounded: exit 2 naming the file and the field
+    base = json.load(open(os.path.join(ROOT, "configs", "clusters", "a100_80gb_8x.json")))
+    for field, value in (("gpus_per_node", "0"), ("memory_gb", "-80"), ("reserve_gb", "81"), ("mem_GBps", "0"),
+                         ("intra_GBps", "1e300"), ("inter_latency_us", "-1"), ("launch_us", '"6"'),
+                         ("model_efficiency", "0"), ("cores_per_node", "-1"), ("gemm_curve_f32", "[[0, 0.5]]")):
+        bad = os.path.join(tmp, f"cluster_{field}.json")
+        text = json.dumps(dict(base, **{field: None}))
+        with open(bad, "w") as f:
+            f.write(text.replace(f'"{field}": null', f'"{field}": {value}'))
+        rc, out = run([b("mfsdp-project"), "--cluster", bad, "--worlds", "8"])
+        check(rc == 2 and f"{bad}: {field}:" in out, f"cluster {field} = {value}: exit {rc}: {out[-300:]}")
 
 
 def case_json_out(bin_dir, tmp):
