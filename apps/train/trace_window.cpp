@@ -34,9 +34,9 @@ void TraceWindow::before_step(int64_t step) {
   if (!recorder_ || written_ || step < first_ || step > last_) return;
   if (!open_) {
     recorder_->begin_window(*host_);
-    trace::set_active(recorder_.get());
     open_ = true;
   }
+  trace::set_active(recorder_.get());  // only inside steps: evaluations and checkpoints are not traced
   recorder_->set_step(step);
   step_span_ = recorder_->open(trace::Lane::schedule, "step", "step " + std::to_string(step));
 }
@@ -44,6 +44,7 @@ void TraceWindow::before_step(int64_t step) {
 void TraceWindow::after_step(int64_t step) {
   if (!open_) return;
   recorder_->close(step_span_);
+  trace::set_active(nullptr);
   step_span_ = -1;
   traced_last_ = step;
   if (step >= last_) write();

@@ -26,7 +26,7 @@ class TraceWindow {
   /// The replica group the engine gets: the tracing one when on, else `replicas` (may be null).
   Communicator* engine_replicas() { return traced_replicas_ ? traced_replicas_.get() : replicas_; }
   /// Before step `step`: opens the window at its first step (a barrier over the world, then the
-  /// common time origin) and the step's span.
+  /// common time origin) and the step's span; recording is on from here to after_step.
   void before_step(int64_t step);
   /// After step `step`: closes its span; at the window's last step gathers every rank's spans and
   /// rank 0 writes the file (write-then-rename). Collective at that step.

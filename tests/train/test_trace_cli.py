@@ -3,9 +3,9 @@
 
 usage: test_trace_cli.py BIN_DIR CASE   with CASE one of
   window     5 steps of the tiny config (matrixfsdp, 2 micro-batches per rank, prefetch depth 2,
-             overlapped reductions) traced over steps 2..4; the file parses with json and holds one
+             overlapped reductions, a validation after step 3) traced over steps 2..4; the file parses with json and holds one
              process row per rank; every span carries pid and args.step; spans of one row nest;
-             each step's phases lie inside its step span; each step's gradient reductions carry
+             each step's phases and collectives lie inside its step span; each step's gradient reductions carry
              4 x parameters x (world - 1) x micro-batches bytes (the direct model, summed over
              ranks) and the run's summary counts the same per step; Newton-Schulz runs once per
              Muon matrix per step, on its owner, with the matrix's name and shape; started
@@ -69,8 +69,8 @@ def check_structure(events, steps):
     for pid in (0, 1):
         step_spans = {e["args"]["step"]: e for e in spans if e["pid"] == pid and e["cat"] == "step"}
         check(sorted(step_spans) == steps, f"rank {pid}: step spans {sorted(step_spans)}")
-        phases = [e for e in spans if e["pid"] == pid and e["cat"] in ("phase", "newton_schulz")]
-        check(len({e["name"] for e in phases} & {"forward", "backward", "reduce", "loss", "optimizer"}) == 5,
+        phases = [e for e in spans if e["pid"] == pid and e["cat"] != "step"]  # collectives too
+        check(len({e["name"] for e in phases} & {"forward", "backward", "reduce", "loss", "optimizer", "step statistics"}) == 6,
               f"rank {pid}: phases {sorted({e['name'] for e in phases})}")
         for e in phases:
             s = step_spans.get(e["args"]["step"])
@@ -131,8 +131,9 @@ def case_window(bin_dir, tmp):
     path = os.path.join(tmp, "traces", "run.json")
     run_dir = os.path.join(tmp, "run")
     accum = 2
+    # the validation after step 3 lies inside the window: it is not traced (spans only inside steps)
     rc, out = train(bin_dir, f"logging.trace={path}", "training.steps=5", f"training.grad_accum={accum}",
-                    "training.eval_interval=0", "training.sample_tokens=0", "sharding.prefetch_depth=2",
+                    "training.eval_interval=3", "training.sample_tokens=0", "sharding.prefetch_depth=2",
                     "sharding.overlap_reduce=on", f"logging.run_dir={run_dir}")
     check(rc == 0, f"traced run failed ({rc}): {out[-2000:]}")
     if rc:
@@ -150,7 +151,7 @@ def case_window(bin_dir, tmp):
     print(f"window: {len(spans)} spans, {muon} Muon matrices, {summary['parameters']} parameters")
 
     plain_dir = os.path.join(tmp, "plain")  # tracing changes no result
-    rc, out = train(bin_dir, "training.steps=5", f"training.grad_accum={accum}", "training.eval_interval=0",
+    rc, out = train(bin_dir, "training.steps=5", f"training.grad_accum={accum}", "training.eval_interval=3",
                     "training.sample_tokens=0", "sharding.prefetch_depth=2", "sharding.overlap_reduce=on",
                     f"logging.run_dir={plain_dir}")
     check(rc == 0, f"untraced run failed ({rc}): {out[-1000:]}")
