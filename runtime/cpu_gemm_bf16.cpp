@@ -8,6 +8,7 @@
 #if defined(MFSDP_WITH_DNNL)
 #include <oneapi/dnnl/dnnl.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -65,7 +66,8 @@ class MatmulCache {
  public:
   struct Entry {
     dnnl_primitive_t primitive = nullptr;
-    dnnl_memory_desc_t a, b, c;
+    dnnl_memory_desc_t a, b, c, scratch;  // scratch: the primitive's scratchpad (user-provided)
+    size_t scratch_bytes = 0;
   };
 
   MatmulCache() {
@@ -74,6 +76,7 @@ class MatmulCache {
   }
   ~MatmulCache() {
     for (auto& [key, e] : entries_) dnnl_primitive_destroy(e.primitive);
+    std::free(scratch_);
     dnnl_stream_destroy(stream_);
     dnnl_engine_destroy(engine_);
   }
@@ -97,6 +100,10 @@ class MatmulCache {
     dnnl_primitive_desc_t pd = nullptr;
     dnnl_status_t st = dnnl_success;
     try {
+      // The scratchpad (packed operand blocks) comes from this cache, kept across calls: in the
+      // library's default mode it is allocated and freed around every execution, which page-faults
+      // megabytes per call once shapes alternate.
+      dnnl_check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad mode");
       append_post_ops(attr, s, e.c);
       st = dnnl_primitive_desc_create(&pd, &desc, attr, engine_, nullptr);
     } catch (...) {
@@ -106,6 +113,8 @@ class MatmulCache {
     dnnl_primitive_attr_destroy(attr);
     dnnl_check(st, ("matmul for M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K))
                        .c_str());
+    e.scratch = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    e.scratch_bytes = dnnl_memory_desc_get_size(&e.scratch);
     const dnnl_status_t made = dnnl_primitive_create(&e.primitive, pd);
     dnnl_primitive_desc_destroy(pd);
     dnnl_check(made, "primitive_create");
@@ -114,16 +123,24 @@ class MatmulCache {
 
   /// Runs e on A, B -> C (D: the binary-add operand, laid out as C, or null).
   void run(const Entry& e, const void* A, const void* B, void* C, const void* D) {
-    dnnl_memory_t mem[4] = {nullptr, nullptr, nullptr, nullptr};
+    if (e.scratch_bytes > scratch_bytes_) {
+      std::free(scratch_);
+      scratch_ = std::aligned_alloc(kScratchAlign, (e.scratch_bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign);
+      scratch_bytes_ = scratch_ ? e.scratch_bytes : 0;
+      if (!scratch_) throw std::runtime_error("[gemm_bf16] cannot allocate " + std::to_string(e.scratch_bytes) + " bytes");
+    }
+    dnnl_memory_t mem[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
     dnnl_check(dnnl_memory_create(&mem[0], &e.a, engine_, const_cast<void*>(A)), "memory_create (A)");
     dnnl_check(dnnl_memory_create(&mem[1], &e.b, engine_, const_cast<void*>(B)), "memory_create (B)");
     dnnl_check(dnnl_memory_create(&mem[2], &e.c, engine_, C), "memory_create (C)");
-    if (D) dnnl_check(dnnl_memory_create(&mem[3], &e.c, engine_, const_cast<void*>(D)), "memory_create (D)");
-    const dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]},
+    dnnl_check(dnnl_memory_create(&mem[3], &e.scratch, engine_, scratch_), "memory_create (scratchpad)");
+    if (D) dnnl_check(dnnl_memory_create(&mem[4], &e.c, engine_, const_cast<void*>(D)), "memory_create (D)");
+    const dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, mem[0]},
                                      {DNNL_ARG_WEIGHTS, mem[1]},
                                      {DNNL_ARG_DST, mem[2]},
-                                     {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, mem[3]}};
-    const dnnl_status_t st = dnnl_primitive_execute(e.primitive, stream_, D ? 4 : 3, args);
+                                     {DNNL_ARG_SCRATCHPAD, mem[3]},
+                                     {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, mem[4]}};
+    const dnnl_status_t st = dnnl_primitive_execute(e.primitive, stream_, D ? 5 : 4, args);
     const dnnl_status_t waited = st == dnnl_success ? dnnl_stream_wait(stream_) : st;
     for (dnnl_memory_t m : mem)
       if (m) dnnl_memory_destroy(m);
@@ -134,6 +151,9 @@ class MatmulCache {
   dnnl_engine_t engine_ = nullptr;
   dnnl_stream_t stream_ = nullptr;
   std::map<MatmulSpec, Entry> entries_;
+  static constexpr size_t kScratchAlign = 64;
+  void* scratch_ = nullptr;  // one scratchpad, the largest any cached primitive needs
+  size_t scratch_bytes_ = 0;
 };
 
 MatmulCache& matmul_cache() {
