@@ -1,9 +1,13 @@
 // mfsdp-ckpt: inspect owner-shard checkpoints on one process (no MPI launch needed).
 //   mfsdp-ckpt list   <checkpoint root>          steps, world size, placement, size, complete or not
-//   mfsdp-ckpt verify <checkpoint dir>           every check of resume: the manifest's
+//   mfsdp-ckpt verify <checkpoint dir> [--config FILE [--set k=v ...]]
+//                                              every check of resume: the manifest's
 //                                              checksum and fields, the step against the directory name,
 //                                              the loader position and global batch against the saved
-//                                              config and data; every piece's file, key, length, checksum;
+//                                              config and data; the data files' content fingerprints
+//                                              against the manifest's (those of --config's data.train and
+//                                              data.val when given, else the saved config's);
+//                                              every piece's file, key, length, checksum;
 //                                              then the saved model loads it (one CPU process) with the
 //                                              saved state fingerprint
 //   mfsdp-ckpt export <checkpoint dir> <out>   consolidated Hugging Face GPT-2 / Llama export (<out>: a
@@ -18,6 +22,7 @@
 #include <filesystem>
 #include <map>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -65,9 +70,13 @@ int list(const std::string& root) {
   return 0;
 }
 
-int verify(const std::string& dir) {
+int verify(const std::string& dir, const std::string& config, const std::vector<std::string>& overrides) {
   const CheckpointManifest m = CheckpointManifest::read(dir);
-  auto problems = verify_run_state(m);  // the run-state checks of resume
+  std::optional<TrainConfig> run;  // the run that would resume: its data is checked
+  if (!config.empty()) run = load_train_config(config, overrides);
+  std::string note;
+  auto problems = verify_run_state(m, run ? &*run : nullptr, &note);  // the run-state checks of resume
+  if (!note.empty()) std::printf("notice: %s\n", note.c_str());
   for (auto& p : verify_checkpoint(m)) problems.push_back(std::move(p));
   if (problems.empty()) {  // the loaded state's fingerprint, on one process (MPI on this host only)
     MpiSession mpi;
@@ -186,12 +195,16 @@ int diff(const std::string& a_dir, const std::string& b_dir) {
 int main(int argc, char** argv) {
   CLI::App app{"mfsdp-ckpt: list, verify, export and compare MatrixFSDP checkpoints"};
   app.require_subcommand(1);
-  std::string root, dir, out, other;
+  std::string root, dir, out, other, config;
+  std::vector<std::string> overrides;
   auto* l = app.add_subcommand("list", "checkpoints under a checkpoint root");
   l->add_option("root", root, "checkpoint root (checkpoint.dir)")->required();
   auto* v = app.add_subcommand(
-      "verify", "every check of resume: manifest, step, loader, global batch, every piece's checksum, the loaded state's fingerprint");
+      "verify", "every check of resume: manifest, step, loader, global batch, data files, every piece's checksum, the loaded state's fingerprint");
   v->add_option("dir", dir, "checkpoint directory (step_N)")->required();
+  v->add_option("--config", config, "the config of the run that would resume: its data files are checked (default: "
+                                    "the saved config's)");
+  v->add_option("--set", overrides, "override a value of --config: key.path=value (repeatable)")->needs("--config");
   auto* e = app.add_subcommand("export", "write the consolidated Hugging Face export (a .safetensors file or a from_pretrained directory)");
   e->add_option("dir", dir, "checkpoint directory (step_N)")->required();
   e->add_option("out", out, "output .safetensors file")->required();
@@ -206,7 +219,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (l->parsed()) return list(root);
-    if (v->parsed()) return verify(dir);
+    if (v->parsed()) return verify(dir, config, overrides);
     if (e->parsed()) return export_hf(dir, out);
     return diff(dir, other);
   } catch (const std::bad_alloc&) {

@@ -30,6 +30,9 @@ struct CheckpointMeta {
   LoaderState loader;  ///< data position in global terms
   nlohmann::json config;           ///< the effective config at save time
   std::string state_fingerprint;   ///< ShardedEngine::state_fingerprint() at save time
+  /// The run's data files as the manifest's "data" records them (any JSON object; the trainer's
+  /// data_fingerprints: each train/val file and its content fingerprint); null: not recorded.
+  nlohmann::json data;
 };
 
 /// One saved piece: a logical range [offset, offset + numel) of one state tensor in one file.
@@ -51,6 +54,9 @@ struct CheckpointManifest {
   LoaderState loader;
   nlohmann::json config, plan;
   std::string state_fingerprint;
+  /// The manifest's "data": an object (CheckpointMeta::data), or null when the manifest has none
+  /// (written by a build that did not record the data files).
+  nlohmann::json data;
   struct Tensor {
     std::string name;
     std::vector<int64_t> shape;
@@ -83,6 +89,9 @@ class SaveObserver {
   /// Called on every rank right after it wrote its rank file `path` of the checkpoint of `step`,
   /// before any rank learns whether the others succeeded and before the manifest is written.
   virtual void after_rank_file(int64_t /*step*/, int /*rank*/, int /*world*/, const std::string& /*path*/) {}
+  /// Called on rank 0 right after it published the checkpoint `dir` of `step` (manifest, rename,
+  /// latest pointer, pruning), before the other ranks learn the outcome.
+  virtual void after_publish(int64_t /*step*/, const std::string& /*dir*/) {}
 };
 
 /// The observer save_checkpoint calls (the do-nothing default unless one was installed).
@@ -91,12 +100,25 @@ SaveObserver& save_observer();
 /// previous one. The caller keeps `observer` alive while it is installed.
 SaveObserver* set_save_observer(SaveObserver* observer);
 
+/// The timeouts of save_checkpoint's waits (Communicator::set_timeout, seconds and the name timeout
+/// reports give them). Three waits stand behind file I/O and get `io`: for rank 0's temporary
+/// directory, for every rank's file, for rank 0's manifest, rename and pruning. The exchange of
+/// piece records, and everything after the save, get `collective`.
+struct SaveWaitBounds {
+  double io_seconds = 0;
+  std::string io_name;
+  double collective_seconds = 0;
+  std::string collective_name;
+};
+
 /// Saves a checkpoint of `engine` under `root` as step_<8-digit step>/ (collective: every rank
 /// calls it at the same step). Ranks write into step_N.tmp/, rank 0 then writes manifest.json,
 /// renames the directory into place, points `root`/latest at it and deletes the oldest complete
-/// checkpoints beyond `keep_last` (0 keeps all). Returns the directory. Throws CheckpointError on
+/// checkpoints beyond `keep_last` (0 keeps all). With `waits`, its waits run under those bounds
+/// (without, under the communicator's own). Returns the directory. Throws CheckpointError on
 /// every rank when any rank failed to write (the previous checkpoints are untouched).
-std::string save_checkpoint(ShardedEngine& engine, const std::string& root, const CheckpointMeta& meta, int keep_last);
+std::string save_checkpoint(ShardedEngine& engine, const std::string& root, const CheckpointMeta& meta, int keep_last,
+                            const SaveWaitBounds* waits = nullptr);
 
 /// Resolves training.resume: "" -> "" (start fresh); "auto" -> the newest complete checkpoint
 /// under `root` ("" when there is none; `note` then says so, and mentions incomplete ones);

@@ -83,6 +83,11 @@ void add_files(const std::string& glob, std::map<std::string, std::string>& out,
 
 }  // namespace
 
+std::string file_fingerprint(const std::string& path) {
+  std::string problem;
+  return file_fact(path, problem);
+}
+
 std::map<std::string, std::string> run_facts(const TrainConfig& cfg, std::string& problem) {
   std::map<std::string, std::string> facts;
   flatten(cfg.to_json(), "config", facts);

@@ -11,6 +11,12 @@
 
 namespace mfsdp {
 
+/// The content fingerprint of the file `path`, as run_facts records it: "<size> bytes, whole-file
+/// xxh3 <16 hex>" (files up to 64 MiB) or "<size> bytes, sampled xxh3 <16 hex>" (first and last
+/// 64 KiB and 16 evenly spaced 4 KiB blocks); "refused" when it is missing or not a regular file.
+/// Checkpoint manifests record it for each data file (apps/train/checkpointing.h data_fingerprints).
+std::string file_fingerprint(const std::string& path);
+
 /// The facts this rank will act on, flattened to "key -> value" strings:
 ///   config.<path>     every effective config value (resolved paths);
 ///   build.<name>      compiler, compile options and backends of this binary;

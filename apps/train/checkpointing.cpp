@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "apps/train/agreement.h"
 #include "apps/train/model_io.h"
 #include "apps/train/trainer.h"
 #include "checkpoint/checkpoint_lock.h"
@@ -33,7 +34,61 @@ void log_resumed(const TrainConfig& cfg, const CheckpointManifest& m, double sec
                    m.config.value(json::json_pointer(d["path"].get<std::string>()), json()).dump(), d["value"].dump());
 }
 
+// The files of data glob `glob` in expand_glob order, each with its content fingerprint.
+json fingerprinted_files(const std::string& glob) {
+  json out = json::array();
+  if (!glob.empty())
+    for (const std::string& f : expand_glob(glob)) out.push_back({{"file", f}, {"fingerprint", file_fingerprint(f)}});
+  return out;
+}
+
+// One split of check_data_files: `saved` (the manifest's data.<split>) against `now`.
+void check_data_split(const std::string& where, const std::string& key, const json& saved, const json& now) {
+  const std::string restart = "; resuming would continue on other data. Restore the data the checkpoint was trained on, "
+                              "or start a new run from its weights (mfsdp-ckpt export " + std::filesystem::path(where)
+                              .parent_path().string() + " model.safetensors, then --set model.init_from=model.safetensors)";
+  if (!saved.is_array()) throw CheckpointError(where + ": " + key + ": expected an array of {file, fingerprint}");
+  if (saved.size() != now.size())
+    throw CheckpointError(key + " names " + std::to_string(now.size()) + " file(s), but " + where + " records " +
+                          std::to_string(saved.size()) + " for the run it checkpointed" + restart);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const std::string field = key + "[" + std::to_string(i) + "]";
+    const json& s = saved[i];
+    if (!s.is_object() || !s.contains("file") || !s["file"].is_string() || !s.contains("fingerprint") ||
+        !s["fingerprint"].is_string())
+      throw CheckpointError(where + ": " + field + ": expected {\"file\": string, \"fingerprint\": string}");
+    const std::string was = s["fingerprint"].get<std::string>(), is = now[i]["fingerprint"].get<std::string>();
+    if (was != is)
+      throw CheckpointError(now[i]["file"].get<std::string>() + " (" + key + ", file " + std::to_string(i + 1) + " of " +
+                            std::to_string(now.size()) + ") is not the data the checkpoint was trained on: its content is " +
+                            is + ", " + where + " records " + clip_for_message(was) + " for " +
+                            clip_for_message(s["file"].get<std::string>()) + restart);
+  }
+}
+
 }  // namespace
+
+json data_fingerprints(const TrainConfig& cfg) {
+  return {{"train", fingerprinted_files(cfg.data.train.resolved)}, {"val", fingerprinted_files(cfg.data.val.resolved)}};
+}
+
+std::string check_data_files(const CheckpointManifest& m, const TrainConfig& cfg) {
+  const std::string where = (std::filesystem::path(m.dir) / "manifest.json").string();
+  if (m.data.is_null())
+    return where + " records no fingerprints of the data files (written by an older build): the data is not checked";
+  const json now = data_fingerprints(cfg);
+  check_data_split(where, "data.train", m.data.value("train", json()), now["train"]);
+  const json saved_val = m.data.value("val", json::array());
+  if (!now["val"].empty() && !(saved_val.is_array() && saved_val.empty()))  // adding or dropping val is allowed
+    check_data_split(where, "data.val", saved_val, now["val"]);
+  return "";
+}
+
+int64_t checkpoint_bytes_bound(const ShardedEngine& engine) {
+  int64_t params = 0;
+  for (const MatrixShard& s : engine.plan().shards) params += s.numel();
+  return params * 12;
+}
 
 TrainConfig saved_config(const CheckpointManifest& m) {
   const std::string where = (std::filesystem::path(m.dir) / "manifest.json").string();
@@ -65,9 +120,11 @@ void check_run_state(const CheckpointManifest& m, DataLoader& loader) {
   }
 }
 
-std::vector<std::string> verify_run_state(const CheckpointManifest& m) {
+std::vector<std::string> verify_run_state(const CheckpointManifest& m, const TrainConfig* run, std::string* note) {
   try {
     const TrainConfig saved = saved_config(m);
+    const std::string data_note = check_data_files(m, run ? *run : saved);
+    if (note) *note = data_note;
     const int world = m.world_size * std::max(1, saved.sharding.replicate);
     DataLoader loader(saved.data.train.resolved, saved.training.micro_batch_size, saved.model.seq_len, 0, world,
                       saved.training.grad_accum, saved.data.shuffle, static_cast<uint64_t>(saved.data.seed),
@@ -115,12 +172,13 @@ std::vector<std::string> verify_loaded_state(const CheckpointManifest& m, Commun
 std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::string& ckpt_root,
                                              ShardedEngine& engine, DataLoader& loader, bool lead) {
   std::optional<CheckpointManifest> resumed;
-  std::string error, note;
+  std::string error, note, data_note;
   const double t_load = now_seconds();
   try {
     const std::string dir = resolve_resume(cfg.training.resume, ckpt_root, &note);
     if (!dir.empty()) {
       resumed = CheckpointManifest::read(dir);
+      data_note = check_data_files(*resumed, cfg);  // the data it continues on is the data it was trained on
       load_checkpoint(engine, *resumed);
       check_run_state(*resumed, loader);
     }
@@ -135,6 +193,7 @@ std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::
   if (resumed)
     if (const std::string e = fingerprint_mismatch(engine, *resumed); !e.empty()) throw InputError(e);
   if (lead && !note.empty()) spdlog::info("{}", note);
+  if (lead && !data_note.empty()) spdlog::warn("[notice] {}", data_note);
   if (lead && resumed) log_resumed(cfg, *resumed, now_seconds() - t_load);
   return resumed;
 }
@@ -142,7 +201,14 @@ std::optional<CheckpointManifest> resume_run(const TrainConfig& cfg, const std::
 void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, ShardedEngine& engine,
                          const CheckpointMeta& meta, RunLog& log) {
   const double t0 = now_seconds();
-  const std::string dir = save_checkpoint(engine, ckpt_root, meta, cfg.checkpoint.keep_last);
+  // The ranks wait behind file writes under the I/O bound of the checkpoint's size, not the collective timeout.
+  const int64_t most = checkpoint_bytes_bound(engine);
+  const double collective = cfg.sharding.collective_timeout_s;
+  const SaveWaitBounds waits{lead_io_timeout_seconds(most, collective),
+                             lead_io_timeout_name("the checkpoint's files, at most " + human_bytes(static_cast<double>(most)) +
+                                                  " written by the ranks"),
+                             collective, kCollectiveTimeoutKey};
+  const std::string dir = save_checkpoint(engine, ckpt_root, meta, cfg.checkpoint.keep_last, &waits);
   if (!log.lead()) return;
   std::error_code ec;
   int64_t bytes = 0;

@@ -56,7 +56,7 @@ class Trainer {
   double run_eval(int64_t step, const EvalSplit& split);
   bool maybe_evaluate(int64_t step, bool last);
   int any_rank_preempted();
-  void wait_for_lead_io(int64_t bytes, const std::string& what);
+  void wait_for_lead_io(Communicator& group, int64_t bytes, const std::string& what);
   void log_progress(int64_t step, const StepStats& s);
   void save(int64_t step);
   void finish(bool preempted);
@@ -80,6 +80,7 @@ class Trainer {
   DataLoader loader_;
   std::string ckpt_root_;
   std::optional<CheckpointManifest> resumed_;
+  nlohmann::json data_files_;  ///< rank 0: data_fingerprints(cfg) for the manifests it writes
   std::unique_ptr<EvalSplit> val_full_, val_periodic_;
   RunLog log_;
 
@@ -113,6 +114,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
   if (!cfg.model.init_from.resolved.empty()) engine_.load_full_parameters(model_->import_weights(cfg.model.init_from.resolved));
   else engine_.init_parameters(static_cast<uint64_t>(cfg.training.seed));
   resumed_ = resume_run(cfg, ckpt_root_, engine_, loader_, lead_);
+  if (lead_ && !ckpt_root_.empty()) data_files_ = data_fingerprints(cfg);
   const auto& st = plan_.stats;
   if (lead_) {
     spdlog::info("MatrixFSDP | {}", model_->describe());
@@ -236,15 +238,14 @@ int Trainer::any_rank_preempted() {
   return static_cast<int>(any);
 }
 
-// The other ranks of rank 0's group wait here while rank 0 writes `bytes` alone (the export):
-// a wait for I/O, bounded by lead_io_timeout_seconds, not by the collective timeout, which is back after.
-void Trainer::wait_for_lead_io(int64_t bytes, const std::string& what) {
+// The other ranks of `group` wait here while its rank 0 works on `bytes` alone (`what` says which
+// and names the bytes): a wait for I/O, bounded by lead_io_timeout_seconds, not by the collective
+// timeout, which is back after.
+void Trainer::wait_for_lead_io(Communicator& group, int64_t bytes, const std::string& what) {
   const double collective = cfg_.sharding.collective_timeout_s;
-  const double bound = lead_io_timeout_seconds(bytes, collective);
-  comm_.set_timeout(bound, fmt::format("the wait for rank 0's {} of {}: {}", what, human_bytes(static_cast<double>(bytes)),
-                                       lead_io_timeout_rule()));
-  comm_.barrier();
-  comm_.set_timeout(collective, kCollectiveTimeoutKey);
+  group.set_timeout(lead_io_timeout_seconds(bytes, collective), lead_io_timeout_name(what));
+  group.barrier();
+  group.set_timeout(collective, kCollectiveTimeoutKey);
 }
 
 // Validation; its time is kept out of tokens/s, MFU and train_seconds. best_val_loss only counts
@@ -296,10 +297,17 @@ void Trainer::log_progress(int64_t step, const StepStats& s) {
 }
 
 void Trainer::save(int64_t step) {
-  // HSDP replicas hold identical state: replica 0's shard group writes the checkpoint.
-  if (ckpt_root_.empty() || (opts_.replicas && opts_.replicas->rank() != 0)) return;
-  CheckpointMeta meta{step, tokens_seen_, loader_.state(), cfg_.to_json(), engine_.state_fingerprint()};
-  save_run_checkpoint(cfg_, ckpt_root_, engine_, meta, log_);
+  if (ckpt_root_.empty()) return;
+  // HSDP replicas hold identical state: replica 0's shard group writes the checkpoint while the
+  // other replicas wait for it (a wait behind I/O).
+  if (!opts_.replicas || opts_.replicas->rank() == 0) {
+    CheckpointMeta meta{step, tokens_seen_, loader_.state(), cfg_.to_json(), engine_.state_fingerprint(), data_files_};
+    save_run_checkpoint(cfg_, ckpt_root_, engine_, meta, log_);
+  }
+  if (opts_.replicas) {
+    const int64_t bytes = checkpoint_bytes_bound(engine_);
+    wait_for_lead_io(*opts_.replicas, bytes, "replica 0's checkpoint, at most " + human_bytes(static_cast<double>(bytes)) + " written");
+  }
   last_saved_ = step;
 }
 
@@ -327,7 +335,12 @@ void Trainer::finish(bool preempted) {
     if (cfg_.training.target_val_loss && last_val_ <= *cfg_.training.target_val_loss)
       time_to_target_ = now_seconds() - opts_.program_start;
   }
-  if (cfg_.training.sample_tokens > 0) engine_.with_full_model([&] { print_sample(); });
+  if (cfg_.training.sample_tokens > 0) {
+    engine_.with_full_model([&] { print_sample(); });
+    const int64_t read = cfg_.training.sample_tokens * model_->num_params() * 4;  // a forward pass per token
+    wait_for_lead_io(comm_, read, fmt::format("rank 0's sample of {} tokens, {} of parameters read",
+                                              cfg_.training.sample_tokens, human_bytes(static_cast<double>(read))));
+  }
   if (!cfg_.output.export_path.resolved.empty()) {
     auto full = engine_.full_parameters();
     if (lead_) {
@@ -338,7 +351,8 @@ void Trainer::finish(bool preempted) {
       spdlog::info("exported the model to {} ({} layout, f32)", out.string(), model_->export_layout());
       if (opts_.after_export) opts_.after_export(out.string());
     }
-    wait_for_lead_io(model_->num_params() * 4, "export");
+    const int64_t bytes = model_->num_params() * 4;
+    wait_for_lead_io(comm_, bytes, "rank 0's export, " + human_bytes(static_cast<double>(bytes)) + " written");
   }
   write_summary(train_seconds, counters, peaks, peak_total);
 }
@@ -372,6 +386,7 @@ void Trainer::print_sample() {
   } catch (const std::exception& e) {
     spdlog::warn("[warning] sampling failed: {}", e.what());
   }
+  if (opts_.after_sample) opts_.after_sample();
 }
 
 // Collectives first (traffic summed, memory peaks maxed over ranks), then rank 0 writes.

@@ -33,17 +33,21 @@ constexpr int kExitPreempted = 75;
 /// The config key of the collective timeout, as timeout reports name it.
 inline constexpr const char* kCollectiveTimeoutKey = "sharding.collective_timeout_s";
 
-/// The bound on the other ranks' wait while rank 0 alone writes `bytes` (the export), in seconds:
-/// max(collective_timeout_s, 60) plus 1 s per 8 MiB (a slow shared filesystem's pace), so a large
-/// export on slow storage does not end the job the way a lost rank would; 0 (wait forever) when
-/// collective_timeout_s is 0.
+/// The bound on a wait behind I/O of `bytes` (ranks waiting while rank 0 alone writes the export
+/// or samples, or while the ranks write a checkpoint), in seconds: max(collective_timeout_s, 60)
+/// plus 1 s per 8 MiB (a slow shared filesystem's pace), so a large write on slow storage does not
+/// end the job the way a lost rank would; 0 (wait forever) when collective_timeout_s is 0. The
+/// one rule for every such wait; the collective timeout bounds every other collective.
 inline double lead_io_timeout_seconds(int64_t bytes, double collective_timeout_s) {
   if (collective_timeout_s <= 0) return 0;
   return (collective_timeout_s > 60 ? collective_timeout_s : 60) + static_cast<double>(bytes) / (8 << 20);
 }
 /// The rule of lead_io_timeout_seconds in words, for timeout reports.
-inline const char* lead_io_timeout_rule() {
-  return "max(sharding.collective_timeout_s, 60 s) + 1 s per 8 MiB written";
+inline const char* lead_io_timeout_rule() { return "max(sharding.collective_timeout_s, 60 s) + 1 s per 8 MiB"; }
+/// What a timeout report calls the bound of a wait for `what` (which says the bytes, e.g.
+/// "rank 0's export, 474.5 MiB written"): "the wait for <what>: <lead_io_timeout_rule()>".
+inline std::string lead_io_timeout_name(const std::string& what) {
+  return "the wait for " + what + ": " + lead_io_timeout_rule();
 }
 
 /// What the command line asks for beyond the config.
@@ -62,6 +66,9 @@ struct TrainerOptions {
   /// the other ranks stop waiting for it. mfsdp-train leaves it empty; test binaries set it to
   /// make the export slow.
   std::function<void(const std::string&)> after_export;
+  /// When set, rank 0 calls it right after printing the end-of-run sample, before the other ranks
+  /// stop waiting for it. mfsdp-train leaves it empty; test binaries set it to make the sample slow.
+  std::function<void()> after_sample;
 };
 
 /// Runs training (or evaluation) on every rank of `comm` (and of opts.replicas under HSDP: data,

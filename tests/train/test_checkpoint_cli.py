@@ -24,6 +24,11 @@ and CASE one of
              loader position, the global batch and the step fail their own checks (the step with
              optimizer_steps: the state fingerprint); exit 2 on every rank, and mfsdp-ckpt verify
              refuses each one too
+  data       the manifest records each data file's content fingerprint: two equal-size train
+             shards swapped, or one rewritten with other tokens of the same size, are refused on
+             resume (exit 2 on every rank naming the file and model.init_from) and by mfsdp-ckpt
+             verify; the unchanged data resumes bitwise equal to the uninterrupted run; a manifest
+             without the field (an older build's) resumes with a notice
   tool       mfsdp-ckpt list / verify / export / diff
   full_disk  checkpoints on a full filesystem (a 700 KiB tmpfs; skipped when it cannot be mounted)
   preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
@@ -39,6 +44,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -563,6 +569,78 @@ def case_manifest(bin_dir, tmp):
     rc, out = train(bin_dir, 2, f"logging.run_dir={os.path.join(tmp, 'run_renamed')}", "training.steps=3",
                     f"training.resume={d}")
     check(rc == 0 and "resumed at step 2" in out, f"a renamed, unedited checkpoint did not resume: {rc} {out[-600:]}")
+
+
+def write_shard(path, tokens):
+    """An llm.c uint16 token shard (magic 20240520, version 1)."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def shard_tokens(path):
+    b = read(path)
+    n = struct.unpack("<3i", b[:12])[2]
+    return list(struct.unpack(f"<{n}H", b[1024:1024 + 2 * n]))
+
+
+def case_data(bin_dir, tmp):
+    src = shard_tokens(os.path.join(os.path.dirname(TINY), "..", "data", "tiny_shakespeare_char_train.bin"))
+    half = len(src) // 2
+    data = os.path.join(tmp, "data")
+    os.makedirs(data)
+    a, b = os.path.join(data, "train_000.bin"), os.path.join(data, "train_001.bin")
+    write_shard(a, src[:half])
+    write_shard(b, src[half:2 * half])  # the same size as a
+    glob = f"data.train={os.path.join(data, 'train_*.bin')}"
+    ref = full_run(bin_dir, tmp, "ref", 2, 4, glob)
+    run = os.path.join(tmp, "run")
+    rc, _ = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=2", glob)
+    check(rc == 0, "could not make a checkpoint")
+    ckpt = os.path.join(run, "checkpoints", "step_00000002")
+    recorded = json.loads(read(os.path.join(ckpt, "manifest.json")))["data"]
+    check([e["file"] for e in recorded["train"]] == [a, b] and
+          all(re.fullmatch(r"\d+ bytes, whole-file xxh3 [0-9a-f]{16}", e["fingerprint"]) for e in recorded["train"]),
+          f"the manifest's data.train: {recorded['train']}")
+    originals = {a: read(a), b: read(b)}
+
+    def refused(what, named):
+        rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=4", "training.resume=auto", glob,
+                        f"output.export={run}.safetensors", expect=None)
+        check(rc == 2, f"{what}: resume exit {rc}, expected 2: {out[-600:]}")
+        refused_everywhere(out, named, what)
+        check("model.init_from" in out and "manifest.json" in out, f"{what}: the message does not say how to go on")
+        check("step      3/" not in out, f"{what}: training started")
+        rc, vout = ckpt_tool(bin_dir, "verify", ckpt)
+        check(rc != 0 and named in vout, f"{what}: verify exit {rc}, expected a refusal naming {named}: {vout[-600:]}")
+
+    open(a, "wb").write(originals[b])  # the two shards swapped
+    open(b, "wb").write(originals[a])
+    refused("swapped shards", a)
+    open(a, "wb").write(originals[a])
+    write_shard(b, list(reversed(src[half:2 * half])))  # other tokens, the same size
+    refused("rewritten shard", b)
+    open(b, "wb").write(originals[b])
+    # verify against another run's config: its data.train is checked instead of the saved one
+    rc, vout = ckpt_tool(bin_dir, "verify", ckpt, "--config", TINY, "--set", f"data.train={a}")
+    check(rc != 0 and "data.train names 1 file(s)" in vout, f"verify --config with other data: {rc} {vout[-600:]}")
+    # the unchanged data resumes, bitwise equal to the uninterrupted run
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=4", "training.resume=auto", glob,
+                    f"output.export={run}.safetensors")
+    check(rc == 0 and "resumed at step 2" in out, f"unchanged data did not resume: {rc} {out[-600:]}")
+    same_as(ref, run, "resumed on unchanged data", compare_losses=False)
+    # a manifest without "data" (an older build's) resumes, saying the data is not checked
+    old = os.path.join(tmp, "old", "step_00000002")
+    shutil.copytree(ckpt, old)
+    m = json.loads(read(os.path.join(old, "manifest.json")))
+    del m["data"]
+    write_sealed(os.path.join(old, "manifest.json"), m)
+    rc, out = train(bin_dir, 2, f"logging.run_dir={os.path.join(tmp, 'run_old')}", "training.steps=3",
+                    f"training.resume={old}", glob)
+    check(rc == 0 and "records no fingerprints of the data files" in out,
+          f"a manifest without data fingerprints: {rc} {out[-600:]}")
+    rc, vout = ckpt_tool(bin_dir, "verify", old)
+    check(rc == 0 and "notice:" in vout, f"verify of a manifest without data fingerprints: {rc} {vout[-600:]}")
 
 
 def case_lock(bin_dir, tmp):

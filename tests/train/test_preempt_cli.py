@@ -11,6 +11,12 @@ usage: test_preempt_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_trai
   slow_export  rank 0 takes 4 s more to write the export than sharding.collective_timeout_s (1 s):
                the other ranks wait with the bound for rank 0's I/O, and the run ends with exit 0,
                the export and summary.json
+  slow_save    every checkpoint save takes 2 x 2.5 s longer on rank 0 (after its rank file, after
+               the manifest) with sharding.collective_timeout_s 1: the ranks wait with the bound
+               for the checkpoint's I/O; exit 0, every checkpoint complete (mfsdp-ckpt verify) and
+               summary.json; the same under HSDP (4 ranks, 2 replicas: replica 1 waits for replica 0)
+  slow_sample  rank 0 takes 3 s more for the end-of-run sample than sharding.collective_timeout_s
+               (1 s): exit 0 with the sample printed and summary.json
 Exit 0 on success, 1 on failure.
 """
 import json
@@ -91,6 +97,49 @@ def case_slow_export(bin_dir, tmp):
     if os.path.isfile(summary):
         with open(summary) as f:
             check(json.load(f)["steps"] == 2, "summary.json: steps != 2")
+
+
+def finished(run, out, rc, steps, what):
+    """The run ended with exit 0, no timeout and a summary.json of `steps` steps."""
+    check(rc == 0 and "timed out" not in out, f"{what}: exit {rc}: {out[-1500:]}")
+    summary = os.path.join(run, "summary.json")
+    check(os.path.isfile(summary), f"{what}: no summary.json")
+    if os.path.isfile(summary):
+        with open(summary) as f:
+            check(json.load(f)["steps"] == steps, f"{what}: summary.json: steps != {steps}")
+
+
+def case_slow_save(bin_dir, tmp):
+    for np, sets in [(2, []), (4, ["sharding.replicate=2"])]:
+        run = os.path.join(tmp, f"run_np{np}")
+        t0 = time.time()
+        p = subprocess.run(faults_cmd(np, "--slow-save", "2.5", sets=[f"logging.run_dir={run}", "training.steps=2",
+                                                                     "checkpoint.interval=1",
+                                                                     "sharding.collective_timeout_s=1", *sets]),
+                           env=ENV, capture_output=True, text=True, timeout=300)
+        out = p.stdout + p.stderr
+        what = f"slow save on {np} ranks"
+        check(out.count("[save fault] rank 0 sleeps 2.5 s after publishing") == 2, f"{what}: the saves were not slowed")
+        check(time.time() - t0 > 10, f"{what}: the run did not wait for the slow saves")
+        finished(run, out, p.returncode, 2, what)
+        for step in (1, 2):
+            ckpt = os.path.join(run, "checkpoints", f"step_{step:08d}")
+            v = subprocess.run([os.path.join(bin_dir, "mfsdp-ckpt"), "verify", ckpt], env=ENV, capture_output=True,
+                               text=True, timeout=300)
+            check(v.returncode == 0, f"{what}: checkpoint {step} does not verify: {v.stdout[-600:]}{v.stderr[-600:]}")
+
+
+def case_slow_sample(bin_dir, tmp):
+    run = os.path.join(tmp, "run")
+    t0 = time.time()
+    p = subprocess.run(faults_cmd(2, "--slow-sample", "3", sets=[f"logging.run_dir={run}", "training.steps=2",
+                                                                 "training.sample_tokens=8",
+                                                                 "sharding.collective_timeout_s=1"]),
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    check("[sample fault] rank 0 sleeps 3" in out and "---- sample:" in out, f"the sample was not slowed: {out[-800:]}")
+    check(time.time() - t0 > 3, "the run did not wait for the slow sample")
+    finished(run, out, p.returncode, 2, "slow sample")
 
 
 if __name__ == "__main__":

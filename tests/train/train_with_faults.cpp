@@ -9,12 +9,18 @@
 //   --slow-step SECONDS         every training step takes SECONDS longer (SlowStepModel: the first
 //                               unit's forward sleeps; the numbers are the run's own);
 //   --slow-export SECONDS       rank 0 sleeps SECONDS after writing the export, while the other
-//                               ranks wait for it (TrainerOptions::after_export).
+//                               ranks wait for it (TrainerOptions::after_export);
+//   --slow-save SECONDS         every checkpoint save takes 2 x SECONDS longer: rank 0 sleeps after
+//                               writing its rank file and again after publishing the manifest,
+//                               while the other ranks wait for it (a SaveObserver);
+//   --slow-sample SECONDS       rank 0 sleeps SECONDS after the end-of-run sample, while the other
+//                               ranks wait for it (TrainerOptions::after_sample).
+// sharding.replicate > 1 trains HSDP over shard and replica groups as mfsdp-train does.
 // Rank 0 holds the checkpoint directory's lock as mfsdp-train does (a slow run is the holder in
 // test_checkpoint_cli.py's lock case). Exit codes as mfsdp-train: 2 bad input, 3 training
 // failure, 75 preempted. Used by
-// test_checkpoint_cli.py (cases crash and notice) and test_train_cli.py (cases export and
-// slow_export), under mpirun.
+// test_checkpoint_cli.py (cases crash and lock), test_train_cli.py (case export) and
+// test_preempt_cli.py (every case), under mpirun.
 #include <CLI/CLI.hpp>
 #include <mpi.h>
 #include <chrono>
@@ -35,19 +41,32 @@ using namespace mfsdp;
 
 namespace {
 
-/// SIGKILLs the last rank after it wrote its rank file of the checkpoint of step `step`.
-class DieAfterRankFile : public SaveObserver {
+void sleep_seconds(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
+
+/// SIGKILLs the last rank after it wrote its rank file of the checkpoint of step `die_step` (< 0:
+/// never); makes rank 0 sleep `slow` seconds after its rank file and after publishing.
+class SaveFaults : public SaveObserver {
  public:
-  explicit DieAfterRankFile(int64_t step) : step_(step) {}
+  SaveFaults(int64_t die_step, double slow) : die_step_(die_step), slow_(slow) {}
   void after_rank_file(int64_t step, int rank, int world, const std::string& path) override {
-    if (step != step_ || rank != world - 1) return;
+    if (slow_ > 0 && rank == 0) {
+      std::fprintf(stderr, "[save fault] rank 0 sleeps %g s after writing %s\n", slow_, path.c_str());
+      sleep_seconds(slow_);
+    }
+    if (step != die_step_ || rank != world - 1) return;
     std::fprintf(stderr, "[save fault] rank %d dies after writing %s\n", rank, path.c_str());
     std::fflush(stderr);
     std::raise(SIGKILL);
   }
+  void after_publish(int64_t, const std::string& dir) override {
+    if (slow_ <= 0) return;
+    std::fprintf(stderr, "[save fault] rank 0 sleeps %g s after publishing %s\n", slow_, dir.c_str());
+    sleep_seconds(slow_);
+  }
 
  private:
-  int64_t step_;
+  int64_t die_step_;
+  double slow_;
 };
 
 /// Trains `inner` unchanged, except that the first unit's forward sleeps `seconds` while grad
@@ -56,7 +75,7 @@ class SlowStepModel : public testing::ForwardingUnitModel {
  public:
   SlowStepModel(UnitModel& inner, double seconds) : ForwardingUnitModel(inner), seconds_(seconds) {}
   Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const override {
-    if (u == 0 && grad_mode_enabled()) std::this_thread::sleep_for(std::chrono::duration<double>(seconds_));
+    if (u == 0 && grad_mode_enabled()) sleep_seconds(seconds_);
     return inner_.forward_unit(u, x, batch, loss_divisor);
   }
 
@@ -73,7 +92,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   int threads = 1;
   int64_t die_step = -1;
-  double slow_step = 0, slow_export = 0;
+  double slow_step = 0, slow_export = 0, slow_save = 0, slow_sample = 0;
   app.add_option("-c,--config", config_path, "JSON training config")->required();
   app.add_option("--set", overrides, "override a config value: key.path=value (repeatable)");
   app.add_option("--threads", threads, "CPU threads per rank")->check(CLI::Range(1, 1024));
@@ -82,12 +101,16 @@ int main(int argc, char** argv) {
   app.add_option("--slow-step", slow_step, "seconds added to every training step")->check(CLI::Range(0.0, 600.0));
   app.add_option("--slow-export", slow_export, "seconds rank 0 sleeps after writing the export")
       ->check(CLI::Range(0.0, 600.0));
+  app.add_option("--slow-save", slow_save, "seconds rank 0 sleeps after its rank file and after publishing a checkpoint")
+      ->check(CLI::Range(0.0, 600.0));
+  app.add_option("--slow-sample", slow_sample, "seconds rank 0 sleeps after the end-of-run sample")
+      ->check(CLI::Range(0.0, 600.0));
   CLI11_PARSE(app, argc, argv);
   if (!nan_grad.empty() && slow_step > 0) {
     std::fprintf(stderr, "test_train_faults: --nan-grad and --slow-step cannot be combined\n");
     return 2;
   }
-  DieAfterRankFile save_fault(die_step);
+  SaveFaults save_fault(die_step, slow_save);
   try {
     const TrainConfig cfg = load_train_config(config_path, overrides);
     int rank = 0;
@@ -98,7 +121,7 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
     set_cpu_threads(threads);
-    if (die_step >= 0) set_save_observer(&save_fault);
+    if (die_step >= 0 || slow_save > 0) set_save_observer(&save_fault);
     TrainerOptions opts;
     if (!nan_grad.empty())
       opts.wrap_units = [&](UnitModel& units) -> std::unique_ptr<UnitModel> {
@@ -111,13 +134,24 @@ int main(int argc, char** argv) {
     if (slow_export > 0)
       opts.after_export = [&](const std::string& path) {
         std::fprintf(stderr, "[export fault] rank 0 sleeps %g s after writing %s\n", slow_export, path.c_str());
-        std::this_thread::sleep_for(std::chrono::duration<double>(slow_export));
+        sleep_seconds(slow_export);
+      };
+    if (slow_sample > 0)
+      opts.after_sample = [&] {
+        std::fprintf(stderr, "[sample fault] rank 0 sleeps %g s after the sample\n", slow_sample);
+        sleep_seconds(slow_sample);
       };
     CommOptions copts;
     copts.timeout_seconds = cfg.sharding.collective_timeout_s;
     copts.timeout_name = kCollectiveTimeoutKey;
-    auto comm = make_communicator(cfg.sharding.backend, copts);
-    run_training(cfg, *comm, opts);
+    if (cfg.sharding.replicate > 1) {  // HSDP groups, as mfsdp-train makes them
+      HsdpGroups groups = make_hsdp_groups(cfg.sharding.backend, cfg.sharding.replicate, copts);
+      opts.replicas = groups.replica.get();
+      run_training(cfg, *groups.shard, opts);
+    } else {
+      auto comm = make_communicator(cfg.sharding.backend, copts);
+      run_training(cfg, *comm, opts);
+    }
     set_save_observer(nullptr);
   } catch (const Preempted& e) {  // saved and stopped at a step boundary, as mfsdp-train
     set_save_observer(nullptr);
