@@ -35,7 +35,7 @@ json end(trace::Recorder& rec, Communicator& host) {
 
 }  // namespace
 
-TEST_CASE("collectives carry their direct-model bytes; started ones overlap on separate rows", "[trace]") {
+TEST_CASE("collectives record their direct-model bytes; started ones overlap on separate rows", "[trace]") {
   auto host = make_host_communicator();
   const int W = host->world_size(), r = host->rank();
   trace::TracedCommunicator comm(*host);

@@ -3,15 +3,15 @@
 
 usage: test_trace_cli.py BIN_DIR CASE   with CASE one of
   window     5 steps of the tiny config (matrixfsdp, 2 micro-batches per rank, prefetch depth 2,
-             overlapped reductions, a validation after step 3) traced over steps 2..4; the file parses with json and holds one
-             process row per rank; every span carries pid and args.step; spans of one row nest;
-             each step's phases and collectives lie inside its step span; each step's gradient reductions carry
-             4 x parameters x (world - 1) x micro-batches bytes (the direct model, summed over
-             ranks) and the run's summary counts the same per step; Newton-Schulz runs once per
-             Muon matrix per step, on its owner, with the matrix's name and shape; started
-             all-gathers and reduce-scatters sit on their own rows; the same run untraced ends in
-             the same state fingerprint and traffic. A run whose window lies past its last step
-             writes no file and says so.
+             overlapped reductions, a validation after step 3) traced over steps 2..4; the file
+             parses with json and holds one process row per rank; every span has pid and
+             args.step; spans of one row nest; each step's phases and collectives lie inside its
+             step span; each step's gradient reductions move 4 x parameters x (world - 1) x
+             micro-batches bytes (the direct model, summed over ranks) and the run's summary
+             counts the same per step; Newton-Schulz runs once per Muon matrix per step, on its
+             owner, with the matrix's name and shape; started all-gathers and reduce-scatters sit
+             on their own rows; the same run untraced ends in the same state fingerprint and
+             traffic. A run whose window lies past its last step writes no file and says so.
   bad_input  logging.trace naming a directory, logging.trace_steps 0 and logging.trace_start 0 exit 2
              naming the key
 Exit 0 on success, 1 on failure.
@@ -91,7 +91,7 @@ def check_collectives(spans, steps, parameters, accum, summary):
         red = [e for e in coll if e["args"]["step"] == step and e["args"]["phase"] == "grad_reduce"]
         total = sum(e["args"]["bytes"] for e in red)
         check(total == 4 * parameters * (2 - 1) * accum,
-              f"step {step}: reductions carry {total} bytes, expected 4 x {parameters} x {accum}")
+              f"step {step}: reductions move {total} bytes, expected 4 x {parameters} x {accum}")
         check(all(e["args"]["op"] == "reduce_scatter_v" and e["args"].get("started") for e in red),
               f"step {step}: reductions not all started reduce_scatter_v")
         gathers = [e for e in coll if e["args"]["step"] == step and e["args"]["op"] == "all_gather_v"]
