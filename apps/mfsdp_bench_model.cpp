@@ -1,7 +1,8 @@
-// mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on CPU, with f32 or bf16
-// matmuls (--dtype bf16: bf16 operands, f32 accumulation, as precision.param_dtype = bf16 runs them).
-// Prints the median step time over the measured steps and the achieved GFLOP/s
-// (training FLOPs = GPTConfig::flops_per_token(T) x B x T, PaLM appendix B).
+// mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on a CPU rank or one CUDA
+// device (--device), with f32 or bf16 matmuls (--dtype bf16: bf16 operands, f32 accumulation, as
+// precision.param_dtype = bf16 runs them). Prints the median step time and its phases over the
+// measured steps, the achieved TFLOP/s, tokens/s, MFU against --peak-tflops, and the peak memory
+// of the measured steps (training FLOPs = GPTConfig::flops_per_token(T) x B x T, PaLM appendix B).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -12,8 +13,11 @@
 #include "apps/cli_common.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
+#include "optim/step.h"
 #include "runtime/autograd.h"
 #include "runtime/cpu_gemm_bf16.h"
+#include "runtime/cuda/device_api.h"
+#include "runtime/memory.h"
 #include "runtime/kernels.h"
 #include "runtime/ops.h"
 
@@ -25,7 +29,8 @@ namespace {
 struct ModelBenchArgs {
   GPTConfig cfg;
   int B = 4, T = 64, warmup = 2, steps = 5, threads = 0;
-  std::string dtype = "f32";
+  std::string dtype = "f32", device = "cpu";
+  double peak_tflops = 0.0;  // 0: the device's default (kCudaPeakTflops on CUDA, none on CPU)
   ModelBenchArgs() {
     cfg.n_layer = 12;
     cfg.n_head = 12;
@@ -34,6 +39,10 @@ struct ModelBenchArgs {
     cfg.vocab_size = 50257;
   }
 };
+
+/// Dense bf16 tensor-core peak of an H100 / H200 SXM (NVIDIA's datasheets: 989 TFLOP/s without
+/// sparsity), the default denominator of the MFU on CUDA.
+constexpr double kCudaPeakTflops = 989.0;
 
 /// Declares every option of mfsdp-bench-model on `app`, bound to the fields of `a`.
 void add_model_bench_options(CLI::App& app, ModelBenchArgs& a) {
@@ -53,6 +62,12 @@ void add_model_bench_options(CLI::App& app, ModelBenchArgs& a) {
       ->check(CLI::Range(0, cli::kMaxThreads));
   app.add_option("--dtype", a.dtype, "matmul operand dtype: f32 or bf16")->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--device", a.device, "cpu (one CPU rank) or cuda (CUDA device 0)")->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--peak-tflops", a.peak_tflops,
+                 "peak TFLOP/s for the MFU (0 = 989, the dense bf16 peak of an H100/H200, on CUDA; no MFU on CPU)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
 }
 
 /// Milliseconds of each measured step, per phase.
@@ -65,35 +80,43 @@ struct StepTimes {
 StepTimes time_model_steps(const ModelBenchArgs& a) {
   const GPTConfig& cfg = a.cfg;
   const int B = a.B, T = a.T, warmup = a.warmup;
+  const Device dev = a.device == "cuda" ? Device::CUDA : Device::CPU;
   GPT model(cfg);
-  model.allocate_local(1);
+  model.allocate_local(1, dev);
   const int64_t n = model.local_params().numel();
-  Tensor m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  Tensor m = Tensor::zeros({n}, DType::f32, dev), v = Tensor::zeros({n}, DType::f32, dev);
   std::vector<int32_t> tok(B * T), tgt(B * T);
   for (int i = 0; i < B * T; ++i) {
     tok[i] = (i * 7919) % cfg.vocab_size;
     tgt[i] = (i * 104729 + 1) % cfg.vocab_size;
   }
-  Tensor tokens = tokens_tensor(tok, {B, T}), targets = tokens_tensor(tgt, {B, T});
+  Tensor tokens = tokens_tensor(tok, {B, T}, dev), targets = tokens_tensor(tgt, {B, T}, dev);
   AdamWOptions opt;
   opt.weight_decay = 0.1;
   MatmulDTypeScope matmul_dtype(a.dtype == "bf16" ? DType::bf16 : DType::f32);
-  std::printf("GPT n_layer=%d n_head=%d n_embd=%d vocab=%d (padded %lld), %lld parameters, B=%d T=%d, %d threads, "
+  const bool cpu_bf16 = dev == Device::CPU && a.dtype == "bf16";
+  std::printf("GPT n_layer=%d n_head=%d n_embd=%d vocab=%d (padded %lld), %lld parameters, B=%d T=%d, %s, "
               "%s matmuls%s%s\n",
               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, static_cast<long long>(cfg.padded_vocab_size()),
-              static_cast<long long>(n), B, T, cpu_threads(), a.dtype.c_str(), a.dtype == "bf16" ? ": " : "",
-              a.dtype == "bf16" ? cpu_gemm_bf16_path() : "");
+              static_cast<long long>(n), B, T,
+              dev == Device::CUDA ? "CUDA device 0" : (std::to_string(cpu_threads()) + " threads").c_str(),
+              a.dtype.c_str(), cpu_bf16 ? ": " : "", cpu_bf16 ? cpu_gemm_bf16_path() : "");
+  // Phase boundaries wait for the device, so each phase's time is its own work.
+  auto now = [dev] {
+    if (dev == Device::CUDA) cuda::synchronize();
+    return std::chrono::steady_clock::now();
+  };
   StepTimes times;
   for (int s = 0; s < warmup + a.steps; ++s) {
-    auto t0 = std::chrono::steady_clock::now();
+    if (s == warmup) MemoryTracker::instance().reset_peaks();
+    auto t0 = now();
     model.local_grads().zero();
     Tensor loss = model.forward_loss(tokens, targets);
-    auto t1 = std::chrono::steady_clock::now();
+    auto t1 = now();
     backward(loss);
-    auto t2 = std::chrono::steady_clock::now();
-    adamw_step_cpu(model.local_params().data_f32(), model.local_grads().data_f32(), m.data_f32(), v.data_f32(), n,
-                   1e-4, s + 1, opt);
-    auto t3 = std::chrono::steady_clock::now();
+    auto t2 = now();
+    adamw_step(model.local_params(), model.local_grads(), m, v, 1e-4, s + 1, opt);
+    auto t3 = now();
     auto ms = [](auto x, auto y) { return std::chrono::duration<double, std::milli>(y - x).count(); };
     std::printf("step %d: loss %.4f  forward %.0f ms  backward %.0f ms  adamw %.0f ms  total %.0f ms%s\n", s,
                 loss.item(), ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t0, t3), s < warmup ? "  (warm-up)" : "");
@@ -128,13 +151,29 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.threads > 0) set_cpu_threads(args.threads);
+  const bool on_cuda = args.device == "cuda";
+  if (on_cuda && !cuda::available()) {
+    std::fprintf(stderr, "mfsdp-bench-model: --device cuda: %s\n",
+                 cuda::built() ? "no CUDA device is visible" : "this build has no CUDA (configure with MFSDP_CUDA=ON)");
+    return 2;
+  }
 
-  const StepTimes t = time_model_steps(args);
+  StepTimes t;
+  try {
+    t = time_model_steps(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mfsdp-bench-model: %s\n", e.what());
+    return 1;
+  }
   const int B = args.B, T = args.T;
   const double med = median(t.total);
-  const double flops = args.cfg.flops_per_token(T) * B * T;
-  std::printf("\nmedian over %d steps: %.1f ms/step (forward %.1f, backward %.1f, adamw %.1f), %.1f GFLOP/s, %.0f tokens/s\n",
-              args.steps, med, median(t.fwd), median(t.bwd), median(t.upd), flops / (med * 1e-3) / 1e9,
-              B * T / (med * 1e-3));
+  const double tflops = args.cfg.flops_per_token(T) * B * T / (med * 1e-3) / 1e12;
+  const double peak = args.peak_tflops > 0 ? args.peak_tflops : on_cuda ? kCudaPeakTflops : 0.0;
+  const Device dev = on_cuda ? Device::CUDA : Device::CPU;
+  std::printf("\nmedian over %d steps: %.1f ms/step (forward %.1f, backward %.1f, adamw %.1f), %.3f TFLOP/s, "
+              "%.0f tokens/s",
+              args.steps, med, median(t.fwd), median(t.bwd), median(t.upd), tflops, B * T / (med * 1e-3));
+  if (peak > 0) std::printf(", MFU %.1f%% of %.0f TFLOP/s", 100.0 * tflops / peak, peak);
+  std::printf(", peak memory %.1f MiB\n", MemoryTracker::instance().peak_total(dev) / 1048576.0);
   return 0;
 }

@@ -12,7 +12,8 @@
 #   3. the engine on CUDA tensors (NCCL at world 1; host-staged at world 2 and 4) and its batch checks
 #      (a token id outside the vocabulary stops with an error naming the batch);
 #   4. compute-sanitizer --tool memcheck over the op table;
-#   5. the CUDA benchmark table (mfsdp-bench-cuda --quick), then the one-GPU calibration of the
+#   5. the CUDA benchmark table (mfsdp-bench-cuda --quick), GPT-2 124M's step time, tokens/s and MFU
+#      (mfsdp-bench-model --device cuda), then the one-GPU calibration of the
 #      projection (mfsdp-project --calibrate --device cuda, three sizes) and a projection that loads
 #      the cluster JSON it wrote ($LOGS/calibrated_gpu.json);
 #   6. GPT-2 124M, B = 16, T = 1024, bf16, 30 steps with the fused attention and 30 unfused, against
@@ -104,6 +105,7 @@ wait
 
 # ---- 5. benchmark table ----
 run bench_cuda 45 plain mfsdp-bench-cuda --quick
+run bench_model_cuda 30 plain mfsdp-bench-model --device cuda --dtype bf16 -B 16 -T 1024 --warmup 2 --steps 5
 run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_gpu.json" --device cuda --cluster "$ROOT/configs/clusters/h100_80gb_8x.json" --calibrate-sizes 256 1024 2048 && mfsdp-project --cluster "$LOGS/calibrated_gpu.json" --worlds 8 --placements matrixfsdp fsdp2'
 
 # ---- 6. GPT-2 124M training against the CPU f32 reference ----

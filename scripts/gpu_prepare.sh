@@ -24,7 +24,7 @@ DIR="${1:-gpu-bundle}"
 BUILD="${GPU_BUNDLE_BUILD_DIR:-build-gpu-bundle}"
 LIMIT_MIB=64
 TARGETS=(test_cuda_backend test_optim_cuda test_comm_kernels test_comm_cuda test_engine_mpi test_engine_batches
-         mfsdp-bench-cuda mfsdp-project mfsdp-train)
+         mfsdp-bench-cuda mfsdp-bench-model mfsdp-project mfsdp-train)
 # Network stacks Debian's Open MPI can load but a single machine does not need; plugins needing them go.
 REFUSE='^lib(ibverbs|rdmacm|ucp|ucs|uct|ucm|fabric|psm|psm2|jvm|java|gfortran|nl-|efa|mlx)'
 

@@ -9,7 +9,7 @@ for ckpt_manifest) and CASE one of
                    replaces them and removes the old shards it no longer writes
   run_dir_files    a user's metrics.jsonl / summary.json (or a FIFO) in logging.run_dir: refused,
                    unchanged; the trainer's own files from an earlier run are replaced
-  fifo             a FIFO (and /dev/zero) as every input kind of every tool: refused by name, exit 2,
+  fifo             a FIFO (and /dev/zero) as every input kind of every tool: refused naming the path, exit 2,
                    within seconds (each command runs under a timeout: a hang fails the case)
   bounds           every tool's numeric options (and the numbers of a --compare file and of a cluster
                    JSON) out of range: exit 2 naming the option or field (and the file)
@@ -158,6 +158,7 @@ def case_fifo(bin_dir, tmp):
         ("training.resume", [*train, "--set", f"training.resume={ckpt}"], "manifest.json"),
         ("mfsdp-ckpt verify", [b("mfsdp-ckpt"), "verify", ckpt], "FIFO"),
         ("mfsdp-ckpt export", [b("mfsdp-ckpt"), "export", ckpt, os.path.join(tmp, "x.safetensors")], "FIFO"),
+        ("mfsdp-ckpt diff", [b("mfsdp-ckpt"), "diff", ckpt, ckpt], "FIFO"),
         ("mfsdp-project --cluster", [b("mfsdp-project"), "--cluster", fifo], "FIFO"),
         ("mfsdp-project --compare", [b("mfsdp-project"), "--cluster", os.path.join(ROOT, "configs", "clusters",
                                      "a100_80gb_8x.json"), "--compare", fifo], "FIFO"),
@@ -166,6 +167,11 @@ def case_fifo(bin_dir, tmp):
     for what, cmd, word in cases:
         rc, out = run(cmd, timeout=60)
         check(rc == 2 and word in out, f"{what}: a FIFO/device input: exit {rc}: {out[-400:]}")
+        # the refusal names the input: the FIFO itself, the FIFO inside a directory, or the device
+        named = ("/dev/zero" if "/dev/zero" in cmd or "data.train=/dev/zero" in cmd else
+                 os.path.join(hf, "config.json") if f"model.init_from={hf}" in cmd else
+                 os.path.join(ckpt, "manifest.json") if ckpt in cmd or f"training.resume={ckpt}" in cmd else fifo)
+        check(named in out, f"{what}: the message does not name {named}: {out[-400:]}")
 
 
 def case_bounds(bin_dir, tmp):
@@ -190,6 +196,8 @@ def case_bounds(bin_dir, tmp):
         ([b("mfsdp-bench-comm"), "--max-bytes", "1P"], "--max-bytes"),
         ([b("mfsdp-bench-model"), "--n-layer", "0"], "--n-layer"), ([b("mfsdp-bench-model"), "-B", "0"], "--batch"),
         ([b("mfsdp-bench-model"), "--threads", "-2"], "--threads"),
+        ([b("mfsdp-bench-model"), "--device", "tpu"], "--device"),
+        ([b("mfsdp-bench-model"), "--peak-tflops", "-1"], "--peak-tflops"),
         ([b("mfsdp-bench-tokenizer"), text, "--threads", "0"], "--threads"),
         ([b("mfsdp-bench-tokenizer"), text, "--reps", "0"], "--reps"),
         ([b("mfsdp-bench-orthogonalize"), "0"], "repetitions"),
@@ -225,6 +233,10 @@ def case_bounds(bin_dir, tmp):
             f.write(text.replace(f'"{field}": null', f'"{field}": {value}'))
         rc, out = run([b("mfsdp-project"), "--cluster", bad, "--worlds", "8"])
         check(rc == 2 and f"{bad}: {field}:" in out, f"cluster {field} = {value}: exit {rc}: {out[-300:]}")
+    # without a visible GPU (or a CUDA build), --device cuda stops at once, saying which
+    if shutil.which("nvidia-smi") is None:
+        rc, out = run([b("mfsdp-bench-model"), "--device", "cuda"], timeout=60)
+        check(rc == 2 and "--device cuda:" in out, f"mfsdp-bench-model --device cuda without a GPU: exit {rc}: {out[-300:]}")
 
 
 def case_json_out(bin_dir, tmp):
