@@ -15,6 +15,9 @@ usage: test_preempt_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_trai
                the manifest) with sharding.collective_timeout_s 1: the ranks wait with the bound
                for the checkpoint's I/O; exit 0, every checkpoint complete (mfsdp-ckpt verify) and
                summary.json; the same under HSDP (4 ranks, 2 replicas: replica 1 waits for replica 0)
+  save_timeout rank 0 takes 80 s more for its checkpoint file than the I/O bound of the save (60 s
+               for a tiny checkpoint): the job ends at that bound, and the report names it ("the
+               wait for the checkpoint's files ... + 1 s per 8 MiB"), not sharding.collective_timeout_s
   slow_sample  rank 0 takes 3 s more for the end-of-run sample than sharding.collective_timeout_s
                (1 s): exit 0 with the sample printed and summary.json
 Exit 0 on success, 1 on failure.
@@ -127,6 +130,22 @@ def case_slow_save(bin_dir, tmp):
             v = subprocess.run([os.path.join(bin_dir, "mfsdp-ckpt"), "verify", ckpt], env=ENV, capture_output=True,
                                text=True, timeout=300)
             check(v.returncode == 0, f"{what}: checkpoint {step} does not verify: {v.stdout[-600:]}{v.stderr[-600:]}")
+
+
+def case_save_timeout(bin_dir, tmp):
+    run = os.path.join(tmp, "run")
+    t0 = time.time()
+    p = subprocess.run(faults_cmd(2, "--slow-save", "80", sets=[f"logging.run_dir={run}", "training.steps=1",
+                                                                "sharding.collective_timeout_s=1"]),
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    out, elapsed = p.stdout + p.stderr, time.time() - t0
+    m = re.search(r"timed out after ([0-9.]+) s \(the wait for the checkpoint's files, at most [^)]* written by the "
+                  r"ranks: max\(sharding.collective_timeout_s, 60 s\) \+ 1 s per 8 MiB", out)
+    check(p.returncode != 0 and m is not None, f"no timeout report naming the save's I/O bound: exit {p.returncode}: "
+                                               f"{out[-1500:]}")
+    check(m is None or 60 <= float(m.group(1)) < 75, f"the I/O bound fired after {m and m.group(1)} s, expected 60")
+    check(elapsed < 78, f"the job took {elapsed:.0f} s: it waited for the slow rank instead of the bound")
+    check(not os.path.isfile(os.path.join(run, "summary.json")), "summary.json after a timed-out save")
 
 
 def case_slow_sample(bin_dir, tmp):
