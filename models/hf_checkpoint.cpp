@@ -68,14 +68,15 @@ HfCheckpoint::HfCheckpoint(const std::string& path) : path_(path) {
   }
   directory_ = true;
   const fs::path cfg = p / "config.json", single = p / "model.safetensors", index = p / "model.safetensors.index.json";
-  if (!fs::is_regular_file(cfg)) throw std::runtime_error(path + ": no config.json (not a Hugging Face checkpoint directory)");
+  if (!fs::exists(cfg)) throw std::runtime_error(path + ": no config.json (not a Hugging Face checkpoint directory)");
+  require_input_file(cfg.string(), "");  // a FIFO or a device: refused by name (read_json would too)
   config_ = read_json(cfg);
-  if (fs::is_regular_file(single)) {
+  if (fs::exists(single)) {  // not a regular file: SafetensorsFile refuses it by name
     files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
     for (const auto& n : files_[0]->names()) where_[n] = 0;
     return;
   }
-  if (!fs::is_regular_file(index))
+  if (!fs::exists(index))
     throw std::runtime_error(path + ": neither model.safetensors nor model.safetensors.index.json");
   const json idx = read_json(index);
   if (!idx.contains("weight_map") || !idx["weight_map"].is_object())

@@ -81,8 +81,10 @@ std::string check_checkpoints(const TrainConfig& cfg, bool eval_only) {
   if (ckpt_root.empty() && (cfg.training.resume == "auto" || cfg.checkpoint.interval > 0))
     return cfg.source + ": " + (cfg.training.resume == "auto" ? "training.resume \"auto\"" : "checkpoint.interval") +
            " needs checkpoint.dir or logging.run_dir (where checkpoints live)";
-  if (!cfg.training.resume.empty() && cfg.training.resume != "auto" &&
-      !std::filesystem::is_regular_file(std::filesystem::path(cfg.training.resume) / "manifest.json"))
+  const std::string manifest = (std::filesystem::path(cfg.training.resume) / "manifest.json").string();
+  if (!cfg.training.resume.empty() && cfg.training.resume != "auto" && !special_input_file(manifest).empty())
+    return cfg.source + ": training.resume: " + special_input_file(manifest);  // a FIFO or a device, named
+  if (!cfg.training.resume.empty() && cfg.training.resume != "auto" && !std::filesystem::is_regular_file(manifest))
     return cfg.source + ": training.resume: " + cfg.training.resume +
            " is not a complete checkpoint directory (no manifest.json)";
   if (eval_only || ckpt_root.empty() || !(cfg.checkpoint.interval > 0 || cfg.checkpoint.at_end)) return "";

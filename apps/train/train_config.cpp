@@ -515,7 +515,8 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (fs::is_directory(path)) throw ConfigError(path + ": is a directory, not a config file");
   if (!fs::exists(path)) throw ConfigError(path + ": cannot open the config file");
-  std::stringstream ss(read_input_file<ConfigError>(path, ""));  // a FIFO or a device: refused by name
+  // A FIFO or a device: refused by name; a config is small, so more than 64 MiB is refused unread.
+  std::stringstream ss(read_input_file<ConfigError>(path, "", size_t{64} << 20));
   json doc;
   // JSON allows repeated keys (the last wins); in a config that is always a mistake, so refuse it.
   std::vector<std::vector<std::string>> keys_seen;  // one list per open object

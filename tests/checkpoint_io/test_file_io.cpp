@@ -151,6 +151,21 @@ TEST_CASE("a step_N.tmp directory is removed only when it holds what a save writ
   CHECK_THAT(foreign_partial_checkpoint(f), Contains("is not a directory"));
 }
 
+TEST_CASE("files claiming more than their reader takes are refused before any allocation", "[files]") {
+  Scratch s;
+  // Sparse files: the size is claimed, no bytes are stored. A manifest over 1 GiB is refused from
+  // fstat(2), before its text is read (reading it first would allocate the 4 GiB).
+  fs::create_directory(s.file("step_00000001"));
+  const std::string manifest = s.file("step_00000001/manifest.json");
+  spit(manifest, "{\n");
+  fs::resize_file(manifest, (uint64_t{4} << 30));
+  CHECK_THROWS_WITH(CheckpointManifest::read(s.file("step_00000001")),
+                    Contains(manifest) && Contains("4294967296 bytes, larger than the 1073741824 bytes"));
+  spit(s.file("big"), "x");
+  fs::resize_file(s.file("big"), uint64_t{1} << 40);
+  CHECK_THROWS_WITH(read_input_file(s.file("big"), "cfg", size_t{64} << 20), Contains("1099511627776 bytes, larger than"));
+}
+
 TEST_CASE("inputs open without blocking: a FIFO or a device is refused by name at once", "[files]") {
   Scratch s;
   const std::string fifo = s.file("pipe");

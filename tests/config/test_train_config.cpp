@@ -1,4 +1,6 @@
 // Training config: shipped configs, the malformed-config corpus, overrides, paths, to_json.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -372,4 +374,15 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
   CHECK(kPlacementNames.list(" or ") == "matrixfsdp, fsdp2, zero1 or ddp");
   CHECK_THROWS_WITH(kPlacementNames.parse("zero3", "placement"),
                     Contains("unknown placement 'zero3' (expected matrixfsdp, fsdp2, zero1 or ddp)"));
+}
+
+TEST_CASE("a config file is read as a bounded regular file", "[config]") {
+  const fs::path dir = fs::temp_directory_path() / ("mfsdp_cfg_size_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string big = (dir / "big.json").string();
+  std::ofstream(big) << "{}";
+  fs::resize_file(big, uint64_t{1} << 40);  // sparse: 1 TiB claimed, nothing stored or read
+  CHECK_THROWS_WITH(load_train_config(big, {}), Contains(big) && Contains("1099511627776 bytes, larger than the 67108864"));
+  CHECK_THROWS_WITH(load_train_config("/dev/zero", {}), Contains("/dev/zero is a character device"));
+  fs::remove_all(dir);
 }
