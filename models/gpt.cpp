@@ -63,15 +63,19 @@ Tensor GPT::block(int layer, const Tensor& x) const {
   return add(x1, linear(m, P("mlp.c_proj.weight"), P("mlp.c_proj.bias")));
 }
 
-Tensor GPT::logits(const Tensor& x) const {
+Tensor GPT::head_hidden(const Tensor& x) const {
   Tensor h = layer_norm(x, param("ln_f.weight"), param("ln_f.bias"));
-  const Tensor& W = cfg_.tie_embeddings ? param("wte.weight") : param("lm_head.weight");
-  const int64_t C = cfg_.n_embd;
-  return linear(h.reshape({h.numel() / C, C}), W);
+  return h.reshape({h.numel() / cfg_.n_embd, cfg_.n_embd});
 }
 
+const Tensor& GPT::head_weight() const {
+  return cfg_.tie_embeddings ? param("wte.weight") : param("lm_head.weight");
+}
+
+Tensor GPT::logits(const Tensor& x) const { return linear(head_hidden(x), head_weight()); }
+
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
-  return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
+  return classifier_loss(head_hidden(x), head_weight(), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
 }
 
 std::vector<AttentionHead> GPT::attention_heads() const {

@@ -40,7 +40,8 @@ class GPT : public SequentialModel<GPT, GPTConfig> {
   /// Head unit: final LayerNorm and output projection, x [B, T, C] -> logits [B*T, Vp]
   /// (uses wte.weight when tied, so the engine must gather the embedding unit too).
   Tensor logits(const Tensor& x) const;
-  /// Head unit with the loss: sum of token cross-entropies / divisor (divisor <= 0: mean).
+  /// Head unit with the loss: sum of token cross-entropies / divisor (divisor <= 0: mean), by the
+  /// fused classifier (runtime/ops.h classifier_loss: chunks of rows, no [B*T, Vp] logits).
   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor = 0) const;
 
   /// GPT-2 initialisation of one parameter's full logical value: weights
@@ -50,6 +51,10 @@ class GPT : public SequentialModel<GPT, GPTConfig> {
   static void init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
 
  private:
+  /// The head's input and weight: ln_f(x) as [B*T, C] and wte (tied) or lm_head [Vp, C].
+  Tensor head_hidden(const Tensor& x) const;
+  const Tensor& head_weight() const;
+
   bool record_logits_ = false;
   mutable std::vector<float> logit_max_;  ///< [n_layer * n_head] since the last take
 };

@@ -38,15 +38,20 @@ Tensor Llama::block(int layer, const Tensor& x) const {
   return add(x1, linear(m, P("mlp.down_proj.weight")));
 }
 
-Tensor Llama::logits(const Tensor& x) const {
+Tensor Llama::head_hidden(const Tensor& x) const {
   Tensor h = rms_norm(x, param("model.norm.weight"), static_cast<float>(cfg_.norm_eps));
-  const Tensor& W = cfg_.tie_embeddings ? param("model.embed_tokens.weight") : param("lm_head.weight");
-  const int64_t C = cfg_.n_embd;
-  return linear(h.reshape({h.numel() / C, C}), W);
+  return h.reshape({h.numel() / cfg_.n_embd, cfg_.n_embd});
 }
 
+const Tensor& Llama::head_weight() const {
+  return cfg_.tie_embeddings ? param("model.embed_tokens.weight") : param("lm_head.weight");
+}
+
+Tensor Llama::logits(const Tensor& x) const { return linear(head_hidden(x), head_weight()); }
+
 Tensor Llama::head_loss(const Tensor& x, const Tensor& targets, double divisor) const {
-  return cross_entropy(logits(x), targets.reshape({targets.numel()}), cfg_.vocab_size, divisor);
+  return classifier_loss(head_hidden(x), head_weight(), targets.reshape({targets.numel()}), cfg_.vocab_size,
+                         divisor);
 }
 
 }  // namespace mfsdp

@@ -29,12 +29,18 @@ class Llama : public SequentialModel<Llama, LlamaConfig> {
   Tensor block(int layer, const Tensor& x) const;
   /// Head unit: final RMSNorm and output projection, x [B, T, C] -> logits [B*T, Vp].
   Tensor logits(const Tensor& x) const;
-  /// Head unit with the loss: sum of token cross-entropies / divisor (divisor <= 0: mean).
+  /// Head unit with the loss: sum of token cross-entropies / divisor (divisor <= 0: mean), by the
+  /// fused classifier (runtime/ops.h classifier_loss: chunks of rows, no [B*T, Vp] logits).
   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor = 0) const;
 
   /// Hugging Face's Llama initialisation of one parameter's full value: matrices and embeddings
   /// N(0, init_std), RMSNorm gains 1, padded vocabulary rows 0; a function of (seed, name) only.
   static void init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+
+ private:
+  /// The head's input and weight: norm(x) as [B*T, C] and embed_tokens (tied) or lm_head [Vp, C].
+  Tensor head_hidden(const Tensor& x) const;
+  const Tensor& head_weight() const;
 };
 
 }  // namespace mfsdp

@@ -142,6 +142,12 @@ class Kernels {
   /// dlogits[n, :] += dloss * (softmax(logits[n, :V]) - onehot(target)); padding columns get 0.
   virtual void cross_entropy_backward(const float* logits, const int32_t* targets, float dloss,
                                       float* dlogits, int64_t N, int64_t V, int64_t Vp) = 0;
+  /// The fused classifier's row pass (ops.h classifier_loss) on one chunk of logits [N, Vp], in
+  /// place: losses[n] as cross_entropy_forward; with `grad`, row n is then overwritten with
+  /// dloss * (softmax(row[:V]) - onehot(target)) and its padding columns with 0, the same bits
+  /// cross_entropy_backward adds into a zeroed dlogits (the log-sum-exp is computed once per row).
+  virtual void cross_entropy_fused(float* logits, const int32_t* targets, float* losses, float dloss, bool grad,
+                                   int64_t N, int64_t V, int64_t Vp) = 0;
 
  private:
   static AttentionDims fused_dims(int64_t B, int64_t T, int64_t C, int64_t H, const char* op) {

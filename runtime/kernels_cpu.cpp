@@ -552,6 +552,21 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  void cross_entropy_fused(float* logits, const int32_t* targets, float* losses, float dloss, bool grad, int64_t N,
+                           int64_t V, int64_t Vp) override {
+#pragma omp parallel for schedule(static) if (N * V > kChunk)
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = logits + n * Vp;
+      const double lse = row_logsumexp(row, V);
+      losses[n] = static_cast<float>(lse - row[targets[n]]);
+      if (!grad) continue;
+      Eigen::Map<Eigen::ArrayXf> r(row, V);  // in place: the same expression cross_entropy_backward adds into 0
+      r = dloss * (r - static_cast<float>(lse)).exp();
+      row[targets[n]] -= dloss;
+      std::fill(row + V, row + Vp, 0.0f);
+    }
+  }
+
  private:
   std::vector<float> widened_a_, widened_b_;  // gemm_bf16's f32 copies of its operands (reused)
 };

@@ -341,36 +341,144 @@ std::vector<float> attention_max_logits(const Tensor& qkv, int64_t n_head) {
   return out;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size, double divisor) {
-  const char* op = "cross_entropy";
-  check_f32(logits, op, "logits");
-  check_arg(logits.dim() == 2, op, "logits must be [N, Vp], got " + logits.describe());
-  const int64_t N = logits.size(0), Vp = logits.size(1);
+namespace {
+
+// Targets i32 [N] on `like`'s device, each in [0, vocab_size) (checked when they are on the CPU).
+void check_targets(const Tensor& targets, int64_t N, int64_t vocab_size, int64_t Vp, const Tensor& like,
+                   const char* op) {
   check_arg(targets.defined() && targets.dtype() == DType::i32 && targets.numel() == N, op,
             "targets must be i32 with " + std::to_string(N) + " elements, got " + targets.describe());
   check_arg(vocab_size >= 1 && vocab_size <= Vp, op,
             "vocab_size " + std::to_string(vocab_size) + " outside [1, " + std::to_string(Vp) + "]");
-  check_same_device(logits, targets, op);
+  check_same_device(like, targets, op);
   if (targets.device() == Device::CPU) {
     const int32_t* t = targets.data<int32_t>();
     for (int64_t i = 0; i < N; ++i)
       check_arg(t[i] >= 0 && t[i] < vocab_size, op, "target " + std::to_string(t[i]) + " at position " +
                                                         std::to_string(i) + " is outside [0, " + std::to_string(vocab_size) + ")");
   }
+}
+
+// sum(losses) / div as a one-element tensor on the losses' device. The sum runs on the host (N
+// floats, in order, in f64): deterministic.
+Tensor reduce_losses(const Tensor& losses, double div) {
+  double sum = 0;
+  for (float l : losses.to_vector()) sum += l;
+  return Tensor::from_vector({static_cast<float>(sum / div)}, {1}, losses.device());
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size, double divisor) {
+  const char* op = "cross_entropy";
+  check_f32(logits, op, "logits");
+  check_arg(logits.dim() == 2, op, "logits must be [N, Vp], got " + logits.describe());
+  const int64_t N = logits.size(0), Vp = logits.size(1);
+  check_targets(targets, N, vocab_size, Vp, logits, op);
   const double div = divisor > 0 ? divisor : static_cast<double>(N);
   Tensor losses = Tensor::empty({N}, DType::f32, logits.device());
-  Kernels& k = kernels(logits.device());
-  k.cross_entropy_forward(logits.data_f32(), targets.data<int32_t>(), losses.data_f32(), N, vocab_size, Vp);
-  // The scalar is reduced on the host (N floats), in order: deterministic.
-  std::vector<float> host = losses.to_vector();
-  double sum = 0;
-  for (float l : host) sum += l;
-  Tensor loss = Tensor::from_vector({static_cast<float>(sum / div)}, {1}, logits.device());
+  kernels(logits.device()).cross_entropy_forward(logits.data_f32(), targets.data<int32_t>(), losses.data_f32(), N,
+                                                 vocab_size, Vp);
+  Tensor loss = reduce_losses(losses, div);
   if (needs_grad({&logits})) {
     record(loss, op, {logits}, [logits, targets, vocab_size, N, Vp, div](const Tensor& dl) {
       const float scale = static_cast<float>(dl.item() / div);
       kernels(logits.device()).cross_entropy_backward(logits.data_f32(), targets.data<int32_t>(), scale,
                                                       grad_buffer(logits).data_f32(), N, vocab_size, Vp);
+    });
+  }
+  return loss;
+}
+
+int64_t classifier_chunk_rows(int64_t Vp) {
+  constexpr int64_t kBudgetBytes = int64_t{64} << 20, kRowMultiple = 64;
+  const int64_t rows = kBudgetBytes / (std::max<int64_t>(Vp, 1) * int64_t{4}) / kRowMultiple * kRowMultiple;
+  return std::max(rows, kRowMultiple);
+}
+
+namespace {
+
+// The operands and outputs of classifier_loss's chunk pass. hm [N, C] and Wm [Vp, C] are in the
+// matmul dtype; dh [N, C] / dW [Vp, C] are f32 and added into (undefined: not wanted).
+struct ClassifierPass {
+  Tensor hm, Wm, targets, losses, dh, dW;
+  int64_t V, chunk;
+};
+
+// Every chunk of rows: logits into one buffer, the row pass, and (grad) the logits' gradient in
+// place with its dh rows and dW contribution (linear's backward GEMMs).
+void run_classifier_chunks(const ClassifierPass& p, bool grad, float dloss) {
+  const int64_t N = p.hm.size(0), C = p.hm.size(1), Vp = p.Wm.size(0);
+  if (N == 0) return;
+  const Device dev = p.hm.device();
+  Kernels& k = kernels(dev);
+  const bool half = p.hm.dtype() == DType::bf16;
+  Tensor buf = Tensor::empty({std::min(p.chunk, N), Vp}, DType::f32, dev);
+  for (int64_t r0 = 0; r0 < N; r0 += p.chunk) {
+    const int64_t rows = std::min(p.chunk, N - r0);
+    const Tensor hc = p.hm.view(r0 * C, {rows, C}), logits = buf.view(0, {rows, Vp});
+    gemm_as_stored(k, false, true, rows, Vp, C, hc, p.Wm, 0.0f, logits.data_f32());
+    k.cross_entropy_fused(logits.data_f32(), p.targets.data<int32_t>() + r0, p.losses.data_f32() + r0, dloss, grad,
+                          rows, p.V, Vp);
+    if (!grad) continue;
+    const Tensor dlm = half ? logits.to(DType::bf16) : logits;
+    if (p.dh.defined())  // dh[rows, C] += dlogits W
+      gemm_as_stored(k, false, false, rows, C, Vp, dlm, p.Wm, 1.0f, p.dh.data_f32() + r0 * C);
+    if (p.dW.defined())  // dW[Vp, C] += dlogits^T h_c
+      gemm_as_stored(k, true, false, Vp, C, rows, dlm, hc, 1.0f, p.dW.data_f32());
+  }
+}
+
+ClassifierPass classifier_pass(const Tensor& h, const Tensor& W, const Tensor& targets, int64_t V, int64_t chunk,
+                               bool half) {  // bf16 operands are rounded once, as linear rounds them
+  return ClassifierPass{half ? h.to(DType::bf16) : h, half ? W.to(DType::bf16) : W, targets,
+                        Tensor::empty({h.size(0)}, DType::f32, h.device()), Tensor(), Tensor(), V, chunk};
+}
+
+// Hands a gradient the op computed to `t`: adopted when t has none yet, added otherwise.
+void give_grad(const Tensor& t, const Tensor& g) {
+  if (!t.requires_grad()) return;
+  if (!t.grad().defined()) t.set_grad(g);
+  else kernels(t.device()).axpy(t.grad().data_f32(), g.data_f32(), 1.0f, t.numel());
+}
+
+}  // namespace
+
+Tensor classifier_loss(const Tensor& h, const Tensor& W, const Tensor& targets, int64_t vocab_size, double divisor,
+                       int64_t chunk_rows) {
+  const char* op = "classifier_loss";
+  check_f32(h, op, "h");
+  check_f32(W, op, "W");
+  check_arg(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1), op,
+            "h must be [N, C] and W [Vp, C], got " + h.describe() + " and " + W.describe());
+  check_arg(chunk_rows >= 0, op, "chunk_rows must be >= 0, got " + std::to_string(chunk_rows));
+  check_same_device(h, W, op);
+  const int64_t N = h.size(0), C = h.size(1), Vp = W.size(0);
+  check_targets(targets, N, vocab_size, Vp, h, op);
+  const double div = divisor > 0 ? divisor : static_cast<double>(N);
+  const Device dev = h.device();
+  const bool half = matmul_dtype() == DType::bf16;
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : classifier_chunk_rows(Vp);
+  ClassifierPass p = classifier_pass(h, W, targets, vocab_size, chunk, half);
+  const bool grad = needs_grad({&h, &W});
+  if (grad && h.requires_grad()) p.dh = Tensor::zeros({N, C}, DType::f32, dev);
+  if (grad && W.requires_grad()) p.dW = Tensor::zeros({Vp, C}, DType::f32, dev);
+  // the gradient for an upstream 1, its scale formed as cross_entropy's backward forms it
+  run_classifier_chunks(p, grad, static_cast<float>(1.0 / div));
+  Tensor loss = reduce_losses(p.losses, div);
+  if (grad) {
+    // the backward keeps the gradients, not the bf16 operands (rebuilt only for an upstream != 1)
+    record(loss, op, {h, W}, [h, W, targets, vocab_size, chunk, half, div, dh = p.dh, dW = p.dW](const Tensor& dl) {
+      if (const float g = dl.item(); g != 1.0f) {  // not the root: the pass again with the real scale
+        ClassifierPass again = classifier_pass(h, W, targets, vocab_size, chunk, half);
+        again.dh = dh;
+        again.dW = dW;
+        if (dh.defined()) dh.zero();
+        if (dW.defined()) dW.zero();
+        run_classifier_chunks(again, true, static_cast<float>(g / div));
+      }
+      if (dh.defined()) give_grad(h, dh);
+      if (dW.defined()) give_grad(W, dW);
     });
   }
   return loss;

@@ -101,6 +101,40 @@ std::vector<float> attention_max_logits(const Tensor& qkv, int64_t n_head);
 /// sum of per-token losses / divisor (divisor <= 0 means N, i.e. the mean).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size, double divisor = 0);
 
+/// Rows per chunk of classifier_loss over a padded vocabulary of Vp columns: the largest multiple
+/// of 64 whose f32 logits (rows * Vp * 4 bytes) fit in 64 MiB, and at least 64 (a vocabulary above
+/// 256K columns then passes the budget by 64 rows of it). GPT-2 (Vp = 50304): 320 rows (61.4 MiB);
+/// Llama-2 (32000): 512; a character vocabulary (Vp = 128): 131072, so any batch is one chunk.
+int64_t classifier_chunk_rows(int64_t Vp);
+
+/// The fused classifier: LM head plus softmax cross-entropy, never holding more than one chunk of
+/// logits. h [N, C] (the final norm's output), W [Vp, C] (lm_head or the tied embedding), targets
+/// i32 [N] < vocab_size <= Vp; columns vocab_size..Vp-1 are padding. Returns the same scalar as
+/// cross_entropy(linear(h, W), targets, vocab_size, divisor) (divisor <= 0 means N).
+///
+/// Rows run in chunks of `chunk_rows` (0: classifier_chunk_rows(Vp)). Per chunk, into one
+/// [chunk, Vp] f32 buffer: logits = h_c W^T (the GEMM linear runs, in matmul_dtype()), each row's
+/// log-sum-exp and loss in f32 with an f64 sum of exponentials (Kernels::cross_entropy_fused), and,
+/// when h or W requires grad, the logits' gradient written over the logits in place,
+/// (softmax - onehot) / divisor, then dh_c = dlogits W and dW += dlogits^T h_c (linear's backward
+/// GEMMs, bf16 operands under a bf16 matmul_dtype()). The forward thus computes the gradients: the
+/// logits' gradient needs the loss's upstream gradient, which is 1 whenever the loss is the root
+/// of backward (every training step), so the op assumes 1, keeps dh [N, C] and dW [Vp, C] (f32)
+/// and its backward only adds them into the gradients of h and W (no second GEMM over the
+/// logits). An upstream gradient g != 1 reruns the chunk pass with the scale g / divisor, the
+/// same bits as the unfused backward. Without grad (evaluation) only the loss is computed.
+///
+/// Numerics against the unfused path: the row pass is the same kernel on the same logits, so with
+/// one chunk (N <= chunk rows) the logits, loss, dh and dW are bitwise those of linear +
+/// cross_entropy. With several chunks the GEMMs see row blocks: a GEMM library may block the
+/// inner (C or Vp) sums of a smaller M differently, and dW sums the N rows chunk by chunk (f32
+/// partial sums added in chunk order), so those elements can differ in the last bits (each is a
+/// reordered f32 sum). Deterministic for a fixed chunk size, device and thread count.
+/// Memory: one [chunk, Vp] f32 buffer (plus its bf16 copy under bf16 matmuls), dh and dW; never
+/// N * Vp. Throws std::invalid_argument naming the shapes or the first bad target (CPU targets).
+Tensor classifier_loss(const Tensor& h, const Tensor& W, const Tensor& targets, int64_t vocab_size,
+                       double divisor = 0, int64_t chunk_rows = 0);
+
 /// i32 tensor from host values (token ids).
 Tensor tokens_tensor(const std::vector<int32_t>& ids, const Shape& shape, Device device = Device::CPU);
 

@@ -298,6 +298,25 @@ __global__ void cross_entropy_backward_kernel(const float* __restrict__ logits, 
   __syncthreads();  // the thread that added into drow[target] is done
   if (threadIdx.x == 0) drow[targets[n]] -= dloss;
 }
+// The fused classifier's row pass, in place: the loss as cross_entropy_forward_kernel, then (grad)
+// the row overwritten with what cross_entropy_backward_kernel adds into a zeroed dlogits.
+__global__ void cross_entropy_fused_kernel(float* __restrict__ logits, const int32_t* __restrict__ targets,
+                                           float* __restrict__ losses, float dloss, bool grad, int64_t V, int64_t Vp) {
+  __shared__ float shf[kThreads / 32];
+  __shared__ double shd[kThreads / 32];
+  const int64_t n = blockIdx.x;
+  float* row = logits + n * Vp;
+  float mx;
+  double sum;
+  row_max_and_expsum(row, V, shf, shd, mx, sum);
+  if (threadIdx.x == 0) losses[n] = static_cast<float>(log(sum) + mx - row[targets[n]]);
+  if (!grad) return;
+  __syncthreads();  // the target's logit is read before the row is overwritten
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = threadIdx.x; j < Vp; j += kThreads) row[j] = j < V ? dloss * expf(row[j] - mx) * inv : 0.0f;
+  __syncthreads();
+  if (threadIdx.x == 0) row[targets[n]] -= dloss;
+}
 
 }  // namespace
 }  // namespace mfsdp

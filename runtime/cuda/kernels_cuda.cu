@@ -290,6 +290,14 @@ class CudaKernels final : public Kernels {
     CUDA_CHECK_LAUNCH("cross_entropy_backward_kernel");
   }
 
+  void cross_entropy_fused(float* logits, const int32_t* targets, float* losses, float dloss, bool grad, int64_t N,
+                           int64_t V, int64_t Vp) override {
+    if (N <= 0) return;
+    check_grid(N, "cross_entropy_fused", "N");
+    cross_entropy_fused_kernel<<<static_cast<unsigned>(N), kThreads>>>(logits, targets, losses, dloss, grad, V, Vp);
+    CUDA_CHECK_LAUNCH("cross_entropy_fused_kernel");
+  }
+
  private:
   cublasHandle_t handle() { return static_cast<cublasHandle_t>(cuda::cublas_handle()); }
 

@@ -326,6 +326,31 @@ TEST_CASE("cuda: cross-entropy over a padded vocabulary vs CPU", "[cuda][cross_e
   for (float l : l2.gpu.to_vector()) CHECK(l == Approx(std::log(static_cast<double>(V))).epsilon(1e-6));
 }
 
+TEST_CASE("cuda: the fused classifier's in-place row pass vs its two kernels and the CPU", "[cuda][cross_entropy]") {
+  REQUIRE_GPU();
+  const int64_t N = 19, V = 1000, Vp = 1024;
+  auto logits_v = randn(N * Vp, 62, 3.0f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = V; j < Vp; ++j) logits_v[n * Vp + j] = 1e4f;  // padding: never read, set to 0
+  const auto targets = rand_ids(N, static_cast<int32_t>(V), 63);
+  Pair fused(logits_v), fused_losses(fvec(N)), ref_logits(logits_v), ref_losses(fvec(N)), ref_grad(fvec(N * Vp, 0.0f));
+  IdPair tgt(targets);
+  GK().cross_entropy_fused(fused.g(), tgt.g(), fused_losses.g(), 0.25f, true, N, V, Vp);
+  CK().cross_entropy_fused(fused.c(), tgt.c(), fused_losses.c(), 0.25f, true, N, V, Vp);
+  CHECK(norm_err(fused_losses) <= 1e-5);
+  CHECK(norm_err(fused) <= 1e-6);
+  // on one device the in-place pass has the bits of forward + backward into a zeroed gradient
+  GK().cross_entropy_forward(ref_logits.g(), tgt.g(), ref_losses.g(), N, V, Vp);
+  GK().cross_entropy_backward(ref_logits.g(), tgt.g(), 0.25f, ref_grad.g(), N, V, Vp);
+  CHECK(fused_losses.gpu.to_vector() == ref_losses.gpu.to_vector());
+  CHECK(fused.gpu.to_vector() == ref_grad.gpu.to_vector());
+  // without grad the logits stay as they were
+  Pair kept(logits_v), kept_losses(fvec(N));
+  GK().cross_entropy_fused(kept.g(), tgt.g(), kept_losses.g(), 0.25f, false, N, V, Vp);
+  CHECK(kept.gpu.to_vector() == logits_v);
+  CHECK(kept_losses.gpu.to_vector() == ref_losses.gpu.to_vector());
+}
+
 namespace {
 
 struct ChainResult {

@@ -6,6 +6,7 @@
 
 #include "runtime/autograd.h"
 #include "runtime/kernels.h"
+#include "runtime/memory.h"
 #include "runtime/ops.h"
 
 using namespace mfsdp;
@@ -132,6 +133,178 @@ TEST_CASE("cross-entropy over a padded vocabulary: gradients and padding", "[gra
   // closed form: uniform logits give log(V)
   Tensor flat = Tensor::zeros({3, 8});
   CHECK(cross_entropy(flat, tokens_tensor({0, 1, 2}, {3}), 5).item() == Approx(std::log(5.0)).epsilon(1e-6));
+}
+
+// ---- the fused classifier (classifier_loss) against linear + cross_entropy ----
+
+namespace {
+
+struct HeadGrads {
+  float loss;
+  std::vector<float> dh, dW;
+};
+
+// loss, dh, dW of one head on copies of h [N, C] and W [Vp, C]; chunk < 0 runs the unfused
+// reference (linear, then cross_entropy). `upstream` is d(objective)/d(loss).
+HeadGrads run_head(const Tensor& h0, const Tensor& W0, const Tensor& tgt, int64_t V, double divisor, int64_t chunk,
+                   float upstream = 1.0f) {
+  Tensor h = h0.clone(), W = W0.clone();
+  h.set_requires_grad(true);
+  W.set_requires_grad(true);
+  Tensor loss = chunk < 0 ? cross_entropy(linear(h, W), tgt, V, divisor) : classifier_loss(h, W, tgt, V, divisor, chunk);
+  backward(loss, Tensor::from_vector({upstream}, {1}));
+  return {loss.item(), h.grad().to_vector(), W.grad().to_vector()};
+}
+
+// How far a chunked classifier may lie from the unfused one (f64 on the host). The two compute the
+// same formulas on the same operands and differ only in the order of f32 sums inside GEMMs: a sum
+// of K products has |error| <= gamma_K sum|products|, gamma_K = K u / (1 - K u), u = 2^-24
+// (Higham, Accuracy and Stability of Numerical Algorithms, 3.1), so two orders differ by 2 gamma_K.
+// - logits (K = C): delta_n = 2 gamma_C max_j sum_k |h_nk W_jk| per row;
+// - the row's loss moves by <= 2 delta_n (log-sum-exp and target logit), plus the f32 rounding of
+//   each row loss and of the mean (2 u each);
+// - the gradient s (p - onehot) moves by <= 2 s p_j delta_n (first order in the softmax), and under
+//   bf16 matmuls its bf16 rounding may then flip by one bf16 ulp (2^-8 |dl|);
+// - dh (K = Vp) and dW (K = N): 2 gamma_K sum |dl| |other operand| plus the propagated input moves.
+struct HeadBounds {
+  double loss;
+  std::vector<double> dh, dW;
+};
+HeadBounds head_bounds(const Tensor& h0, const Tensor& W0, const std::vector<int32_t>& tgt, int64_t V, double div,
+                       bool bf16_matmuls) {
+  const int64_t N = h0.size(0), C = h0.size(1), Vp = W0.size(0);
+  auto round_in = [bf16_matmuls](std::vector<float> v) {
+    if (bf16_matmuls)
+      for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+    return v;
+  };
+  const std::vector<float> h = round_in(h0.to_vector()), W = round_in(W0.to_vector());
+  const double u = std::ldexp(1.0, -24), s = 1.0 / div;
+  auto gamma = [u](int64_t K) { return K * u / (1 - K * u); };
+  HeadBounds b{0, std::vector<double>(N * C, 0.0), std::vector<double>(Vp * C, 0.0)};
+  std::vector<double> mag(Vp * C, 0.0), moved(Vp * C, 0.0);
+  double loss_sum = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> L(V), p(V);
+    double amax = 0, mx = -INFINITY, z = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      double dot = 0, abs_dot = 0;
+      for (int64_t k = 0; k < C; ++k) {
+        dot += static_cast<double>(h[n * C + k]) * W[j * C + k];
+        abs_dot += std::fabs(static_cast<double>(h[n * C + k]) * W[j * C + k]);
+      }
+      L[j] = dot;
+      amax = std::max(amax, abs_dot);
+      mx = std::max(mx, dot);
+    }
+    for (int64_t j = 0; j < V; ++j) z += std::exp(L[j] - mx);
+    const double delta = 2 * gamma(C) * amax, row_loss = mx + std::log(z) - L[tgt[n]];
+    loss_sum += row_loss;
+    b.loss += 2 * delta + 2 * u * std::fabs(row_loss);
+    for (int64_t j = 0; j < V; ++j) {
+      p[j] = std::exp(L[j] - mx) / z;
+      const double dl = std::fabs(s * (p[j] - (j == tgt[n] ? 1.0 : 0.0)));
+      const double d = 2 * s * p[j] * delta + (bf16_matmuls ? std::ldexp(dl, -8) : 0.0);
+      for (int64_t k = 0; k < C; ++k) {
+        b.dh[n * C + k] += 2 * gamma(Vp) * (dl + d) * std::fabs(W[j * C + k]) + d * std::fabs(W[j * C + k]);
+        mag[j * C + k] += (dl + d) * std::fabs(h[n * C + k]);
+        moved[j * C + k] += d * std::fabs(h[n * C + k]);
+      }
+    }
+  }
+  for (int64_t i = 0; i < Vp * C; ++i) b.dW[i] = 2 * gamma(N) * mag[i] + moved[i];
+  b.loss = b.loss * s + 2 * u * std::fabs(loss_sum * s);
+  return b;
+}
+
+void check_within(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<double>& bound) {
+  REQUIRE(got.size() == ref.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (!(std::fabs(static_cast<double>(got[i]) - ref[i]) <= bound[i])) ++bad;
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("fused classifier: one chunk is bitwise linear + cross_entropy; several chunks within a derived bound",
+          "[ops][classifier]") {
+  std::mt19937 rng(21);
+  const int64_t N = 30, C = 16, Vp = 64, V = 61;
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<int32_t>((n * 37 + 11) % V);
+  const Tensor h = randn({N, C}, rng), W = randn({Vp, C}, rng, 0.5f), tgt = tokens_tensor(ids, {N});
+  for (DType mm : {DType::f32, DType::bf16}) {
+    MatmulDTypeScope scope(mm);
+    INFO("matmuls in " << dtype_name(mm));
+    for (double div : {0.0, 7.0}) {
+      const HeadGrads ref = run_head(h, W, tgt, V, div, -1);
+      // the default chunk (131072 rows at Vp = 64) holds all N rows: the same GEMMs, the same bits
+      const HeadGrads one = run_head(h, W, tgt, V, div, 0);
+      CHECK(one.loss == ref.loss);
+      CHECK(one.dh == ref.dh);
+      CHECK(one.dW == ref.dW);
+      // an upstream gradient other than 1 reruns the pass with that scale: still the same bits
+      const HeadGrads half_ref = run_head(h, W, tgt, V, div, -1, 0.5f), half = run_head(h, W, tgt, V, div, 0, 0.5f);
+      CHECK(half.dh == half_ref.dh);
+      CHECK(half.dW == half_ref.dW);
+      // chunks of 7 rows: 4 full chunks and a ragged one of 2
+      const HeadGrads chunked = run_head(h, W, tgt, V, div, 7);
+      const HeadBounds b = head_bounds(h, W, ids, V, div > 0 ? div : N, mm == DType::bf16);
+      CHECK(std::fabs(static_cast<double>(chunked.loss) - ref.loss) <= b.loss);
+      check_within(chunked.dh, ref.dh, b.dh);
+      check_within(chunked.dW, ref.dW, b.dW);
+      // padding rows of W get no gradient
+      for (int64_t j = V; j < Vp; ++j)
+        for (int64_t k = 0; k < C; ++k) CHECK(chunked.dW[j * C + k] == 0.0f);
+    }
+  }
+  // evaluation (no grad) gives the training forward's loss
+  const float trained = run_head(h, W, tgt, V, 0, 7).loss;
+  NoGradGuard no_grad;
+  CHECK(classifier_loss(h, W, tgt, V, 0, 7).item() == trained);
+}
+
+TEST_CASE("fused classifier gradients match finite differences (ragged chunks)", "[gradcheck][classifier]") {
+  std::mt19937 rng(22);
+  Tensor targets = tokens_tensor({0, 4, 2, 1, 3}, {5});
+  gradcheck([targets](const std::vector<Tensor>& in) { return classifier_loss(in[0], in[1], targets, 5, 0, 2); },
+            {randn({5, 3}, rng), randn({8, 3}, rng)}, 1e-2f, 2e-3);
+}
+
+TEST_CASE("fused classifier: chunk sizes, bad input, and memory below the N x Vp logits", "[ops][classifier]") {
+  CHECK(classifier_chunk_rows(50304) == 320);  // GPT-2: 320 x 50304 x 4 B = 61.4 MiB <= 64 MiB
+  CHECK(classifier_chunk_rows(128) == 131072);
+  CHECK(classifier_chunk_rows(32000) == 512);
+  CHECK(classifier_chunk_rows(1 << 20) == 64);  // the floor
+  for (int64_t vp : {64, 128, 32000, 50304, 128256})
+    CHECK(classifier_chunk_rows(vp) * vp * 4 <= (int64_t{64} << 20));
+  CHECK_THROWS_WITH(classifier_loss(Tensor::zeros({2, 4}), Tensor::zeros({8, 3}), tokens_tensor({0, 1}, {2}), 8),
+                    Catch::Contains("[classifier_loss]"));
+  CHECK_THROWS_WITH(classifier_loss(Tensor::zeros({2, 4}), Tensor::zeros({8, 4}), tokens_tensor({0, 7}, {2}), 5),
+                    Catch::Contains("target 7"));
+
+  // N x Vp f32 logits would be 4096 x 16384 x 4 B = 256 MiB; the op holds one 1024-row chunk
+  // (64 MiB), dW (1 MiB), dh (256 KiB) and the losses.
+  const int64_t N = 4096, C = 16, Vp = 16384, V = 16000;
+  std::mt19937 rng(23);
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[n] = static_cast<int32_t>((n * 7919) % V);
+  Tensor h = randn({N, C}, rng), W = randn({Vp, C}, rng, 0.1f), tgt = tokens_tensor(ids, {N});
+  h.set_requires_grad(true);
+  W.set_requires_grad(true);
+  MemoryTracker& mt = MemoryTracker::instance();
+  const int64_t before = mt.current_total(Device::CPU);
+  mt.reset_peaks();
+  Tensor loss = classifier_loss(h, W, tgt, V);
+  backward(loss);
+  const int64_t peak = mt.peak_total(Device::CPU) - before, logits_bytes = N * Vp * 4;
+  const int64_t expected = classifier_chunk_rows(Vp) * Vp * 4 + (Vp * C + N * C + N) * 4;
+  INFO("peak " << peak << " bytes; the N x Vp logits: " << logits_bytes << "; chunk + dW + dh + losses: " << expected);
+  CHECK(peak <= expected + 4096);
+  CHECK(peak * 3 < logits_bytes);
+  CHECK(std::isfinite(loss.item()));
+  CHECK(loss.item() > std::log(static_cast<double>(V)) - 1);  // near-uniform predictions: about log V
 }
 
 // ---- Llama ops ----
