@@ -101,6 +101,24 @@ std::string check_checkpoints(const TrainConfig& cfg, bool eval_only) {
   return "";
 }
 
+/// Every file the run reads or writes, as (its config key or "the config file", path), except those
+/// of the key `except` (the output being checked against the others).
+std::vector<std::pair<std::string, std::string>> files_of_the_run(const TrainConfig& cfg, const std::string& except) {
+  std::vector<std::pair<std::string, std::string>> files = {{"the config file", cfg.source},
+                                                            {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
+                                                            {"model.init_from", cfg.model.init_from.resolved},
+                                                            {"output.export", cfg.output.export_path.resolved},
+                                                            {"logging.trace", cfg.logging.trace.resolved}};
+  for (const auto& f : expand_glob(cfg.data.train.resolved)) files.push_back({"data.train", f});
+  if (!cfg.data.val.resolved.empty())
+    for (const auto& f : expand_glob(cfg.data.val.resolved)) files.push_back({"data.val", f});
+  if (!cfg.logging.run_dir.resolved.empty())
+    for (const char* f : kRunDirFiles)
+      files.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
+  std::erase_if(files, [&](const auto& f) { return f.first == except || f.second.empty(); });
+  return files;
+}
+
 // output.export: a path ending in .safetensors is one file; anything else an export directory
 // (model.safetensors + config.json, Hugging Face's from_pretrained layout). It must be writable and
 // never a file the run reads or writes otherwise.
@@ -108,15 +126,7 @@ std::string check_export(const TrainConfig& cfg) {
   const HfExportPaths files = hf_export_paths(cfg.output.export_path.resolved);
   const std::filesystem::path out(cfg.output.export_path.resolved);
   const std::filesystem::path weights(files.weights);
-  std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
-                                                            {"data.tokenizer_path", cfg.data.tokenizer_path.resolved},
-                                                            {"model.init_from", cfg.model.init_from.resolved}};
-  for (const auto& f : expand_glob(cfg.data.train.resolved)) taken.push_back({"data.train", f});
-  if (!cfg.data.val.resolved.empty())
-    for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
-  if (!cfg.logging.run_dir.resolved.empty())
-    for (const char* f : kRunDirFiles)
-      taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
+  const std::vector<std::pair<std::string, std::string>> taken = files_of_the_run(cfg, "output.export");
   const auto same = [](const std::string& a, const std::string& b) {
     std::error_code ec;
     return !b.empty() && std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
@@ -157,16 +167,7 @@ std::string check_trace(const TrainConfig& cfg) {
   std::error_code ec;
   if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path(), ec);
   if (std::string e = output_file_problem(out.string()); !e.empty()) return cfg.source + ": logging.trace: " + e;
-  std::vector<std::pair<std::string, std::string>> taken = {{"the config file", cfg.source},
-                                                            {"output.export", cfg.output.export_path.resolved},
-                                                            {"model.init_from", cfg.model.init_from.resolved}};
-  for (const auto& f : expand_glob(cfg.data.train.resolved)) taken.push_back({"data.train", f});
-  if (!cfg.data.val.resolved.empty())
-    for (const auto& f : expand_glob(cfg.data.val.resolved)) taken.push_back({"data.val", f});
-  if (!cfg.logging.run_dir.resolved.empty())
-    for (const char* f : kRunDirFiles)
-      taken.push_back({"logging.run_dir", (std::filesystem::path(cfg.logging.run_dir.resolved) / f).string()});
-  for (const auto& [what, path] : taken)
+  for (const auto& [what, path] : files_of_the_run(cfg, "logging.trace"))
     if (!path.empty() && std::filesystem::weakly_canonical(out, ec) == std::filesystem::weakly_canonical(path, ec))
       return cfg.source + ": logging.trace: " + out.string() + " is " + what + " (" + path + "); choose another path";
   return "";
