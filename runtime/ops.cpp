@@ -391,7 +391,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_
 }
 
 int64_t classifier_chunk_rows(int64_t Vp) {
-  constexpr int64_t kBudgetBytes = int64_t{64} << 20, kRowMultiple = 64;
+  constexpr int64_t kBudgetBytes = int64_t{256} << 20, kRowMultiple = 64;  // ops.h says why
   const int64_t rows = kBudgetBytes / (std::max<int64_t>(Vp, 1) * int64_t{4}) / kRowMultiple * kRowMultiple;
   return std::max(rows, kRowMultiple);
 }
