@@ -368,8 +368,15 @@ void orthogonalize_batched_cpu(const float* const* G, float* const* out, int64_t
   // Small matrices have too little work per band to use the threads: run the batch in parallel
   // instead (the nested kernels then run on one thread each; bands keep the bits the same).
   // bf16: every call runs at the top level (the bf16 GEMM threads each product itself).
+  // Not `parallel for ... if (across)`: a serialized region still opens a nesting level, and every
+  // parallel region inside it (the bands, oneDNN's GEMMs) would then start and end threads of its
+  // own: thousands of thread creations per optimizer step.
   const bool across = dtype == NsDType::f32 && count > 1 && std::min(rows, cols) < 2 * kSymBandRows;
-#pragma omp parallel for schedule(dynamic, 1) if (across)
+  if (!across) {
+    for (int64_t i = 0; i < count; ++i) orthogonalize_one(G[i], out[i], rows, cols, steps, method, dtype);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < count; ++i) orthogonalize_one(G[i], out[i], rows, cols, steps, method, dtype);
 }
 
