@@ -76,25 +76,8 @@ TEST_CASE("Llama's fused head (head_loss) has the bits of logits + cross_entropy
   Llama model(fx.cfg);
   model.allocate_local(1);
   load_fixture_weights(fx.file, model);
-  Tensor tokens = tokens_tensor(fx.file.read_i32("tokens"), {fx.B, fx.T});
-  Tensor targets = tokens_tensor(fx.file.read_i32("targets"), {fx.B, fx.T});
-  REQUIRE(fx.B * fx.T <= classifier_chunk_rows(fx.cfg.padded_vocab_size()));
-  auto run = [&](bool fused) {
-    model.local_grads().zero();
-    Tensor x = model.embed(tokens);
-    for (int l = 0; l < fx.cfg.n_layer; ++l) x = model.block(l, x);
-    Tensor loss = fused ? model.head_loss(x, targets)
-                        : cross_entropy(model.logits(x), targets.reshape({fx.B * fx.T}), fx.cfg.vocab_size);
-    backward(loss);
-    return std::make_pair(loss.item(), model.local_grads().to_vector());
-  };
-  for (DType mm : {DType::f32, DType::bf16}) {
-    MatmulDTypeScope scope(mm);
-    INFO("matmuls in " << dtype_name(mm));
-    const auto fused = run(true), unfused = run(false);
-    CHECK(fused.first == unfused.first);
-    CHECK(fused.second == unfused.second);  // every parameter's gradient, lm_head included
-  }
+  check_fused_head_bits(model, tokens_tensor(fx.file.read_i32("tokens"), {fx.B, fx.T}),
+                        tokens_tensor(fx.file.read_i32("targets"), {fx.B, fx.T}));
 }
 
 TEST_CASE("Llama inventory: HF names, roles, units, GQA shapes", "[llama]") {
