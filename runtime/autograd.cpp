@@ -8,7 +8,20 @@ namespace mfsdp {
 
 namespace {
 thread_local bool t_grad_enabled = true;
-}
+thread_local const void* t_implicit_root_grad = nullptr;  // id of backward()'s implicit 1, while it runs
+
+// Marks backward()'s implicit root gradient for scalar_upstream, until the pass ends or throws.
+class ImplicitRootGrad {
+ public:
+  explicit ImplicitRootGrad(const void* id) : prev_(t_implicit_root_grad) { t_implicit_root_grad = id; }
+  ~ImplicitRootGrad() { t_implicit_root_grad = prev_; }
+  ImplicitRootGrad(const ImplicitRootGrad&) = delete;
+  ImplicitRootGrad& operator=(const ImplicitRootGrad&) = delete;
+
+ private:
+  const void* prev_;
+};
+}  // namespace
 
 bool grad_mode_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
@@ -52,11 +65,13 @@ void accumulate_grad(const Tensor& t, const Tensor& g) {
 void backward(const Tensor& root, const Tensor& grad_output) {
   check_arg(root.defined(), "backward", "undefined root");
   Tensor gout = grad_output;
-  if (!gout.defined()) {
+  const bool implicit = !gout.defined();
+  if (implicit) {
     check_arg(root.numel() == 1, "backward", "grad_output is required for non-scalar root " + root.describe());
     gout = Tensor::empty(root.shape(), root.dtype(), root.device());
     gout.fill(1.0f);
   }
+  ImplicitRootGrad mark(implicit ? gout.id() : t_implicit_root_grad);
   check_arg(gout.shape() == root.shape(), "backward", "grad_output " + gout.describe() + " for root " + root.describe());
   if (!root.grad_fn()) {  // a leaf: its gradient is the given one
     accumulate_grad(root, gout);
@@ -89,6 +104,11 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     t.clear_grad();  // intermediate gradient no longer needed
     t.set_grad_fn(nullptr);
   }
+}
+
+float scalar_upstream(const Tensor& dl) {
+  check_arg(dl.numel() == 1, "scalar_upstream", "upstream gradient " + dl.describe() + " is not a scalar");
+  return t_implicit_root_grad && dl.id() == t_implicit_root_grad ? 1.0f : dl.item();
 }
 
 }  // namespace mfsdp

@@ -68,4 +68,10 @@ void accumulate_grad(const Tensor& t, const Tensor& g);
 /// scalar root, pass an undefined tensor to use 1. Frees the graph as it goes.
 void backward(const Tensor& root, const Tensor& grad_output = Tensor());
 
+/// The value of a one-element upstream gradient inside a backward function (a loss's scale). The
+/// implicit 1 that backward() makes for a scalar root is known on the host, so reading it copies
+/// nothing from the device (no host synchronization inside a CUDA step); any other is read with
+/// Tensor::item(). Throws std::invalid_argument when `dl` has more than one element.
+float scalar_upstream(const Tensor& dl);
+
 }  // namespace mfsdp

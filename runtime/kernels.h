@@ -148,6 +148,10 @@ class Kernels {
   /// cross_entropy_backward adds into a zeroed dlogits (the log-sum-exp is computed once per row).
   virtual void cross_entropy_fused(float* logits, const int32_t* targets, float* losses, float dloss, bool grad,
                                    int64_t N, int64_t V, int64_t Vp) = 0;
+  /// out[0] = (x[0] + ... + x[n-1]) / divisor rounded to f32, the sum in f64 (a loss's mean over its
+  /// tokens, left on the device). CPU: in index order. CUDA: one block, each thread a fixed strided
+  /// subset in order, then a fixed tree (deterministic, not the CPU's bits).
+  virtual void sum_to_scalar(const float* x, int64_t n, double divisor, float* out) = 0;
 
  private:
   static AttentionDims fused_dims(int64_t B, int64_t T, int64_t C, int64_t H, const char* op) {

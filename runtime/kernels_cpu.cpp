@@ -530,6 +530,12 @@ class CpuKernels final : public Kernels {
     return static_cast<double>(mx) + std::log((r - mx).exp().template cast<double>().sum());
   }
 
+  void sum_to_scalar(const float* x, int64_t n, double divisor, float* out) override {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += x[i];
+    out[0] = static_cast<float>(s / divisor);
+  }
+
   void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, int64_t N, int64_t V,
                              int64_t Vp) override {
 #pragma omp parallel for schedule(static) if (N * V > kChunk)

@@ -359,12 +359,12 @@ void check_targets(const Tensor& targets, int64_t N, int64_t vocab_size, int64_t
   }
 }
 
-// sum(losses) / div as a one-element tensor on the losses' device. The sum runs on the host (N
-// floats, in order, in f64): deterministic.
+// sum(losses) / div as a one-element tensor on the losses' device, summed there in f64
+// (Kernels::sum_to_scalar: deterministic, nothing copied to the host).
 Tensor reduce_losses(const Tensor& losses, double div) {
-  double sum = 0;
-  for (float l : losses.to_vector()) sum += l;
-  return Tensor::from_vector({static_cast<float>(sum / div)}, {1}, losses.device());
+  Tensor loss = Tensor::empty({1}, DType::f32, losses.device());
+  kernels(losses.device()).sum_to_scalar(losses.data_f32(), losses.numel(), div, loss.data_f32());
+  return loss;
 }
 
 }  // namespace
@@ -382,7 +382,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_
   Tensor loss = reduce_losses(losses, div);
   if (needs_grad({&logits})) {
     record(loss, op, {logits}, [logits, targets, vocab_size, N, Vp, div](const Tensor& dl) {
-      const float scale = static_cast<float>(dl.item() / div);
+      const float scale = static_cast<float>(scalar_upstream(dl) / div);
       kernels(logits.device()).cross_entropy_backward(logits.data_f32(), targets.data<int32_t>(), scale,
                                                       grad_buffer(logits).data_f32(), N, vocab_size, Vp);
     });
@@ -469,7 +469,7 @@ Tensor classifier_loss(const Tensor& h, const Tensor& W, const Tensor& targets, 
   if (grad) {
     // the backward keeps the gradients, not the bf16 operands (rebuilt only for an upstream != 1)
     record(loss, op, {h, W}, [h, W, targets, vocab_size, chunk, half, div, dh = p.dh, dW = p.dW](const Tensor& dl) {
-      if (const float g = dl.item(); g != 1.0f) {  // not the root: the pass again with the real scale
+      if (const float g = scalar_upstream(dl); g != 1.0f) {  // not the root: the pass again with the real scale
         ClassifierPass again = classifier_pass(h, W, targets, vocab_size, chunk, half);
         again.dh = dh;
         again.dW = dW;

@@ -318,5 +318,15 @@ __global__ void cross_entropy_fused_kernel(float* __restrict__ logits, const int
   if (threadIdx.x == 0) row[targets[n]] -= dloss;
 }
 
+// out[0] = (sum of x in f64) / divisor; one block: thread t sums x[t], x[t + kThreads], ... in
+// order, then block_sum's fixed tree.
+__global__ void sum_to_scalar_kernel(const float* __restrict__ x, int64_t n, double divisor, float* __restrict__ out) {
+  __shared__ double sh[kThreads / 32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += x[i];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(s / divisor);
+}
+
 }  // namespace
 }  // namespace mfsdp

@@ -298,6 +298,11 @@ class CudaKernels final : public Kernels {
     CUDA_CHECK_LAUNCH("cross_entropy_fused_kernel");
   }
 
+  void sum_to_scalar(const float* x, int64_t n, double divisor, float* out) override {
+    sum_to_scalar_kernel<<<1, kThreads>>>(x, n, divisor, out);
+    CUDA_CHECK_LAUNCH("sum_to_scalar_kernel");
+  }
+
  private:
   cublasHandle_t handle() { return static_cast<cublasHandle_t>(cuda::cublas_handle()); }
 

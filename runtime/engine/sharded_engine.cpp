@@ -119,19 +119,25 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   // the step divides the summed gradients by (world x replicas x micro-batches): the global mean
   const double denom = static_cast<double>(world_) * replica_count_ * static_cast<double>(micro.size());
 
-  // 1. forward and backward of every micro-batch; gradients land on their owners as they are made
-  ExactSum loss_sum;  // exact: the printed loss does not depend on the rank split
+  // 1. forward and backward of every micro-batch; gradients land on their owners as they are made.
+  // Every batch is checked and moved to the device first, and the losses stay there until all
+  // micro-batches are queued: on CUDA the host never waits inside this loop.
+  std::vector<MicroBatch> batches;
   int64_t local_tokens = 0;
   for (size_t k = 0; k < micro.size(); ++k) {
-    const MicroBatch mb = prepare_batch(micro[k], units_.device(), model_.vocab_size(),
-                                        "train_step: micro-batch " + std::to_string(k) + " of step " + std::to_string(step));
-    local_tokens += mb.tokens.numel();
-    loss_sum.add(forward_backward(mb, k + 1 == micro.size(), static_cast<float>(1.0 / denom), st));
+    batches.push_back(prepare_batch(micro[k], units_.device(), model_.vocab_size(),
+                                    "train_step: micro-batch " + std::to_string(k) + " of step " + std::to_string(step)));
+    local_tokens += batches.back().tokens.numel();
   }
+  std::vector<Tensor> losses;
+  for (size_t k = 0; k < batches.size(); ++k)
+    losses.push_back(forward_backward(batches[k], k + 1 == batches.size(), static_cast<float>(1.0 / denom), st));
 
   // 2. the global mean loss (overlap_backward scaled each unit's gradients as they landed)
   {
     trace::Span span(trace::Lane::schedule, "phase", "loss");
+    ExactSum loss_sum;  // exact: the printed loss does not depend on the rank split
+    for (const Tensor& l : losses) loss_sum.add(l.item());
     st.loss = sum_over_world(loss_sum).value() / denom;
   }
   if (!std::isfinite(st.loss))  // every rank sees the same reduced value, so all throw together
@@ -207,7 +213,7 @@ std::vector<RowScale> ShardedEngine::qk_clip_scales(StepStats& st) {
   return out;
 }
 
-float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
+Tensor ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.param_dtype);
   AttentionKernelScope attention(resolved_.attention);
@@ -241,7 +247,7 @@ float ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, flo
     if (u != U - 1)
       for (int d : model_.units_needed_by(u)) units_.release(d);
   }
-  const float loss = out[U - 1].item();
+  const Tensor loss = out[U - 1].detach();
   st.t_forward += now_seconds() - t0;
   pass.emplace(trace::Lane::schedule, "phase", "backward");
 

@@ -139,10 +139,11 @@ class ShardedEngine {
 
  private:
   /// Runs micro-batch `mb` forward and backward unit by unit, reducing each unit's gradients to
-  /// the owners as soon as they are complete; returns the micro-batch's loss.
+  /// the owners as soon as they are complete; returns the micro-batch's loss, a one-element tensor
+  /// on the device, not read here (reading it would make the host wait for the forward).
   /// Under overlap_backward the last micro-batch also scales each unit's reduced gradients by
   /// grad_scale and starts its owners' orthogonalization.
-  float forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st);
+  Tensor forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st);
   /// QK-Clip's row scalings of this step (empty when qk_clip is off or no head exceeds it); fills
   /// st.max_attention_logit and st.qk_clipped_heads. One all_gather_host (phase other).
   std::vector<RowScale> qk_clip_scales(StepStats& st);

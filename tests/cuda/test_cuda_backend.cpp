@@ -326,6 +326,30 @@ TEST_CASE("cuda: cross-entropy over a padded vocabulary vs CPU", "[cuda][cross_e
   for (float l : l2.gpu.to_vector()) CHECK(l == Approx(std::log(static_cast<double>(V))).epsilon(1e-6));
 }
 
+TEST_CASE("cuda: a loss's mean and its backward copy nothing between host and device", "[cuda][cross_entropy]") {
+  REQUIRE_GPU();
+  const int64_t N = 300, C = 16, V = 50, Vp = 64;
+  const auto h_v = randn(N * C, 63, 1.0f), W_v = randn(Vp * C, 64, 0.3f);
+  const IdPair tgt(rand_ids(N, static_cast<int32_t>(V), 62));
+  for (const bool fused : {false, true}) {
+    auto loss_of = [&](Device d) {
+      Tensor h = Tensor::from_vector(h_v, {N, C}, d), W = Tensor::from_vector(W_v, {Vp, C}, d);
+      h.set_requires_grad(true);
+      W.set_requires_grad(true);
+      const Tensor& t = d == Device::CUDA ? tgt.gpu : tgt.cpu;
+      const int64_t before = host_device_copy_bytes();
+      Tensor loss = fused ? classifier_loss(h, W, t, V) : cross_entropy(linear(h, W), t, V);
+      backward(loss);
+      // the mean stays on the device and the implicit upstream 1 is never read back
+      CHECK(host_device_copy_bytes() == before);
+      CHECK(h.grad().defined());
+      return loss.item();
+    };
+    // one block's f64 tree against the CPU's in-order f64 sum of the same per-row losses
+    CHECK(loss_of(Device::CUDA) == Approx(loss_of(Device::CPU)).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("cuda: the fused classifier's in-place row pass vs its two kernels and the CPU", "[cuda][cross_entropy]") {
   REQUIRE_GPU();
   const int64_t N = 19, V = 1000, Vp = 1024;
