@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs MatrixFSDP's Debian packages (idempotent: fast when already installed), then configures
 # and builds Release into build/. CUDA sources are compiled when nvcc is found under /usr/local/cuda
-# (override with MFSDP_CUDA=ON|OFF). Usage: scripts/setup.sh [--no-torch] [--no-build]
+# (override with MFSDP_CUDA=ON|OFF); then the cuDNN frontend headers are fetched first
+# (scripts/fetch_cudnn_frontend.sh). Usage: scripts/setup.sh [--no-torch] [--no-build]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,10 @@ else
 fi
 
 [ "$build" = 1 ] || exit 0
+# the cuDNN attention's frontend headers (.deps/), when CUDA will be compiled
+if [ "${MFSDP_CUDA:-AUTO}" != OFF ] && { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+  bash scripts/fetch_cudnn_frontend.sh
+fi
 cuda_flag=()
 [ -n "${MFSDP_CUDA:-}" ] && cuda_flag=(-DMFSDP_CUDA="$MFSDP_CUDA")
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cuda_flag[@]}" >build-configure.log 2>&1 || {
