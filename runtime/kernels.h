@@ -116,6 +116,25 @@ class Kernels {
   virtual void flash_attention_backward(const float* dout, const float* q, const float* k, const float* v,
                                         const float* out, const float* lse, float* dq, float* dk, float* dv,
                                         const AttentionDims& a) = 0;
+  /// cuDNN's fused attention (CUDA builds with cuDNN, runtime/cuda/cudnn_attention.h) with the
+  /// semantics of flash_attention_forward: out [B,T,H*d] and lse [B,H,T] written, in bf16 precision:
+  /// q, k and v are rounded to bf16 (round to nearest even), cuDNN multiplies in bf16 with f32
+  /// accumulation and softmax, and out is its bf16 output widened to f32 (lse stays f32). Head
+  /// sizes d = 64 and 128 only. The base (CPU) version throws std::runtime_error; the CUDA backend
+  /// throws std::invalid_argument for another head size and std::runtime_error when built
+  /// without cuDNN or when cuDNN fails (naming the step).
+  virtual void cudnn_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                                       const AttentionDims& a) {
+    throw std::runtime_error(std::string("[cudnn_attention_forward] the ") + name() + " backend has no cuDNN attention");
+  }
+  /// dq += ..., dk += ..., dv += ... as flash_attention_backward, by cuDNN's deterministic
+  /// backward: q, k, v, dout and out rounded to bf16 (out is exact when it came from
+  /// cudnn_attention_forward), bf16 gradients widened and added into the f32 dq, dk, dv.
+  virtual void cudnn_attention_backward(const float* dout, const float* q, const float* k, const float* v,
+                                        const float* out, const float* lse, float* dq, float* dk, float* dv,
+                                        const AttentionDims& a) {
+    throw std::runtime_error(std::string("[cudnn_attention_backward] the ") + name() + " backend has no cuDNN attention");
+  }
 
   // ---- Llama building blocks ----
   /// RMSNorm (Zhang & Sennrich 2019; Hugging Face LlamaRMSNorm): y = x * rstd * w per row with

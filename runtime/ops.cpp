@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "runtime/autograd.h"
+#include "runtime/cuda/cudnn_attention.h"
 #include "runtime/kernels.h"
 
 namespace mfsdp {
@@ -46,7 +47,15 @@ MatmulDTypeScope::MatmulDTypeScope(DType dt) : prev_(t_matmul_dtype) {
 MatmulDTypeScope::~MatmulDTypeScope() { t_matmul_dtype = prev_; }
 
 AttentionKernel attention_kernel() { return t_attention_kernel; }
-const char* attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::fused ? "fused" : "unfused"; }
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::fused: return "fused";
+    case AttentionKernel::cudnn: return "cudnn";
+    case AttentionKernel::unfused: break;
+  }
+  return "unfused";
+}
+bool cudnn_attention_built() { return cuda_cudnn::built(); }
 AttentionKernelScope::AttentionKernelScope(AttentionKernel k) : prev_(t_attention_kernel) { t_attention_kernel = k; }
 AttentionKernelScope::~AttentionKernelScope() { t_attention_kernel = prev_; }
 
@@ -193,26 +202,33 @@ struct AttentionGrads {
 };
 
 // Both attention ops: q/k/v are views (pointers and strides in `a`) into `inputs`, whose gradient
-// pointers `grads` returns at backward time. Saves probs (unfused) or lse and the output (fused).
+// pointers `grads` returns at backward time. Saves probs (unfused) or lse and the output (fused,
+// cudnn).
 template <class Views, class Grads>
 Tensor attention_op(const char* op, std::vector<Tensor> inputs, bool with_grad, Views views, Grads grads,
                     const Kernels::AttentionDims& a) {
   const Device dev = inputs[0].device();
   Tensor y = Tensor::empty({a.B, a.T, a.H * a.d}, DType::f32, dev);
-  const bool fused = attention_kernel() == AttentionKernel::fused;
-  // unfused: probs [B,H,T,T]; fused: lse [B,H,T]
-  Tensor saved = Tensor::empty(fused ? Shape{a.B, a.H, a.T} : Shape{a.B, a.H, a.T, a.T}, DType::f32, dev);
+  const AttentionKernel kind = attention_kernel();
+  const bool keeps_lse = kind != AttentionKernel::unfused;
+  // unfused: probs [B,H,T,T]; fused, cudnn: lse [B,H,T]
+  Tensor saved = Tensor::empty(keeps_lse ? Shape{a.B, a.H, a.T} : Shape{a.B, a.H, a.T, a.T}, DType::f32, dev);
   const auto [q, k, v] = views();
-  if (fused) kernels(dev).flash_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
-  else kernels(dev).gqa_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
+  Kernels& fk = kernels(dev);
+  if (kind == AttentionKernel::fused) fk.flash_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
+  else if (kind == AttentionKernel::cudnn) fk.cudnn_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
+  else fk.gqa_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
   if (with_grad) {
-    Tensor out = fused ? y.detach() : Tensor();  // storage only: no reference cycle through y's node
-    record(y, op, inputs, [views, grads, saved, out, a, fused](const Tensor& dy) {
+    Tensor out = keeps_lse ? y.detach() : Tensor();  // storage only: no reference cycle through y's node
+    record(y, op, inputs, [views, grads, saved, out, a, kind](const Tensor& dy) {
       const auto [q, k, v] = views();
       const auto g = grads();  // keeps any scratch gradients alive until the kernel has run
       Kernels& kern = kernels(dy.device());
-      if (fused)
-        kern.flash_attention_backward(dy.data_f32(), q, k, v, out.data_f32(), saved.data_f32(), g.dq, g.dk, g.dv, a);
+      const float* o = out.defined() ? out.data_f32() : nullptr;
+      if (kind == AttentionKernel::fused)
+        kern.flash_attention_backward(dy.data_f32(), q, k, v, o, saved.data_f32(), g.dq, g.dk, g.dv, a);
+      else if (kind == AttentionKernel::cudnn)
+        kern.cudnn_attention_backward(dy.data_f32(), q, k, v, o, saved.data_f32(), g.dq, g.dk, g.dv, a);
       else
         kern.gqa_attention_backward(dy.data_f32(), q, k, v, saved.data_f32(), g.dq, g.dk, g.dv, a);
     });

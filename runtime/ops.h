@@ -30,10 +30,16 @@ class MatmulDTypeScope {
 /// How causal attention runs on this thread. `unfused` (the default and the reference) keeps the
 /// probabilities [B, H, T, T] for backward; `fused` (flash attention, Kernels::flash_attention_*)
 /// keeps only a log-sum-exp per query row [B, H, T] and recomputes the probabilities in backward.
-/// Both give the same values up to f32 rounding (the sums run in another order).
-enum class AttentionKernel { unfused, fused };
+/// Both give the same values up to f32 rounding (the sums run in another order). `cudnn` (CUDA
+/// builds with cuDNN, Kernels::cudnn_attention_*) keeps what `fused` keeps and runs cuDNN's fused
+/// attention in bf16 (operands rounded to bf16, f32 softmax and accumulation; head sizes 64 and
+/// 128): values within bf16 rounding of the others.
+enum class AttentionKernel { unfused, fused, cudnn };
 AttentionKernel attention_kernel();
-const char* attention_kernel_name(AttentionKernel k);  ///< "unfused" / "fused"
+const char* attention_kernel_name(AttentionKernel k);  ///< "unfused" / "fused" / "cudnn"
+/// True when this build has the cuDNN attention kernel (CUDA, libcudnn and the cuDNN frontend
+/// headers were found at configure time; runtime/cuda/cudnn_attention.h).
+bool cudnn_attention_built();
 
 /// Sets attention_kernel() for this thread until the scope ends.
 class AttentionKernelScope {

@@ -18,16 +18,34 @@ constexpr int64_t kColChunk = 64;    // rows per partial sum of the column reduc
 // ---------------- elementwise ----------------
 
 // f32 -> bf16, round to nearest even, NaN kept as quiet NaN: the bit recipe of float_to_bf16 (dtype.h).
+// f32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN).
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 __global__ void f32_to_bf16_kernel(const float* __restrict__ s, uint16_t* __restrict__ d, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint32_t u = __float_as_uint(s[i]);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) d[i] = static_cast<uint16_t>((u >> 16) | 0x0040u);
-    else d[i] = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  }
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d[i] = bf16_bits(s[i]);
 }
 __global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ s, float* __restrict__ d, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    d[i] = __uint_as_float(static_cast<uint32_t>(s[i]) << 16);
+    d[i] = bf16_value(s[i]);
+}
+// d[r*cols + c] = bf16(s[r*ld + c]) for rows x cols: strided f32 rows packed as contiguous bf16.
+__global__ void rows_to_bf16_kernel(const float* __restrict__ s, int64_t ld, uint16_t* __restrict__ d, int64_t rows,
+                                    int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d[i] = bf16_bits(s[(i / cols) * ld + i % cols]);
+}
+// d[r*ld + c] += f32(s[r*cols + c]): contiguous bf16 rows added into strided f32 rows.
+__global__ void add_bf16_rows_kernel(const uint16_t* __restrict__ s, float* __restrict__ d, int64_t ld, int64_t rows,
+                                     int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    d[(i / cols) * ld + i % cols] += bf16_value(s[i]);
 }
 __global__ void fill_kernel(float* x, float v, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)

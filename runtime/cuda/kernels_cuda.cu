@@ -22,6 +22,7 @@
 #include "runtime/core/cuda_check.h"
 #include "runtime/cuda/device_api.h"
 #include "runtime/cuda/cuda_common.cuh"
+#include "runtime/cuda/cudnn_attention.h"
 #include "runtime/cuda/gemm_bf16.h"
 #include "runtime/cuda/gpt_kernels.cuh"
 #include "runtime/cuda/flash_attention.h"
@@ -252,6 +253,35 @@ class CudaKernels final : public Kernels {
     cuda_flash::backward(dout, q, k, v, out, lse, dq, dk, dv, rowdot, {a.B, a.T, a.H, a.Hkv, a.d, a.ldq, a.ldkv});
   }
 
+  void cudnn_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+                               const AttentionDims& a) override {
+    if (a.B <= 0 || a.T <= 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    const CudnnBuffers s = cudnn_buffers(a, false);
+    rows_to_bf16(q, a.ldq, s.q, a.B * a.T, a.H * a.d);
+    rows_to_bf16(k, a.ldkv, s.k, a.B * a.T, a.Hkv * a.d);
+    rows_to_bf16(v, a.ldkv, s.v, a.B * a.T, a.Hkv * a.d);
+    cuda_cudnn::forward(s.q, s.k, s.v, s.o, lse, {a.B, a.T, a.H, a.Hkv, a.d}, cuda::compute_stream());
+    convert(s.o, DType::bf16, out, DType::f32, a.B * a.T * a.H * a.d);
+  }
+  void cudnn_attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
+                                const float* lse, float* dq, float* dk, float* dv, const AttentionDims& a) override {
+    if (a.B <= 0 || a.T <= 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    const CudnnBuffers s = cudnn_buffers(a, true);
+    const int64_t rows = a.B * a.T, qc = a.H * a.d, kvc = a.Hkv * a.d;
+    rows_to_bf16(q, a.ldq, s.q, rows, qc);
+    rows_to_bf16(k, a.ldkv, s.k, rows, kvc);
+    rows_to_bf16(v, a.ldkv, s.v, rows, kvc);
+    rows_to_bf16(out, qc, s.o, rows, qc);
+    rows_to_bf16(dout, qc, s.dout, rows, qc);
+    cuda_cudnn::backward(s.q, s.k, s.v, s.o, s.dout, lse, s.dq, s.dk, s.dv, {a.B, a.T, a.H, a.Hkv, a.d},
+                         cuda::compute_stream());
+    add_bf16_rows(s.dq, dq, a.ldq, rows, qc);
+    add_bf16_rows(s.dk, dk, a.ldkv, rows, kvc);
+    add_bf16_rows(s.dv, dv, a.ldkv, rows, kvc);
+  }
+
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
                        float eps) override {
     cuda_llama::rmsnorm_forward(x, w, y, rstd, rows, cols, eps);
@@ -364,6 +394,33 @@ class CudaKernels final : public Kernels {
                                   " exceeds the grid limit " + std::to_string(INT_MAX));
   }
   std::mutex mu_;
+  // bf16 operands and results of the cuDNN attention, [B,T,heads,d] each, in one grow-only buffer.
+  struct CudnnBuffers {
+    uint16_t *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  };
+  CudnnBuffers cudnn_buffers(const AttentionDims& a, bool backward) {
+    const int64_t align = 128;  // elements: every buffer starts 256-byte aligned
+    const int64_t nq = (a.B * a.T * a.H * a.d + align - 1) / align * align;
+    const int64_t nkv = (a.B * a.T * a.Hkv * a.d + align - 1) / align * align;
+    uint16_t* p = s_cudnn_.as<uint16_t>((backward ? 4 : 2) * (nq + nkv));
+    CudnnBuffers b{};
+    b.q = p, b.o = p + nq, b.k = p + 2 * nq, b.v = p + 2 * nq + nkv;
+    if (backward) {
+      uint16_t* g = p + 2 * (nq + nkv);
+      b.dout = g, b.dq = g + nq, b.dk = g + 2 * nq, b.dv = g + 2 * nq + nkv;
+    }
+    return b;
+  }
+  static void rows_to_bf16(const float* src, int64_t ld, uint16_t* dst, int64_t rows, int64_t cols) {
+    rows_to_bf16_kernel<<<grid_for(rows * cols), kThreads>>>(src, ld, dst, rows, cols);
+    CUDA_CHECK_LAUNCH("rows_to_bf16_kernel");
+  }
+  static void add_bf16_rows(const uint16_t* src, float* dst, int64_t ld, int64_t rows, int64_t cols) {
+    add_bf16_rows_kernel<<<grid_for(rows * cols), kThreads>>>(src, dst, ld, rows, cols);
+    CUDA_CHECK_LAUNCH("add_bf16_rows_kernel");
+  }
+
+  Scratch s_cudnn_;
   Scratch s_a_, s_b_;  // reduction partials / attention score gradients, LN db partials
 };
 

@@ -42,10 +42,22 @@ namespace {
 ///     -(1 - p)/N times an input (|x| < 4 standard deviations here), at most about 4 times the
 ///     output's RMS, which the target terms dominate: 2^-8 x 4 = 1.6e-2, so 2e-2 and 1e-4 (a
 ///     wrong index or formula moves elements by O(1) of the RMS).
+///   cuDNN attention (bf16 operands) against the CPU's f32 attention on the same bf16-rounded q, k,
+///     v and upstream gradient, both results rounded to bf16: scores are exact bf16 products summed
+///     in f32 on both sides, but cuDNN rounds the probabilities P (and in backward dS) to bf16
+///     before the second GEMM, a relative error of at most 2^-9 per term, and forms D = dO . O
+///     from its bf16 O. A sum of N terms of random sign is about sqrt(N) terms large; terms that
+///     each move by 2^-9 of themselves, all the same way, move it by at most 2^-9 N terms, i.e.
+///     2^-9 sqrt(N) of its scale: N <= T g = 200 here (T = 100 keys, g = 2 query heads per
+///     key/value head) gives 0.028, so atol 3e-2 (of the RMS). The last rounding to bf16 on each
+///     side may land on neighbouring bf16 values (2^-8 apart, relative): rtol 2^-7 = 7.8e-3. A
+///     wrong head mapping, mask or scale moves elements by O(1) of the RMS.
+///   cuDNN's log-sum-exp (f32, from exact bf16 products summed in f32 and its exp/log): kF32Long.
 struct Tol {
   double atol, rtol;
 };
-constexpr Tol kF32Short{1e-5, 1e-5}, kF32Long{1e-4, 1e-4}, kBf16Matmul{1e-5, 1e-5}, kBf16Classifier{2e-2, 1e-4};
+constexpr Tol kF32Short{1e-5, 1e-5}, kF32Long{1e-4, 1e-4}, kBf16Matmul{1e-5, 1e-5}, kBf16Classifier{2e-2, 1e-4},
+    kCudnnAttention{3e-2, 7.8e-3};
 
 /// Every element of `got` within the tolerance of `ref`; reports the count and the worst element.
 void check_elements(const std::vector<float>& got, const std::vector<float>& ref, Tol tol) {
@@ -190,4 +202,99 @@ TEST_CASE("cuda: every differentiable op, forward and backward, against the CPU 
     CHECK(again.out == gpu.out);
     CHECK(again.grads == gpu.grads);
   }
+}
+
+namespace {
+
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+  return v;
+}
+
+/// One cuDNN attention shape: fused GPT-2 qkv [B, T, 3 H d] (strided q, k, v) or separate q [B, T, H d],
+/// k and v [B, T, Hkv d].
+struct SdpaCase {
+  const char* name;
+  int64_t B, T, H, Hkv, d;
+  bool fused_qkv;
+};
+
+/// Forward and backward of `c` on `dev` with `kind`, from bf16-representable inputs and upstream gradient.
+OpResult run_sdpa(const SdpaCase& c, Device dev, AttentionKernel kind, const std::vector<std::vector<float>>& inputs,
+                  const std::vector<float>& dy) {
+  AttentionKernelScope scope(kind);
+  std::vector<Shape> shapes;
+  if (c.fused_qkv) shapes = {{c.B, c.T, 3 * c.H * c.d}};
+  else shapes = {{c.B, c.T, c.H * c.d}, {c.B, c.T, c.Hkv * c.d}, {c.B, c.T, c.Hkv * c.d}};
+  std::vector<Tensor> in;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    in.push_back(Tensor::from_vector(inputs[i], shapes[i], dev));
+    in.back().set_requires_grad(true);
+  }
+  Tensor y = c.fused_qkv ? causal_self_attention(in[0], c.H) : causal_attention(in[0], in[1], in[2], c.H, c.Hkv);
+  backward(y, Tensor::from_vector(dy, y.shape(), dev));
+  OpResult r{y.to_vector(), {}};
+  for (const Tensor& t : in) r.grads.push_back(t.grad().to_vector());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: cuDNN attention (GQA, d = 64 and 128, ragged T) against the CPU on bf16-rounded inputs",
+          "[cuda][ops][cudnn][attention]") {
+  REQUIRE_GPU();
+  // a device is visible: a build without cuDNN would leave these cases unrun, which is a failure
+  REQUIRE(cudnn_attention_built());
+  const SdpaCase cases[] = {
+      {"MHA d=64 T=37", 2, 37, 2, 2, 64, false},       {"GQA 4/2 d=64 T=100", 2, 100, 4, 2, 64, false},
+      {"GQA 4/2 d=128 T=37", 1, 37, 4, 2, 128, false}, {"MQA 2/1 d=128 T=100", 2, 100, 2, 1, 128, false},
+      {"fused qkv d=64 T=37", 2, 37, 2, 2, 64, true},
+  };
+  uint32_t seed = 700;
+  for (const SdpaCase& c : cases) {
+    INFO("cuDNN case: " << c.name);
+    const int64_t rows = c.B * c.T;
+    std::vector<std::vector<float>> inputs;
+    if (c.fused_qkv) inputs = {bf16_rounded(randn(rows * 3 * c.H * c.d, seed++))};
+    else
+      inputs = {bf16_rounded(randn(rows * c.H * c.d, seed++)), bf16_rounded(randn(rows * c.Hkv * c.d, seed++)),
+                bf16_rounded(randn(rows * c.Hkv * c.d, seed++))};
+    const std::vector<float> dy = bf16_rounded(randn(rows * c.H * c.d, seed++));
+    const OpResult cpu = run_sdpa(c, Device::CPU, AttentionKernel::unfused, inputs, dy);
+    const OpResult gpu = run_sdpa(c, Device::CUDA, AttentionKernel::cudnn, inputs, dy);
+    CHECK(gpu.out == bf16_rounded(gpu.out));  // cuDNN's bf16 output, widened
+    {
+      INFO("output");
+      check_elements(gpu.out, bf16_rounded(cpu.out), kCudnnAttention);
+    }
+    REQUIRE(gpu.grads.size() == cpu.grads.size());
+    for (size_t i = 0; i < cpu.grads.size(); ++i) {
+      INFO("gradient of input " << i);
+      double norm = 0;
+      for (float v : cpu.grads[i]) norm += static_cast<double>(v) * v;
+      CHECK(norm > 0);
+      check_elements(gpu.grads[i], bf16_rounded(cpu.grads[i]), kCudnnAttention);
+    }
+    const OpResult again = run_sdpa(c, Device::CUDA, AttentionKernel::cudnn, inputs, dy);  // deterministic backward
+    CHECK(again.out == gpu.out);
+    CHECK(again.grads == gpu.grads);
+  }
+}
+
+TEST_CASE("cuda: cuDNN attention's log-sum-exp is the natural log of each row's causal score sum", "[cuda][cudnn][attention]") {
+  REQUIRE_GPU();
+  REQUIRE(cudnn_attention_built());
+  const int64_t Bn = 2, Tn = 37, Hn = 4, Hkv = 2, d = 64;
+  const Kernels::AttentionDims a{Bn, Tn, Hn, Hkv, d, Hn * d, Hkv * d};
+  const Pair q(bf16_rounded(randn(Bn * Tn * Hn * d, 801))), k(bf16_rounded(randn(Bn * Tn * Hkv * d, 802))),
+      v(bf16_rounded(randn(Bn * Tn * Hkv * d, 803)));
+  Pair out(fvec(Bn * Tn * Hn * d)), lse(fvec(Bn * Hn * Tn));
+  CK().flash_attention_forward(q.c(), k.c(), v.c(), out.c(), lse.c(), a);
+  GK().cudnn_attention_forward(q.g(), k.g(), v.g(), out.g(), lse.g(), a);
+  check_elements(lse.gpu.to_vector(), lse.cpu.to_vector(), kF32Long);
+  check_elements(out.gpu.to_vector(), bf16_rounded(out.cpu.to_vector()), kCudnnAttention);
+  // other head sizes are refused by name
+  const Kernels::AttentionDims d32{Bn, Tn, Hn, Hkv, 32, Hn * 32, Hkv * 32};
+  CHECK_THROWS_WITH(GK().cudnn_attention_forward(q.g(), k.g(), v.g(), out.g(), lse.g(), d32),
+                    Catch::Matchers::Contains("head size 32 not supported: cuDNN attention takes 64 or 128"));
 }
