@@ -3,6 +3,8 @@
 // precision.param_dtype = bf16 runs them). Prints the median step time and its phases over the
 // measured steps, the achieved TFLOP/s, tokens/s, MFU against --peak-tflops, and the peak memory
 // of the measured steps (training FLOPs = GPTConfig::flops_per_token(T) x B x T, PaLM appendix B).
+// --attention picks the attention kernel as runtime.attention does (auto: resolve_attention's
+// rule, cudnn for bf16 matmuls on CUDA when the build has it); the header line names the kernel.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "optim/step.h"
+#include "runtime/engine/resolve.h"
 #include "runtime/autograd.h"
 #include "runtime/cpu_gemm_bf16.h"
 #include "runtime/cuda/device_api.h"
@@ -29,7 +32,7 @@ namespace {
 struct ModelBenchArgs {
   GPTConfig cfg;
   int B = 4, T = 64, warmup = 2, steps = 5, threads = 0;
-  std::string dtype = "f32", device = "cpu";
+  std::string dtype = "f32", device = "cpu", attention = "auto";
   double peak_tflops = 0.0;  // 0: the device's default (kCudaPeakTflops on CUDA, none on CPU)
   ModelBenchArgs() {
     cfg.n_layer = 12;
@@ -64,6 +67,9 @@ void add_model_bench_options(CLI::App& app, ModelBenchArgs& a) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--device", a.device, "cpu (one CPU rank) or cuda (CUDA device 0)")->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--attention", a.attention, "attention kernel: auto, cudnn, fused or unfused (as runtime.attention)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cudnn", "fused", "unfused"}));
   app.add_option("--peak-tflops", a.peak_tflops,
                  "peak TFLOP/s for the MFU (0 = 989, the dense bf16 peak of an H100/H200, on CUDA; no MFU on CPU)")
       ->capture_default_str()
@@ -93,14 +99,18 @@ StepTimes time_model_steps(const ModelBenchArgs& a) {
   Tensor tokens = tokens_tensor(tok, {B, T}, dev), targets = tokens_tensor(tgt, {B, T}, dev);
   AdamWOptions opt;
   opt.weight_decay = 0.1;
-  MatmulDTypeScope matmul_dtype(a.dtype == "bf16" ? DType::bf16 : DType::f32);
+  const DType mm = a.dtype == "bf16" ? DType::bf16 : DType::f32;
+  MatmulDTypeScope matmul_dtype(mm);
+  AttentionKernelScope attention(resolve_attention(*kAttentionNames.find(a.attention), dev, mm,
+                                                   cfg.n_embd / cfg.n_head, cudnn_attention_built()));
   const bool cpu_bf16 = dev == Device::CPU && a.dtype == "bf16";
   std::printf("GPT n_layer=%d n_head=%d n_embd=%d vocab=%d (padded %lld), %lld parameters, B=%d T=%d, %s, "
-              "%s matmuls%s%s\n",
+              "%s matmuls%s%s, %s attention\n",
               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, static_cast<long long>(cfg.padded_vocab_size()),
               static_cast<long long>(n), B, T,
               dev == Device::CUDA ? "CUDA device 0" : (std::to_string(cpu_threads()) + " threads").c_str(),
-              a.dtype.c_str(), cpu_bf16 ? ": " : "", cpu_bf16 ? cpu_gemm_bf16_path() : "");
+              a.dtype.c_str(), cpu_bf16 ? ": " : "", cpu_bf16 ? cpu_gemm_bf16_path() : "",
+              attention_kernel_name(attention_kernel()));
   // Phase boundaries wait for the device, so each phase's time is its own work.
   auto now = [dev] {
     if (dev == Device::CUDA) cuda::synchronize();
@@ -161,6 +171,10 @@ int main(int argc, char** argv) {
   StepTimes t;
   try {
     t = time_model_steps(args);
+  } catch (const OptionError& e) {  // --attention cudnn where it cannot run
+    std::fprintf(stderr, "mfsdp-bench-model: --attention %s: %s\n", args.attention.c_str(),
+                 e.message([](OptionField f) { return std::string(kOptionFieldNames.name(f)); }).c_str());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mfsdp-bench-model: %s\n", e.what());
     return 1;

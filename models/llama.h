@@ -20,6 +20,8 @@ class Llama : public SequentialModel<Llama, LlamaConfig> {
  public:
   explicit Llama(const LlamaConfig& cfg) : SequentialModel(cfg, llama_inventory(cfg), "Llama") {}
   using SequentialModel::init_param;
+  /// head_dim(): the features per head of q, k and v (the attention kernel's choice, resolve).
+  int64_t attention_head_size() const override { return cfg_.head_dim(); }
 
   // ---- unit forwards ----
   /// Unit 0: tokens i32 [B, T<=seq_len] -> x [B, T, C]; `index` is embedding_index(tokens) on

@@ -407,6 +407,7 @@ std::string config_key(OptionField f) {
     case OptionField::muon_orthogonalizer: return "optimizer.muon.orthogonalizer";
     case OptionField::muon_variant: return "optimizer.muon.variant";
     case OptionField::muon_ns_dtype: return "optimizer.muon.ns_dtype";
+    case OptionField::attention: return "runtime.attention";
   }
   return kOptionFieldNames.name(f);
 }
@@ -468,7 +469,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   // sharding
   c.sharding.placement = r.choice("sharding.placement", kPlacementNames);
   read_device(r, c);
-  c.optim.fused_attention = r.choice("runtime.attention", kAttentionNames);
+  c.optim.attention = r.choice("runtime.attention", kAttentionNames);
   c.optim.param_dtype = r.choice("precision.param_dtype", kPrecisionNames);
   c.optim.reduce_dtype = r.choice("precision.reduce_dtype", kPrecisionNames);
   c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);

@@ -55,7 +55,8 @@ struct ModelSection {
   /// The model architecture as models/llama_spec.h expects it (model.arch "llama").
   LlamaConfig llama() const;
   /// What the engine's rules and the planner need of the model before it is built (as its
-  /// UnitModel will report: GPT has attention heads of n_embd / n_head rows, Llama reports none).
+  /// UnitModel will report: GPT has attention heads of n_embd / n_head rows, Llama reports none;
+  /// both have n_embd / n_head features per head).
   ModelFacts facts() const;
 };
 
@@ -68,7 +69,7 @@ struct DataSection {
   int64_t seed = 1337;         ///< data order seed (>= 0)
 };
 
-/// runtime.device (kDeviceNames). runtime.attention is EngineOptions::fused_attention (kAttentionNames).
+/// runtime.device (kDeviceNames). runtime.attention is EngineOptions::attention (kAttentionNames).
 struct RuntimeSection {
   /// Where every rank trains (CUDA: the GPU of its local rank on the node). When the config sets
   /// only sharding.backend, the backend's device (mpi: cpu, else cuda).
@@ -147,7 +148,7 @@ struct TrainConfig {
   /// JSON "optimizer.muon" (-> muon, lr included; qk_clip and overlap_backward -> the engine's),
   /// "optimizer.adamw" (-> adamw), "schedule" (total_steps = training.steps), "training.grad_clip",
   /// "training.recompute" (-> recompute_units, kRecomputeNames), "runtime.attention" (->
-  /// fused_attention, kAttentionNames), "precision" (param_dtype, reduce_dtype) and
+  /// attention, kAttentionNames), "precision" (param_dtype, reduce_dtype) and
   /// "sharding.prefetch_depth" (-1 = unset), "prefetch_limit_bytes", "overlap_reduce" (kToggleNames).
   /// The parser checks them with resolve() (runtime/engine/resolve.h) for runtime.device,
   /// sharding.placement and sharding.replicate, and maps a rejected field back to its key.

@@ -44,7 +44,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"decay", decay_kind_name(optim.schedule.kind)},
                    {"floor", optim.schedule.floor},
                    {"decay_fraction", optim.schedule.decay_fraction}};
-  j["runtime"] = {{"device", device_name(runtime.device)}, {"attention", kAttentionNames.name(optim.fused_attention)}};
+  j["runtime"] = {{"device", device_name(runtime.device)}, {"attention", kAttentionNames.name(optim.attention)}};
   j["precision"] = {{"param_dtype", dtype_name(optim.param_dtype)}, {"reduce_dtype", dtype_name(optim.reduce_dtype)}};
   j["sharding"] = {{"placement", placement_name(sharding.placement)},
                    {"backend", comm_backend_name(sharding.backend)},
@@ -103,7 +103,8 @@ LlamaConfig ModelSection::llama() const {
 
 ModelFacts ModelSection::facts() const {
   const bool gpt = arch == "gpt2";  // models/gpt.h reports its heads; models/llama.h does not
-  return {gpt ? n_embd / n_head : 0, gpt};
+  const int64_t head_size = n_head > 0 ? n_embd / n_head : 0;  // both: n_embd / n_head features per head
+  return {gpt ? head_size : 0, gpt, head_size};
 }
 
 GPTConfig ModelSection::gpt() const {

@@ -220,7 +220,7 @@ void with_head_dim(const Dims& a, const char* op, F fn) {
   auto fail = [&](const std::string& what) { throw std::invalid_argument(std::string("[") + op + "] " + what); };
   if (a.d > kMaxHeadDim)
     fail("head dimension " + std::to_string(a.d) + " exceeds the fused kernels' " + std::to_string(kMaxHeadDim) +
-         "; use the unfused attention kernel (fused_attention off)");
+         "; use the unfused attention kernel (runtime.attention unfused)");
   if (a.Hkv <= 0 || a.H % a.Hkv != 0) fail("Hkv=" + std::to_string(a.Hkv) + " must divide H=" + std::to_string(a.H));
   if (a.T > INT_MAX / 2) fail("T=" + std::to_string(a.T) + " too long");
   if (a.B * a.H > 65535) fail("B*H=" + std::to_string(a.B * a.H) + " exceeds the grid's 65535");

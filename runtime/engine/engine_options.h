@@ -12,6 +12,9 @@
 
 namespace mfsdp {
 
+/// EngineOptions::attention: a kernel of ops.h AttentionKernel, or automatic (resolve() picks one).
+enum class AttentionChoice { automatic, cudnn, fused, unfused };
+
 /// Optimizer and step hyperparameters of the engine. Options that depend on the device or on each
 /// other are checked and given their device defaults by resolve() (runtime/engine/resolve.h).
 /// AdamW weight decay applies to 2-D AdamW tensors (embeddings, untied head) only; norms and
@@ -55,10 +58,14 @@ struct EngineOptions {
   /// Newton-Schulz chain per shape on CUDA, no padding); automatic = on for CUDA only (on the CPU a
   /// batch is a loop, so it only costs a batch buffer). Bitwise equal either way.
   Toggle batch_orthogonalize = Toggle::automatic;
-  /// Fused (flash) attention in every forward and backward (ops.h AttentionKernel): on, off (the
-  /// unfused reference, probabilities [B,H,T,T] kept for backward) or automatic = on for CUDA only
-  /// (names: kAttentionNames). Not bitwise equal to the unfused kernel: sums run in another order.
-  Toggle fused_attention = Toggle::automatic;
+  /// The attention kernel of every forward and backward (ops.h AttentionKernel; names:
+  /// kAttentionNames): cudnn (cuDNN's fused attention in bf16, CUDA builds with cuDNN, head sizes
+  /// 64 and 128), fused (flash attention in f32), unfused (the reference, probabilities [B,H,T,T]
+  /// kept for backward) or automatic, chosen by resolve(): cudnn on CUDA when the build has it, the
+  /// heads have 64 or 128 features and matmuls run in bf16 (param_dtype bf16), else fused on CUDA
+  /// and unfused on the CPU. The kernels are not bitwise equal to each other (sums run in other
+  /// orders; cudnn rounds its operands to bf16); each is deterministic.
+  AttentionChoice attention = AttentionChoice::automatic;
   /// Backward: unit u's gradient reduction to the owners is started (Communicator::
   /// start_reduce_scatter_v) and finished after unit u-1's backward, so the two overlap (NCCL: on
   /// the comm stream); automatic = on for CUDA only (MPI advances the messages only inside MPI
@@ -69,9 +76,11 @@ struct EngineOptions {
 /// The names of EngineOptions::param_dtype and reduce_dtype: "f32", "bf16" (kDTypeNames' floating types).
 inline constexpr NameTable<DType, 2> kPrecisionNames{
     {{{DType::f32, kDTypeNames.name(DType::f32)}, {DType::bf16, kDTypeNames.name(DType::bf16)}}}};
-/// The names of EngineOptions::fused_attention: "auto", "fused" (on), "unfused" (off).
-inline constexpr NameTable<Toggle, 3> kAttentionNames{
-    {{{Toggle::automatic, "auto"}, {Toggle::on, "fused"}, {Toggle::off, "unfused"}}}};
+/// The names of EngineOptions::attention: "auto", "cudnn", "fused", "unfused".
+inline constexpr NameTable<AttentionChoice, 4> kAttentionNames{{{{AttentionChoice::automatic, "auto"},
+                                                                 {AttentionChoice::cudnn, "cudnn"},
+                                                                 {AttentionChoice::fused, "fused"},
+                                                                 {AttentionChoice::unfused, "unfused"}}}};
 /// The names of EngineOptions::recompute_units: "none" (false), "block" (true).
 inline constexpr NameTable<bool, 2> kRecomputeNames{{{{false, "none"}, {true, "block"}}}};
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "runtime/cuda/cudnn_attention.h"
 #include "runtime/engine/projection_rules.h"
 #include "runtime/engine/unit_model.h"
 
@@ -86,7 +87,7 @@ std::string OptionError::message(const std::function<std::string(OptionField)>& 
 }
 
 ModelFacts model_facts(const UnitModel& model) {
-  return {model.attention_head_dim(), !model.attention_heads().empty()};
+  return {model.attention_head_dim(), !model.attention_heads().empty(), model.attention_head_size()};
 }
 
 PlannerOptions planner_options(const EngineOptions& o, const ModelFacts& model) {
@@ -96,6 +97,27 @@ PlannerOptions planner_options(const EngineOptions& o, const ModelFacts& model) 
   p.orthogonalizer = o.muon.orthogonalizer;
   p.head_dim = o.muon.split_heads ? model.attention_head_dim : 0;
   return p;
+}
+
+AttentionKernel resolve_attention(AttentionChoice asked, Device device, DType param_dtype, int64_t head_size,
+                                  bool cudnn_built) {
+  const bool cuda = device == Device::CUDA;
+  const bool head_ok = cuda_cudnn::head_dim_supported(head_size);
+  if (asked == AttentionChoice::cudnn) {
+    require(cuda, OptionField::attention,
+            std::string("cudnn needs CUDA; ") + ref(OptionField::device) + " is " + device_name(device) +
+                " (use fused or unfused)");
+    require(cudnn_built, OptionField::attention,
+            "cudnn: this build has no cuDNN attention: run scripts/fetch_cudnn_frontend.sh and reconfigure");
+    require(head_ok, OptionField::attention,
+            "cudnn takes attention heads of 64 or 128 features; the model's have " +
+                (head_size > 0 ? std::to_string(head_size) : std::string("an unknown size")) +
+                " (use fused or unfused)");
+    return AttentionKernel::cudnn;
+  }
+  if (asked == AttentionChoice::fused) return AttentionKernel::fused;
+  if (asked == AttentionChoice::unfused || !cuda) return AttentionKernel::unfused;
+  return cudnn_built && head_ok && param_dtype == DType::bf16 ? AttentionKernel::cudnn : AttentionKernel::fused;
 }
 
 ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placement, int replicas,
@@ -115,12 +137,15 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   r.batch_orthogonalize = toggle_value(in.batch_orthogonalize, cuda);
   // a replica chain and ddp's all-reduce block whatever the switch says
   r.overlap_reduce = toggle_value(in.overlap_reduce, cuda) && replicas == 1 && !r.traits.all_reduce_gradients;
-  r.attention = toggle_value(in.fused_attention, cuda) ? AttentionKernel::fused : AttentionKernel::unfused;
+  r.attention = resolve_attention(in.attention, device, in.param_dtype, model.attention_head_size,
+                                  cudnn_attention_built());
   r.options.prefetch_depth = r.prefetch_depth;
   const auto fixed = [](bool on) { return on ? Toggle::on : Toggle::off; };
   r.options.batch_orthogonalize = fixed(r.batch_orthogonalize);
   r.options.overlap_reduce = fixed(r.overlap_reduce);
-  r.options.fused_attention = fixed(r.attention == AttentionKernel::fused);
+  r.options.attention = r.attention == AttentionKernel::cudnn   ? AttentionChoice::cudnn
+                        : r.attention == AttentionKernel::fused ? AttentionChoice::fused
+                                                                : AttentionChoice::unfused;
   return r;
 }
 

@@ -22,10 +22,11 @@ class UnitModel;
 /// the engine's device, placement and replica count). A caller maps them to its own names.
 enum class OptionField {
   device, placement, replicas, param_dtype, reduce_dtype, grad_clip, qk_clip, overlap_backward,
-  prefetch_depth, prefetch_limit_bytes, muon_split_heads, muon_orthogonalizer, muon_variant, muon_ns_dtype
+  prefetch_depth, prefetch_limit_bytes, muon_split_heads, muon_orthogonalizer, muon_variant, muon_ns_dtype,
+  attention
 };
-/// The identifiers of OptionField ("device", ..., "muon.split_heads", "muon.ns_dtype").
-inline constexpr NameTable<OptionField, 14> kOptionFieldNames{{{
+/// The identifiers of OptionField ("device", ..., "muon.split_heads", "muon.ns_dtype", "attention").
+inline constexpr NameTable<OptionField, 15> kOptionFieldNames{{{
     {OptionField::device, "device"},
     {OptionField::placement, "placement"},
     {OptionField::replicas, "replicas"},
@@ -40,6 +41,7 @@ inline constexpr NameTable<OptionField, 14> kOptionFieldNames{{{
     {OptionField::muon_orthogonalizer, "muon.orthogonalizer"},
     {OptionField::muon_variant, "muon.variant"},
     {OptionField::muon_ns_dtype, "muon.ns_dtype"},
+    {OptionField::attention, "attention"},
 }}};
 
 /// A rejected option. `field()` is the option at fault; the message may name other options, each
@@ -58,11 +60,13 @@ class OptionError : public std::invalid_argument {
   std::string text_;
 };
 
-/// What resolve() needs of the model: the rows per attention head (0 when it has no heads) and
-/// whether it reports attention heads for QK-Clip (UnitModel::attention_heads non-empty).
+/// What resolve() needs of the model: the rows per attention head of its split matrices (0 when it
+/// has none), whether it reports attention heads for QK-Clip (UnitModel::attention_heads
+/// non-empty) and the features per head of its attention (d; 0 when unknown or none).
 struct ModelFacts {
   int64_t attention_head_dim = 0;
   bool reports_attention_heads = false;
+  int64_t attention_head_size = 0;
 };
 /// The facts of a built model.
 ModelFacts model_facts(const UnitModel& model);
@@ -72,9 +76,18 @@ ModelFacts model_facts(const UnitModel& model);
 /// balanced on the FLOPs the engine will run. The one source of PlannerOptions for a run.
 PlannerOptions planner_options(const EngineOptions& o, const ModelFacts& model);
 
+/// The attention kernel for `asked` (EngineOptions::attention), resolve()'s rule: cudnn is refused
+/// (OptionError on OptionField::attention) on the CPU, when `cudnn_built` is false (the build has
+/// no cuDNN: ops.h cudnn_attention_built()) and for a head size other than 64 or 128; automatic
+/// is cudnn on CUDA when all of that holds and `param_dtype` is bf16, else fused on CUDA and
+/// unfused on the CPU; fused and unfused are taken as asked.
+AttentionKernel resolve_attention(AttentionChoice asked, Device device, DType param_dtype, int64_t head_size,
+                                  bool cudnn_built);
+
 /// Options with every rule checked and every device default applied.
 struct ResolvedOptions {
-  /// The input with muon.head_dim set (split_heads), no Toggle left automatic and prefetch_depth set.
+  /// The input with muon.head_dim set (split_heads), no Toggle nor the attention left automatic and
+  /// prefetch_depth set.
   EngineOptions options;
   PlacementTraits traits;  ///< the placement's row, replicated when replicas > 1
   int prefetch_depth = 0;
@@ -84,8 +97,9 @@ struct ResolvedOptions {
 };
 
 /// Checks `in` against itself, the device, the placement replicated `replicas` times and the model,
-/// and applies the device defaults: prefetch_depth 1 on CUDA, 0 on CPU; batch_orthogonalize,
-/// fused_attention and overlap_reduce on for CUDA only (overlap_reduce is off, whatever asked, with
+/// and applies the device defaults: prefetch_depth 1 on CUDA, 0 on CPU; the attention kernel by
+/// resolve_attention (with this build's cuDNN and the model's head size); batch_orthogonalize
+/// and overlap_reduce on for CUDA only (overlap_reduce is off, whatever asked, with
 /// replicas > 1 or all-reduced gradients: the replica chain and ddp's all-reduce block). Rules, each reported as an OptionError on
 /// the field named first: replicas >= 1, not > 1 with ddp nor with overlap_backward; param_dtype
 /// and reduce_dtype f32 or bf16, param_dtype bf16 only under a sharded (non-resident) placement;

@@ -132,7 +132,7 @@ class ShardedEngine {
   UnitModel& model() { return model_; }
   Device device() const { return units_.device(); }
   const EngineOptions& options() const { return opts_; }
-  /// The attention kernel forward and backward use (EngineOptions::fused_attention resolved).
+  /// The attention kernel forward and backward use (EngineOptions::attention resolved).
   AttentionKernel attention() const { return resolved_.attention; }
   /// Whether a unit's gradient reduction overlaps the next unit's backward (EngineOptions::overlap_reduce resolved).
   bool overlap_reduce() const { return resolved_.overlap_reduce; }

@@ -72,6 +72,9 @@ class UnitModel {
   /// Rows per attention head in the model's split (qkv_blocks > 1) matrices, e.g. GPT's
   /// n_embd / n_head; 0 when the model has none (then optimizer.muon.split_heads is refused).
   virtual int64_t attention_head_dim() const { return 0; }
+  /// Features per head of the model's attention (d), for the choice of the attention kernel
+  /// (resolve); 0 when it has no attention. attention_head_dim() unless a model says otherwise.
+  virtual int64_t attention_head_size() const { return attention_head_dim(); }
   /// Every attention head, in the order of take_attention_logit_maxima (empty: no QK-Clip).
   virtual std::vector<AttentionHead> attention_heads() const { return {}; }
   /// Turns on (or off) the recording, during forwards with grad mode on (training, not

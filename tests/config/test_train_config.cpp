@@ -259,15 +259,18 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
                     Contains("precision.param_dtype: unknown value \"fp16\""));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"recompute": "full"}})"),
                     Contains("training.recompute: unknown value \"full\""));
-  // attention kernel: auto (the engine resolves it per device), fused or unfused
-  CHECK(d.optim.fused_attention == Toggle::automatic);
+  // attention kernel: auto (the engine resolves it per device), cudnn, fused or unfused
+  CHECK(d.optim.attention == AttentionChoice::automatic);
   CHECK(d.to_json()["runtime"]["attention"] == "auto");
-  CHECK(parse("{" + train + "}", {"runtime.attention=fused"}).optim.fused_attention == Toggle::on);
+  CHECK(parse("{" + train + "}", {"runtime.attention=fused"}).optim.attention == AttentionChoice::fused);
   const TrainConfig unfused = parse("{" + train + R"(, "runtime": {"attention": "unfused"}})");
-  CHECK(unfused.optim.fused_attention == Toggle::off);
+  CHECK(unfused.optim.attention == AttentionChoice::unfused);
   CHECK(unfused.to_json()["runtime"]["attention"] == "unfused");
   CHECK_THROWS_WITH(parse("{" + train + "}", {"runtime.attention=flash"}),
                     Contains("runtime.attention: unknown value \"flash\""));
+  // cudnn is refused on the CPU, at its key, before anything runs
+  CHECK_THROWS_WITH(parse("{" + train + "}", {"runtime.attention=cudnn"}),
+                    Contains("runtime.attention: cudnn needs CUDA; runtime.device is cpu"));
   // reduce overlap: auto (the engine resolves it per device), on or off
   CHECK(d.optim.overlap_reduce == Toggle::automatic);
   CHECK(d.to_json()["sharding"]["overlap_reduce"] == "auto");
@@ -345,7 +348,7 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
   CHECK(cuda.traits.resident);
   o.prefetch_depth = 3;
   o.overlap_reduce = Toggle::off;
-  o.fused_attention = Toggle::on;
+  o.attention = AttentionChoice::fused;
   o.muon.split_heads = true;
   const ResolvedOptions forced = resolve(o, Device::CUDA, Placement::fsdp2, 2, gpt);
   CHECK(forced.prefetch_depth == 3);
@@ -370,10 +373,64 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
   // one name table per enum: parsing and printing agree
   CHECK(kToggleNames.find("auto") == Toggle::automatic);
   CHECK_FALSE(kToggleNames.find("yes").has_value());
-  CHECK(std::string(kAttentionNames.name(Toggle::off)) == "unfused");
+  CHECK(std::string(kAttentionNames.name(AttentionChoice::unfused)) == "unfused");
+  CHECK(kAttentionNames.list(" or ") == "auto, cudnn, fused or unfused");
   CHECK(kPlacementNames.list(" or ") == "matrixfsdp, fsdp2, zero1 or ddp");
   CHECK_THROWS_WITH(kPlacementNames.parse("zero3", "placement"),
                     Contains("unknown placement 'zero3' (expected matrixfsdp, fsdp2, zero1 or ddp)"));
+}
+
+TEST_CASE("resolve: the attention kernel (cudnn only on CUDA, with cuDNN, heads of 64 or 128)", "[resolve]") {
+  // resolve_attention's rule, for a build with and without cuDNN
+  for (bool built : {true, false}) {
+    INFO("cuDNN in the build: " << built);
+    for (int64_t d : {64, 128}) {
+      CHECK(resolve_attention(AttentionChoice::automatic, Device::CUDA, DType::bf16, d, built) ==
+            (built ? AttentionKernel::cudnn : AttentionKernel::fused));
+    }
+    // f32 matmuls, other head sizes and the CPU never pick cudnn by themselves
+    CHECK(resolve_attention(AttentionChoice::automatic, Device::CUDA, DType::f32, 64, built) == AttentionKernel::fused);
+    for (int64_t d : {0, 32, 96, 256})
+      CHECK(resolve_attention(AttentionChoice::automatic, Device::CUDA, DType::bf16, d, built) == AttentionKernel::fused);
+    CHECK(resolve_attention(AttentionChoice::automatic, Device::CPU, DType::bf16, 64, built) == AttentionKernel::unfused);
+    CHECK(resolve_attention(AttentionChoice::fused, Device::CPU, DType::bf16, 64, built) == AttentionKernel::fused);
+    CHECK(resolve_attention(AttentionChoice::unfused, Device::CUDA, DType::bf16, 64, built) == AttentionKernel::unfused);
+    // asked for explicitly: CUDA, cuDNN in the build and a supported head size, else refused
+    const auto refusal = [&](Device dev, int64_t d) -> std::string {
+      try {
+        (void)resolve_attention(AttentionChoice::cudnn, dev, DType::f32, d, built);
+      } catch (const OptionError& e) {
+        CHECK(e.field() == OptionField::attention);
+        return e.what();
+      }
+      return "";
+    };
+    CHECK_THAT(refusal(Device::CPU, 64), Contains("[resolve] attention: cudnn needs CUDA; device is cpu"));
+    CHECK_THAT(refusal(Device::CPU, 96), Contains("cudnn needs CUDA"));
+    if (built) {
+      CHECK(resolve_attention(AttentionChoice::cudnn, Device::CUDA, DType::f32, 128, true) == AttentionKernel::cudnn);
+      CHECK_THAT(refusal(Device::CUDA, 96), Contains("cudnn takes attention heads of 64 or 128 features; the model's have 96"));
+      CHECK_THAT(refusal(Device::CUDA, 0), Contains("the model's have an unknown size"));
+    } else {
+      CHECK_THAT(refusal(Device::CUDA, 64),
+                 Contains("this build has no cuDNN attention: run scripts/fetch_cudnn_frontend.sh and reconfigure"));
+    }
+  }
+  // resolve() applies the rule with this build's cuDNN and the model's head size, and leaves no
+  // automatic choice in its options
+  EngineOptions o;
+  o.param_dtype = DType::bf16;
+  const ModelFacts d64{64, true, 64}, d32{32, true, 32};
+  const AttentionKernel cuda64 = cudnn_attention_built() ? AttentionKernel::cudnn : AttentionKernel::fused;
+  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d64).attention == cuda64);
+  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d64).options.attention ==
+        (cudnn_attention_built() ? AttentionChoice::cudnn : AttentionChoice::fused));
+  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d32).attention == AttentionKernel::fused);
+  CHECK(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64).attention == AttentionKernel::unfused);
+  CHECK(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64).options.attention == AttentionChoice::unfused);
+  o.attention = AttentionChoice::cudnn;
+  CHECK_THROWS_AS(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64), OptionError);
+  CHECK_THROWS_AS(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d32), OptionError);
 }
 
 TEST_CASE("a config file is read as a bounded regular file", "[config]") {
