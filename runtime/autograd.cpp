@@ -48,6 +48,13 @@ Tensor grad_buffer(const Tensor& t) {
   return g;
 }
 
+GradTarget grad_target(const Tensor& t) {
+  if (Tensor g = t.grad(); g.defined()) return {g, 1.0f};
+  Tensor g = Tensor::empty(t.shape(), t.dtype(), t.device());  // charged as grad_buffer's
+  t.set_grad(g);
+  return {g, 0.0f};
+}
+
 void accumulate_grad(const Tensor& t, const Tensor& g) {
   if (!t.defined() || !t.requires_grad()) return;
   check_arg(g.numel() == t.numel(), "accumulate_grad", "gradient " + g.describe() + " for " + t.describe());

@@ -61,6 +61,15 @@ void record(Tensor& out, const char* name, std::vector<Tensor> inputs,
 /// kernel can add into it (beta = 1). Only call for tensors with requires_grad.
 Tensor grad_buffer(const Tensor& t);
 
+/// Where an op that writes C = result + beta C (a GEMM) puts t's gradient: t's existing buffer
+/// with beta 1, or on first use a new uninitialized buffer of t's shape, set as t's gradient, with
+/// beta 0, so a first write needs no zero fill. Only call for tensors with requires_grad.
+struct GradTarget {
+  Tensor buffer;
+  float beta;
+};
+GradTarget grad_target(const Tensor& t);
+
 /// Adds `g` into t's gradient (no-op when t does not require grad).
 void accumulate_grad(const Tensor& t, const Tensor& g);
 

@@ -87,10 +87,14 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
     record(y, op, {x, W, b}, [x, W, b, xm, Wm, N, in, out_f](const Tensor& dy) {
       Kernels& k = kernels(dy.device());
       const Tensor dym = xm.dtype() == DType::bf16 ? dy.to(DType::bf16) : dy;
-      if (x.requires_grad())  // dx[N, in] += dy[N, out] W[out, in]
-        gemm_as_stored(k, false, false, N, in, out_f, dym, Wm, 1.0f, grad_buffer(x).data_f32());
-      if (W.requires_grad())  // dW[out, in] += dy^T x
-        gemm_as_stored(k, true, false, out_f, in, N, dym, xm, 1.0f, grad_buffer(W).data_f32());
+      if (x.requires_grad()) {  // dx[N, in] (+)= dy[N, out] W[out, in]
+        const GradTarget dx = grad_target(x);
+        gemm_as_stored(k, false, false, N, in, out_f, dym, Wm, dx.beta, dx.buffer.data_f32());
+      }
+      if (W.requires_grad()) {  // dW[out, in] (+)= dy^T x
+        const GradTarget dW = grad_target(W);
+        gemm_as_stored(k, true, false, out_f, in, N, dym, xm, dW.beta, dW.buffer.data_f32());
+      }
       if (b.defined() && b.requires_grad()) k.bias_grad(grad_buffer(b).data_f32(), dy.data_f32(), N, out_f);
     });
   }
