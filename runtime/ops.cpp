@@ -426,7 +426,8 @@ struct ClassifierPass {
 };
 
 // Every chunk of rows: logits into one buffer, the row pass, and (grad) the logits' gradient in
-// place with its dh rows and dW contribution (linear's backward GEMMs).
+// place with its dh rows and dW contribution (linear's backward GEMMs). dh and dW need no zero
+// fill: each dh row is written once and the first chunk writes dW, both with beta 0.
 void run_classifier_chunks(const ClassifierPass& p, bool grad, float dloss) {
   const int64_t N = p.hm.size(0), C = p.hm.size(1), Vp = p.Wm.size(0);
   if (N == 0) return;
@@ -442,10 +443,10 @@ void run_classifier_chunks(const ClassifierPass& p, bool grad, float dloss) {
                           rows, p.V, Vp);
     if (!grad) continue;
     const Tensor dlm = half ? logits.to(DType::bf16) : logits;
-    if (p.dh.defined())  // dh[rows, C] += dlogits W
-      gemm_as_stored(k, false, false, rows, C, Vp, dlm, p.Wm, 1.0f, p.dh.data_f32() + r0 * C);
-    if (p.dW.defined())  // dW[Vp, C] += dlogits^T h_c
-      gemm_as_stored(k, true, false, Vp, C, rows, dlm, hc, 1.0f, p.dW.data_f32());
+    if (p.dh.defined())  // dh[rows, C] = dlogits W
+      gemm_as_stored(k, false, false, rows, C, Vp, dlm, p.Wm, 0.0f, p.dh.data_f32() + r0 * C);
+    if (p.dW.defined())  // dW[Vp, C] (+)= dlogits^T h_c
+      gemm_as_stored(k, true, false, Vp, C, rows, dlm, hc, r0 == 0 ? 0.0f : 1.0f, p.dW.data_f32());
   }
 }
 
@@ -481,8 +482,12 @@ Tensor classifier_loss(const Tensor& h, const Tensor& W, const Tensor& targets, 
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : classifier_chunk_rows(Vp);
   ClassifierPass p = classifier_pass(h, W, targets, vocab_size, chunk, half);
   const bool grad = needs_grad({&h, &W});
-  if (grad && h.requires_grad()) p.dh = Tensor::zeros({N, C}, DType::f32, dev);
-  if (grad && W.requires_grad()) p.dW = Tensor::zeros({Vp, C}, DType::f32, dev);
+  // written whole by the chunks (N > 0); no rows leave a zero gradient
+  auto grad_of = [&](const Shape& s) {
+    return N > 0 ? Tensor::empty(s, DType::f32, dev) : Tensor::zeros(s, DType::f32, dev);
+  };
+  if (grad && h.requires_grad()) p.dh = grad_of({N, C});
+  if (grad && W.requires_grad()) p.dW = grad_of({Vp, C});
   // the gradient for an upstream 1, its scale formed as cross_entropy's backward forms it
   run_classifier_chunks(p, grad, static_cast<float>(1.0 / div));
   Tensor loss = reduce_losses(p.losses, div);
@@ -493,8 +498,6 @@ Tensor classifier_loss(const Tensor& h, const Tensor& W, const Tensor& targets, 
         ClassifierPass again = classifier_pass(h, W, targets, vocab_size, chunk, half);
         again.dh = dh;
         again.dW = dW;
-        if (dh.defined()) dh.zero();
-        if (dW.defined()) dW.zero();
         run_classifier_chunks(again, true, static_cast<float>(g / div));
       }
       if (dh.defined()) give_grad(h, dh);
