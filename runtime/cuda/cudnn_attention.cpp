@@ -183,8 +183,8 @@ class Context {
     check(p.graph->build_operation_graph(h), op, "operation graph build", a);
     check(p.graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), op,
           "execution plan query", a);
-    check(p.graph->check_support(h), op, "support check", a);
-    check(p.graph->build_plans(h), op, "plan build", a);
+    check(p.graph->check_support(), op, "support check", a);
+    check(p.graph->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), op, "plan build", a);
     check(p.graph->get_workspace_size(p.workspace), op, "workspace size query", a);
     return plans_.emplace(key, std::move(p)).first->second;
   }
