@@ -13,11 +13,13 @@
 #      (a token id outside the vocabulary stops with an error naming the batch);
 #   4. compute-sanitizer --tool memcheck over the op table;
 #   5. the CUDA benchmark table (mfsdp-bench-cuda --quick), GPT-2 124M's step time, tokens/s and MFU
-#      (mfsdp-bench-model --device cuda), then the one-GPU calibration of the
+#      (mfsdp-bench-model --device cuda, bf16, attention auto: cuDNN's; it prints the kernel), then
+#      the one-GPU calibration of the
 #      projection (mfsdp-project --calibrate --device cuda, three sizes) and a projection that loads
 #      the cluster JSON it wrote ($LOGS/calibrated_gpu.json);
-#   6. GPT-2 124M, B = 16, T = 1024, bf16, 30 steps with the fused attention and 30 unfused, against
-#      the committed CPU f32 reference (DIR/gpu_train_reference.json);
+#   6. GPT-2 124M, B = 16, T = 1024, bf16, 30 steps with the fused attention, then 30 unfused and 30
+#      with cuDNN's attention side by side, against the committed CPU f32 reference
+#      (DIR/gpu_train_reference.json); each run prints the attention kernel it ran;
 #   7. one table of every step.
 # Logs: $OUT/gpu_check when OUT is set, else gpu-check-logs/. Exit 0 only when a GPU is visible and
 # every step ran and passed: a test that skips (exit 77) while nvidia-smi sees a GPU is a failure.
@@ -105,7 +107,7 @@ wait
 
 # ---- 5. benchmark table ----
 run bench_cuda 45 plain mfsdp-bench-cuda --quick
-run bench_model_cuda 30 plain mfsdp-bench-model --device cuda --dtype bf16 -B 16 -T 1024 --warmup 2 --steps 5
+run bench_model_cuda 30 plain mfsdp-bench-model --device cuda --dtype bf16 --attention auto -B 16 -T 1024 --warmup 2 --steps 5
 run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_gpu.json" --device cuda --cluster "$ROOT/configs/clusters/h100_80gb_8x.json" --calibrate-sizes 256 1024 2048 && mfsdp-project --cluster "$LOGS/calibrated_gpu.json" --worlds 8 --placements matrixfsdp fsdp2'
 
 # ---- 6. GPT-2 124M training against the CPU f32 reference ----
@@ -122,9 +124,15 @@ train() {  # train ATTENTION
 }
 export -f train
 run train_fused 60 plain train fused
-run train_unfused 60 plain train unfused
+start train_unfused 60 plain train unfused  # side by side: the GPU has room for both
+start train_cudnn 60 plain train cudnn
+wait
+for k in fused unfused cudnn; do  # the kernel each run resolved (the trainer's start-up line)
+  echo "train_$k: $(grep -o -m1 "attention: [a-z]*" "$LOGS/train_$k.log" 2>/dev/null || echo "attention: not reported")"
+done
 run train_vs_reference 10 plain python3 "$ROOT/scripts/gpu_table.py" "$REF" \
-  fused="$LOGS/train_fused/metrics.jsonl" unfused="$LOGS/train_unfused/metrics.jsonl"
+  fused="$LOGS/train_fused/metrics.jsonl" unfused="$LOGS/train_unfused/metrics.jsonl" \
+  cudnn="$LOGS/train_cudnn/metrics.jsonl"
 
 # ---- 7. the table ----
 echo
@@ -139,6 +147,7 @@ for name in "${STEPS[@]}"; do
 done
 echo "  total: $((SECONDS - T0)) s of 360 s; logs in $LOGS"
 [ -f "$LOGS/bench_cuda.log" ] && { echo; cat "$LOGS/bench_cuda.log"; }
+[ -f "$LOGS/bench_model_cuda.log" ] && grep -m1 "attention" "$LOGS/bench_model_cuda.log"
 [ -f "$LOGS/train_vs_reference.log" ] && cat "$LOGS/train_vs_reference.log"
 [ $((SECONDS - T0)) -le 360 ] || { echo "gpu_check.sh: over the check's 6-minute time limit"; FAILED=1; }
 [ "$GPU" = 1 ] || echo "gpu_check.sh: nvidia-smi sees no GPU: nothing was verified"

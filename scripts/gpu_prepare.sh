@@ -7,6 +7,9 @@
 # DIR holds:
 #   bin/        the CUDA test executables, mfsdp-bench-cuda, mfsdp-project and mfsdp-train: portable x86-64 code
 #               (no -march=native), SASS for sm_80 and sm_90 (+ sm_90 PTX), no RPATH, stripped;
+#               their cuDNN attention is lib/libmfsdp_cudnn_attention.so (one copy of the cuDNN
+#               frontend's code for all of them; the frontend's headers come from
+#               scripts/fetch_cudnn_frontend.sh, run first);
 #   lib/        every shared library they and the MPI runtime load that the GPU machine does not
 #               provide (scripts/gpu_provided_libs.txt: glibc, libstdc++, libgcc_s, the driver's
 #               libcuda, the CUDA libraries of its Python nvidia-* wheels);
@@ -29,6 +32,7 @@ TARGETS=(test_cuda_backend test_optim_cuda test_comm_kernels test_comm_cuda test
 REFUSE='^lib(ibverbs|rdmacm|ucp|ucs|uct|ucm|fabric|psm|psm2|jvm|java|gfortran|nl-|efa|mlx)'
 
 t0=$SECONDS
+bash scripts/fetch_cudnn_frontend.sh
 echo "gpu_prepare.sh: configuring $BUILD (Release, CUDA sm_80 + sm_90, portable x86-64, no oneDNN)"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMFSDP_CUDA=ON -DMFSDP_DNNL=OFF -DMFSDP_NATIVE=OFF \
       "-DCMAKE_CUDA_ARCHITECTURES=80-real;90" -DCMAKE_SKIP_RPATH=ON >"$BUILD.configure.log" 2>&1 ||
@@ -36,6 +40,8 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMFSDP_CUDA=ON -DMFSDP_DNNL=O
 echo "gpu_prepare.sh: building ${TARGETS[*]} (log: $BUILD.log)"
 cmake --build "$BUILD" --target "${TARGETS[@]}" -j"$(nproc)" >"$BUILD.log" 2>&1 ||
   { grep -E "error" -A3 "$BUILD.log" | head -40; tail -15 "$BUILD.log"; exit 1; }
+grep -q "MatrixFSDP: cuDNN attention on" "$BUILD.configure.log" ||
+  { grep "MatrixFSDP: cuDNN" "$BUILD.configure.log"; echo "gpu_prepare.sh: the bundle needs cuDNN attention"; exit 1; }
 echo "gpu_prepare.sh: built in $((SECONDS - t0)) s"
 
 rm -rf "$DIR"
@@ -46,6 +52,10 @@ for t in "${TARGETS[@]}"; do
   cp "$exe" "$DIR/bin/"
 done
 strip --strip-unneeded "$DIR"/bin/*
+cudnn_so="$(find "$BUILD" -type f -name libmfsdp_cudnn_attention.so | head -1)"
+[ -n "$cudnn_so" ] || { echo "gpu_prepare.sh: libmfsdp_cudnn_attention.so not found in $BUILD"; exit 1; }
+cp "$cudnn_so" "$DIR/lib/"
+strip --strip-unneeded "$DIR/lib/libmfsdp_cudnn_attention.so"
 
 # ---- Open MPI, relocated: Debian's layout under the new prefix ----
 mpi_lib="$(dirname "$(readlink -f "$(ldconfig -p | awk '/libmpi\.so\.40 .*x86-64/ {print $NF; exit}')")")"
