@@ -86,17 +86,18 @@ void check_dims(const Dims& a, const char* op) {
   if (a.B > INT32_MAX / a.H || a.T > INT32_MAX / (a.H * a.d)) fail("sizes outside cuDNN's 32-bit range");
 }
 
-// A [B, heads, T, d] tensor over a [B, T, heads, d] buffer.
+// Gives `t` dims [B, heads, T, d] with the strides of a [B, T, heads, d] buffer.
+fe::graph::Tensor_attributes& bthd_layout(fe::graph::Tensor_attributes& t, Uid uid, const Dims& a, int64_t heads) {
+  return t.set_uid(uid).set_dim({a.B, heads, a.T, a.d}).set_stride({a.T * heads * a.d, a.d, heads * a.d, 1});
+}
 std::shared_ptr<fe::graph::Tensor_attributes> bthd(fe::graph::Graph& g, const char* name, Uid uid, const Dims& a,
                                                     int64_t heads) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name(name)
-                      .set_uid(uid)
-                      .set_dim({a.B, heads, a.T, a.d})
-                      .set_stride({a.T * heads * a.d, a.d, heads * a.d, 1}));
+  fe::graph::Tensor_attributes t;
+  t.set_name(name);
+  return g.tensor(bthd_layout(t, uid, a, heads));
 }
 void as_bthd_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, const Dims& a, int64_t heads) {
-  t->set_output(true).set_uid(uid).set_dim({a.B, heads, a.T, a.d}).set_stride({a.T * heads * a.d, a.d, heads * a.d, 1});
+  bthd_layout(t->set_output(true), uid, a, heads);
 }
 std::vector<int64_t> stats_dim(const Dims& a) { return {a.B, a.H, a.T, 1}; }
 std::vector<int64_t> stats_stride(const Dims& a) { return {a.H * a.T, a.T, 1, 1}; }
