@@ -138,7 +138,7 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   // a replica chain and ddp's all-reduce block whatever the switch says
   r.overlap_reduce = toggle_value(in.overlap_reduce, cuda) && replicas == 1 && !r.traits.all_reduce_gradients;
   r.attention = resolve_attention(in.attention, device, in.param_dtype, model.attention_head_size,
-                                  cudnn_attention_built());
+                                  cuda_cudnn::built());
   r.options.prefetch_depth = r.prefetch_depth;
   const auto fixed = [](bool on) { return on ? Toggle::on : Toggle::off; };
   r.options.batch_orthogonalize = fixed(r.batch_orthogonalize);
