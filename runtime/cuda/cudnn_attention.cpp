@@ -28,10 +28,14 @@
 #include <cudnn_frontend.h>
 
 // The frontend's plan list carries an experimental engine (RMSNorm + SiLU on sm_100) that compiles
-// its kernel with NVRTC; attention graphs never reach it. These stand-ins answer every NVRTC call
-// with NVRTC_ERROR_INTERNAL_ERROR, as the frontend's own dynamic-loading build does when libnvrtc is
-// absent, so this library needs no libnvrtc (109 MB, not on every GPU machine). Hidden: they serve
-// this library's references only and never interpose a real NVRTC elsewhere in the process.
+// its kernel with NVRTC, registered only under HeurMode_t::OPENSOURCE, which the plans here never
+// ask for. These stand-ins answer every NVRTC call with NVRTC_ERROR_INTERNAL_ERROR, as the
+// frontend's own dynamic-loading build does when libnvrtc is absent, so this library links no
+// libnvrtc. Hidden: they bind this library's references at link time, are not exported, and never
+// interpose a real NVRTC elsewhere in the process. cuDNN itself still needs NVRTC at run time: its
+// SDPA engines live in libcudnn_engines_runtime_compiled and compile their kernels when a plan is
+// built, through libnvrtc.so.<CUDA major> that libcudnn_graph opens and resolves on its own handle
+// (dlopen/dlsym), found through the loader path (the nvidia-cuda-nvrtc wheel's lib folder).
 extern "C" {
 #define MFSDP_NO_NVRTC __attribute__((visibility("hidden"))) nvrtcResult
 MFSDP_NO_NVRTC nvrtcCreateProgram(nvrtcProgram*, const char*, const char*, int, const char* const*,
@@ -59,11 +63,18 @@ std::string describe(const Dims& a) {
          " Hkv=" + std::to_string(a.Hkv) + " d=" + std::to_string(a.d);
 }
 
-// Throws std::runtime_error naming the op, the step and the shape when a frontend call failed.
+// The loaded cuDNN's version and the one of the headers this library was compiled against
+// (major*10000 + minor*100 + patch), e.g. "cuDNN 92600, built against 91900".
+std::string versions() {
+  return "cuDNN " + std::to_string(cudnnGetVersion()) + ", built against " + std::to_string(CUDNN_VERSION);
+}
+
+// Throws std::runtime_error naming the op, the step, the shape and the cuDNN versions when a
+// frontend call failed.
 void check(fe::error_t status, const char* op, const char* step, const Dims& a) {
   if (status.is_good()) return;
-  throw std::runtime_error(std::string("[") + op + "] cuDNN " + step + " failed (" + describe(a) +
-                           "): " + status.get_message());
+  throw std::runtime_error(std::string("[") + op + "] cuDNN " + step + " failed (" + describe(a) + "; " +
+                           versions() + "): " + status.get_message());
 }
 
 void check_cudnn(cudnnStatus_t s, const char* what) {
