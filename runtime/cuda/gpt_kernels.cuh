@@ -17,8 +17,7 @@ constexpr int64_t kColChunk = 64;    // rows per partial sum of the column reduc
 
 // ---------------- elementwise ----------------
 
-// f32 -> bf16, round to nearest even, NaN kept as quiet NaN: the bit recipe of float_to_bf16 (dtype.h).
-// f32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN).
+// f32 -> bf16 bits, round to nearest even, NaN kept as a quiet NaN: the bit recipe of float_to_bf16 (dtype.h).
 __device__ __forceinline__ uint16_t bf16_bits(float x) {
   const uint32_t u = __float_as_uint(x);
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
