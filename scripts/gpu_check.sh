@@ -6,7 +6,7 @@
 #
 # Steps, each under its own time budget (seconds; the argument for each is in scripts/README.md,
 # "GPU check budgets"); a step over its budget fails:
-#   1. closure of the bundle on this machine, and nvidia-smi;
+#   1. closure of the bundle on this machine (ldd, and dlopen of the libraries cuDNN loads itself), and nvidia-smi;
 #   2. the CUDA op table and backend tests, the CUDA optimizer tests, the rank-ordered reduction
 #      kernel, the comm tests (NCCL at world 1; host-staged at world 2 and 4 on one GPU);
 #   3. the engine on CUDA tensors (NCCL at world 1; host-staged at world 2 and 4) and its batch checks
@@ -78,6 +78,13 @@ closure() {
     if ldd "$f" | grep -E "not found|version .* not found"; then bad=1; fi
   done
   echo "ldd: every bundled executable resolves on this machine (wheel libraries: ${MFSDP_WHEEL_LIBS:-none})"
+  # loaded by cuDNN itself at run time, so ldd cannot see them: its graph and runtime-compiled
+  # engines (the fused attention) and the NVRTC they compile with
+  local lib
+  for lib in libcudnn_graph.so.9 libcudnn_engines_runtime_compiled.so.9 libnvrtc.so.13; do
+    if python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$lib" 2>/dev/null; then echo "dlopen: $lib loads"
+    else echo "dlopen: $lib does not load (cuDNN attention would fail at its plan build)"; bad=1; fi
+  done
   return $bad
 }
 export -f closure
