@@ -319,7 +319,8 @@ void ShardedEngine::init_parameters(uint64_t seed) {
 
 void ShardedEngine::with_full_model(const std::function<void()>& fn) {
   MatmulDTypeScope matmuls(opts_.param_dtype);
-  AttentionKernelScope attention(resolved_.attention);
+  AttentionKernelScope attention(resolved_.attention == AttentionKernel::cudnn ? AttentionKernel::fused
+                                                                                : resolved_.attention);
   units_.with_all_gathered(fn, CommPhase::other, opts_.param_dtype);
 }
 

@@ -124,7 +124,9 @@ class ShardedEngine {
   int64_t optimizer_steps() const { return owners_.steps(); }
 
   /// Runs `fn` with every unit gathered (the model's parameters hold full values in the compute
-  /// precision, and matmuls run in it), then frees them.
+  /// precision, and matmuls run in it), then frees them. Made for sampling, whose forward sees a
+  /// new sequence length at every token: where the run resolved cuDNN's attention, which builds
+  /// and keeps a plan per shape, `fn` runs the fused kernel instead.
   void with_full_model(const std::function<void()>& fn);
 
   const ShardPlan& plan() const { return plan_; }
