@@ -18,8 +18,9 @@ done
 
 packages=(build-essential cmake libopenmpi-dev openmpi-bin libeigen3-dev libdnnl-dev libspdlog-dev libcli11-dev
           nlohmann-json3-dev catch2 libxxhash-dev libpcre2-dev pkg-config clang libclang-rt-dev python3)
-# matplotlib draws the plots of scripts/plot.py (tests and scripts/reproduce_paper.sh only).
-packages+=(python3-matplotlib)
+# matplotlib draws the plots of scripts/plot.py (tests and scripts/reproduce_paper.sh only); pip
+# fetches the cuDNN frontend's headers (scripts/fetch_cudnn_frontend.sh).
+packages+=(python3-matplotlib python3-pip)
 # PyTorch and numpy generate the test fixtures and check exported models; never used by the product.
 [ "$want_torch" = 1 ] && packages+=(python3-torch python3-numpy)
 
@@ -40,7 +41,8 @@ fi
 [ "$build" = 1 ] || exit 0
 # the cuDNN attention's frontend headers (.deps/), when CUDA will be compiled
 if [ "${MFSDP_CUDA:-AUTO}" != OFF ] && { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; }; then
-  bash scripts/fetch_cudnn_frontend.sh
+  bash scripts/fetch_cudnn_frontend.sh ||
+    echo "setup.sh: warning: no cuDNN frontend headers; building without the cuDNN attention" >&2
 fi
 cuda_flag=()
 [ -n "${MFSDP_CUDA:-}" ] && cuda_flag=(-DMFSDP_CUDA="$MFSDP_CUDA")
