@@ -16,7 +16,7 @@ struct Dims {
   int64_t B, T, H, Hkv, d, ldq, ldkv;
 };
 
-/// out [B,T,H*d] and lse [B,H,T]. One thread per query row, key/value tiles in shared memory,
+/// out [B,T,H*d] and lse [B,H,T]. Eight threads per query row, key/value tiles in shared memory,
 /// online softmax in f32 (FlashAttention-2's loop order). Throws when d > kMaxHeadDim.
 void forward(const float* q, const float* k, const float* v, float* out, float* lse, const Dims& a);
 /// dq += ..., dk += ..., dv += .... `rowdot` is scratch of B*H*T floats (D_i = dout_i . out_i).
