@@ -59,8 +59,8 @@ Tensor GPT::block(int layer, const Tensor& x) const {
   Tensor a = causal_self_attention(qkv, cfg_.n_head);
   Tensor x1 = add(x, linear(a, P("attn.c_proj.weight"), P("attn.c_proj.bias")));
   Tensor h2 = layer_norm(x1, P("ln_2.weight"), P("ln_2.bias"));
-  Tensor m = gelu(linear(h2, P("mlp.c_fc.weight"), P("mlp.c_fc.bias")));
-  return add(x1, linear(m, P("mlp.c_proj.weight"), P("mlp.c_proj.bias")));
+  return add(x1, gelu_mlp(h2, P("mlp.c_fc.weight"), P("mlp.c_fc.bias"), P("mlp.c_proj.weight"),
+                          P("mlp.c_proj.bias")));
 }
 
 Tensor GPT::head_hidden(const Tensor& x) const {

@@ -38,6 +38,23 @@ class Kernels {
   /// CUDA_R_16BF inputs and CUBLAS_COMPUTE_32F (tensor cores).
   virtual void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                          const void* A, const void* B, float beta, float* C) = 0;
+  /// What a fused GEMM epilogue applies to P = op(A) op(B) (row-major [M,N]) as the GEMM writes
+  /// it, instead of separate passes:
+  /// - bias:        C = P + bias[N] broadcast over rows;
+  /// - bias_gelu:   aux = P + bias, C = gelu(aux) (tanh approximation; aux is kept for dgelu);
+  /// - dgelu_bgrad: C = P * gelu'(aux), and bias[N] is written (not added) with the sums over
+  ///   rows of C (the bias gradient of the layer whose output went through GELU).
+  enum class Epilogue { bias, bias_gelu, dgelu_bgrad };
+  /// C[M,N] (f32, overwritten: beta 0) = epilogue(op(A) op(B)) with bf16 A and B in gemm_bf16's
+  /// layouts; `aux` is [M,N] f32 (written by bias_gelu, read by dgelu_bgrad). Returns false, having
+  /// written nothing, when this backend has no fused epilogue for the shape: the caller then runs
+  /// gemm_bf16 and the separate kernels. The default offers none; CUDA offers cuBLASLt's epilogues
+  /// (CUBLASLT_EPILOGUE_BIAS, GELU_AUX_BIAS, DGELU_BGRAD) when its heuristic has an algorithm.
+  virtual bool gemm_bf16_epilogue(Epilogue /*e*/, bool /*trans_a*/, bool /*trans_b*/, int64_t /*M*/, int64_t /*N*/,
+                                  int64_t /*K*/, const void* /*A*/, const void* /*B*/, float* /*C*/,
+                                  float* /*bias*/, float* /*aux*/) {
+    return false;
+  }
   /// y[N,C] += b[C] broadcast over rows
   virtual void add_bias(float* y, const float* b, int64_t rows, int64_t cols) = 0;
   /// db[C] += sum over rows of dy[N,C]

@@ -9,9 +9,10 @@
 #include "runtime/autograd.h"
 #include "runtime/cuda/cudnn_attention.h"
 #include "runtime/kernels.h"
+#include "runtime/ops_common.h"
 
 namespace mfsdp {
-namespace {
+namespace ops_detail {
 
 void check_f32(const Tensor& t, const char* op, const char* what) {
   check_arg(t.defined(), op, std::string(what) + " is undefined");
@@ -23,17 +24,46 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
             "tensors on different devices: " + a.describe() + " and " + b.describe());
 }
 
-float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_f32() : nullptr; }
-
-thread_local DType t_matmul_dtype = DType::f32;
-thread_local AttentionKernel t_attention_kernel = AttentionKernel::unfused;
-
-// C = alpha op(A) op(B) + beta C with A and B both f32 or both bf16 (then f32 accumulation).
 void gemm_as_stored(Kernels& k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
                     float beta, float* C) {
   if (A.dtype() == DType::bf16) k.gemm_bf16(ta, tb, M, N, K, 1.0f, A.data_ptr(), B.data_ptr(), beta, C);
   else k.gemm(ta, tb, M, N, K, 1.0f, A.data_f32(), B.data_f32(), beta, C);
 }
+
+void check_linear(const char* op, const Tensor& x, const Tensor& W, const Tensor& b) {
+  check_f32(x, op, "input");
+  check_f32(W, op, "weight");
+  check_arg(W.dim() == 2, op, "weight must be 2-D [out, in], got " + W.describe());
+  check_arg(x.dim() >= 1 && x.size(-1) == W.size(1), op,
+            "input " + x.describe() + " does not match weight " + W.describe() + " (last dim must be in=" +
+                std::to_string(W.size(1)) + ")");
+  check_same_device(x, W, op);
+  if (b.defined()) {
+    check_f32(b, op, "bias");
+    check_arg(b.dim() == 1 && b.size(0) == W.size(0), op, "bias " + b.describe() + " for weight " + W.describe());
+    check_same_device(x, b, op);
+  }
+}
+
+void linear_forward(Kernels& k, const Tensor& xm, const Tensor& Wm, const Tensor& b, float* y) {
+  const int64_t in = Wm.size(1), out_f = Wm.size(0), N = xm.numel() / in;
+  if (b.defined() && xm.dtype() == DType::bf16 &&
+      k.gemm_bf16_epilogue(Kernels::Epilogue::bias, false, true, N, out_f, in, xm.data_ptr(), Wm.data_ptr(), y,
+                           b.data_f32(), nullptr))
+    return;
+  gemm_as_stored(k, false, true, N, out_f, in, xm, Wm, 0.0f, y);
+  if (b.defined()) k.add_bias(y, b.data_f32(), N, out_f);
+}
+
+}  // namespace ops_detail
+
+namespace {
+using namespace ops_detail;
+
+float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_f32() : nullptr; }
+
+thread_local DType t_matmul_dtype = DType::f32;
+thread_local AttentionKernel t_attention_kernel = AttentionKernel::unfused;
 
 }  // namespace
 
@@ -61,18 +91,7 @@ AttentionKernelScope::~AttentionKernelScope() { t_attention_kernel = prev_; }
 
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   const char* op = "linear";
-  check_f32(x, op, "input");
-  check_f32(W, op, "weight");
-  check_arg(W.dim() == 2, op, "weight must be 2-D [out, in], got " + W.describe());
-  check_arg(x.dim() >= 1 && x.size(-1) == W.size(1), op,
-            "input " + x.describe() + " does not match weight " + W.describe() + " (last dim must be in=" +
-                std::to_string(W.size(1)) + ")");
-  check_same_device(x, W, op);
-  if (b.defined()) {
-    check_f32(b, op, "bias");
-    check_arg(b.dim() == 1 && b.size(0) == W.size(0), op, "bias " + b.describe() + " for weight " + W.describe());
-    check_same_device(x, b, op);
-  }
+  check_linear(op, x, W, b);
   const int64_t in = W.size(1), out_f = W.size(0), N = x.numel() / in;
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
@@ -81,8 +100,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   // bf16 matmuls: the operands are rounded once and kept for the backward (as autocast keeps its casts)
   const bool half = matmul_dtype() == DType::bf16;
   const Tensor xm = half ? x.to(DType::bf16) : x, Wm = half ? W.to(DType::bf16) : W;
-  gemm_as_stored(k, false, true, N, out_f, in, xm, Wm, 0.0f, y.data_f32());
-  if (b.defined()) k.add_bias(y.data_f32(), b.data_f32(), N, out_f);
+  linear_forward(k, xm, Wm, b, y.data_f32());
   if (needs_grad({&x, &W, &b})) {
     record(y, op, {x, W, b}, [x, W, b, xm, Wm, N, in, out_f](const Tensor& dy) {
       Kernels& k = kernels(dy.device());

@@ -62,6 +62,15 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 /// GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2's "gelu_new").
 Tensor gelu(const Tensor& x);
+/// GPT-2's MLP, gelu(x W_fc^T + b_fc) W_proj^T + b_proj, as one op: x [..., in], W_fc [hidden,
+/// in], b_fc [hidden], W_proj [out, hidden], b_proj [out] (biases may be undefined). Returns
+/// [..., out]. The GEMMs run in matmul_dtype(); under bf16 matmuls the backend's fused epilogues
+/// carry the biases, the GELU and, backward, GELU's gradient with c_fc's bias gradient, when it
+/// offers them (Kernels::gemm_bf16_epilogue: cuBLASLt on CUDA). Otherwise the same kernels, in the
+/// same order, as linear -> gelu -> linear, bit for bit. Keeps pre = x W_fc^T + b_fc (f32) and the
+/// GEMM operands for the backward, not gelu(pre) in f32 under bf16 matmuls. Throws
+/// std::invalid_argument on mismatched shapes, dtypes or devices.
+Tensor gelu_mlp(const Tensor& x, const Tensor& W_fc, const Tensor& b_fc, const Tensor& W_proj, const Tensor& b_proj);
 /// Token + position embedding: wte [Vp, C], wpe [Tmax, C] or undefined (token embedding only, as
 /// Llama), tokens i32 [B, T] with T <= Tmax and ids < Vp (ids are checked on CPU; the engine
 /// checks every batch on the host before it leaves it). Returns [B, T, C] = wte[tokens] + wpe[0..T).

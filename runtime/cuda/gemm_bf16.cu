@@ -54,6 +54,25 @@ struct LtPlan {
   bool found = false;
 };
 
+// The vectors of a fused epilogue: the bias (read) or bias gradient (written), and the auxiliary
+// [M,N] buffer (the pre-activation: written by GELU_AUX_BIAS, read by DGELU_BGRAD).
+struct EpilogueVectors {
+  float* bias = nullptr;
+  float* aux = nullptr;
+};
+
+// Points the descriptor at this call's epilogue vectors (f32, the output's type: cuBLASLt's
+// default bias and auxiliary data types); the auxiliary buffer is column-major m x n with ld m.
+void set_epilogue_vectors(cublasLtMatmulDesc_t op, const ColMajor& s, const EpilogueVectors& ep) {
+  if (ep.bias != nullptr)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof(ep.bias)));
+  if (ep.aux != nullptr) {
+    const int64_t ld = s.m;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+  }
+}
+
 // The process's cuBLASLt handle, workspace and per-shape plans (never freed: they live as long as
 // the CUDA context, like the shared cuBLAS handle).
 class LtContext {
@@ -68,15 +87,22 @@ class LtContext {
   // The plan of (ta, tb, M, N, K) for operands of these alignments (bytes: the largest power of
   // two up to 256 dividing the address; the heuristic otherwise assumes 256 and may pick an
   // algorithm that refuses a gradient view at a 4-byte offset), made on first use. Called with mu_ held.
+  // `epilogue` other than DEFAULT: `ep` holds its vectors, set on the descriptor before the
+  // heuristic (the auxiliary buffer's leading dimension is part of what it checks).
   const LtPlan& plan(bool ta, bool tb, const ColMajor& s, uint32_t align_first, uint32_t align_second,
-                     uint32_t align_c) {
-    const auto key = std::make_tuple(ta, tb, s.m, s.n, s.k, align_first, align_second, align_c);
+                     uint32_t align_c, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
+                     const EpilogueVectors& ep = {}) {
+    const auto key = std::make_tuple(ta, tb, s.m, s.n, s.k, align_first, align_second, align_c, epilogue);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     LtPlan p;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &s.op_first, sizeof(s.op_first)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &s.op_second, sizeof(s.op_second)));
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      set_epilogue_vectors(p.op, s, ep);
+    }
     // stored shapes: the first operand is m x k (k x m when transposed), the second k x n (n x k)
     const bool t1 = s.op_first == CUBLAS_OP_T, t2 = s.op_second == CUBLAS_OP_T;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, t1 ? s.k : s.m, t1 ? s.m : s.k, s.ldb));
@@ -115,7 +141,7 @@ class LtContext {
   std::mutex mu_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
-  std::map<std::tuple<bool, bool, int, int, int, uint32_t, uint32_t, uint32_t>, LtPlan> plans_;
+  std::map<std::tuple<bool, bool, int, int, int, uint32_t, uint32_t, uint32_t, cublasLtEpilogue_t>, LtPlan> plans_;
 };
 
 }  // namespace
@@ -134,6 +160,32 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B is the first operand.
   CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, lt.workspace(),
                           LtContext::kWorkspaceBytes, static_cast<cudaStream_t>(cuda::compute_stream())));
+}
+
+bool gemm_bf16_epilogue(Kernels::Epilogue e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
+                        const void* B, float* C, float* bias, float* aux) {
+  if (M == 0 || N == 0 || K == 0 || N % 8 != 0) return false;  // the auxiliary ld (N) must be a multiple of 8
+  const bool needs_aux = e != Kernels::Epilogue::bias;
+  if (bias == nullptr || (needs_aux && aux == nullptr))
+    throw std::invalid_argument("[gemm_bf16_epilogue] the epilogue's bias and auxiliary buffers are required");
+  // 16-byte vectors and output (a parameter view of a flat buffer may sit at any 4-byte offset)
+  const void* vectors[] = {C, bias, needs_aux ? aux : nullptr};
+  for (const void* v : vectors)
+    if (v != nullptr && alignment_of(v) < 16) return false;
+  const cublasLtEpilogue_t epilogue = e == Kernels::Epilogue::bias        ? CUBLASLT_EPILOGUE_BIAS
+                                      : e == Kernels::Epilogue::bias_gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                          : CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  const EpilogueVectors ep{bias, needs_aux ? aux : nullptr};
+  const ColMajor s = col_major(ta, tb, M, N, K);
+  LtContext& lt = LtContext::get();
+  std::lock_guard<std::mutex> lock(lt.mutex());
+  const LtPlan& p = lt.plan(ta, tb, s, alignment_of(B), alignment_of(A), alignment_of(C), epilogue, ep);
+  if (!p.found) return false;
+  set_epilogue_vectors(p.op, s, ep);  // the plan is shared by calls of this shape: this call's vectors
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, lt.workspace(),
+                              LtContext::kWorkspaceBytes, static_cast<cudaStream_t>(cuda::compute_stream())));
+  return true;
 }
 
 void gemm_bf16_gemmex(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, const void* B,

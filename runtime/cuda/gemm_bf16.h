@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "runtime/kernels.h"
+
 namespace mfsdp::cuda_gemm {
 
 /// C[M,N] = alpha * op(A) op(B) + beta * C, row-major; A, B bf16 device buffers (op(A) [M,K],
@@ -15,6 +17,15 @@ namespace mfsdp::cuda_gemm {
 /// on a cuBLAS error.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
                const void* B, float beta, float* C);
+
+/// Kernels::gemm_bf16_epilogue through cuBLASLt: the same product with epilogue BIAS,
+/// GELU_AUX_BIAS or DGELU_BGRAD (bias and auxiliary buffers f32, the output's type; the auxiliary
+/// buffer's leading dimension is N), planned and cached per shape and epilogue like gemm_bf16.
+/// Returns false, writing nothing, when N is not a multiple of 8, C, the bias or the auxiliary
+/// buffer is not 16-byte aligned, or the heuristic offers no algorithm. Throws
+/// std::invalid_argument when a required buffer is null, std::runtime_error on a cuBLAS error.
+bool gemm_bf16_epilogue(Kernels::Epilogue e, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                        const void* A, const void* B, float* C, float* bias, float* aux);
 
 /// The same product through cublasGemmEx (CUDA_R_16BF inputs, CUBLAS_COMPUTE_32F) on the shared
 /// cuBLAS handle: the fallback, and the reference the tests and the benchmark compare against.

@@ -111,6 +111,10 @@ class CudaKernels final : public Kernels {
                  float beta, float* C) override {
     cuda_gemm::gemm_bf16(ta, tb, M, N, K, alpha, A, B, beta, C);
   }
+  bool gemm_bf16_epilogue(Epilogue e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, const void* B,
+                          float* C, float* bias, float* aux) override {
+    return cuda_gemm::gemm_bf16_epilogue(e, ta, tb, M, N, K, A, B, C, bias, aux);
+  }
 
   void add_bias(float* y, const float* b, int64_t rows, int64_t cols) override {
     if (rows <= 0 || cols <= 0) return;

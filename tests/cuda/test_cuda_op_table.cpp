@@ -52,12 +52,19 @@ namespace {
 ///     key/value head) gives 0.028, so atol 3e-2 (of the RMS). The last rounding to bf16 on each
 ///     side may land on neighbouring bf16 values (2^-8 apart, relative): rtol 2^-7 = 7.8e-3. A
 ///     wrong head mapping, mask or scale moves elements by O(1) of the RMS.
+///   gelu_mlp under bf16 matmuls: the GPU's c_fc GEMM applies bias and GELU in cuBLASLt's
+///     epilogue, whose GELU (and GELU') is held to 2^-9 of the value plus 2^-10 of the RMS in
+///     test_cuda_epilogue.cpp; h then rounds to bf16 (steps of 2^-8), so an element of h can land
+///     one bf16 step from the CPU's: at most (2^-8 + 2^-9) ~ 6e-3 of itself. The projection sums
+///     hidden = 192 such terms of random sign: about 6e-3 of the output's scale if every term moved
+///     (and fewer do), so atol 2e-2 (of the RMS), rtol 1e-2; the backward's dpre rounds to bf16 for
+///     its two GEMMs the same way. A wrong bias, index or formula moves elements by O(1).
 ///   cuDNN's log-sum-exp (f32, from exact bf16 products summed in f32 and its exp/log): kF32Long.
 struct Tol {
   double atol, rtol;
 };
 constexpr Tol kF32Short{1e-5, 1e-5}, kF32Long{1e-4, 1e-4}, kBf16Matmul{1e-5, 1e-5}, kBf16Classifier{2e-2, 1e-4},
-    kCudnnAttention{3e-2, 7.8e-3};
+    kCudnnAttention{3e-2, 7.8e-3}, kBf16Epilogue{2e-2, 1e-2};
 
 /// Every element of `got` within the tolerance of `ref`; reports the count and the worst element.
 void check_elements(const std::vector<float>& got, const std::vector<float>& ref, Tol tol) {
@@ -138,6 +145,13 @@ std::vector<OpCase> op_cases() {
        [](const std::vector<Tensor>& x, Device) { return linear(x[0], x[1]); }},
       {"linear bf16 matmuls", {{{B, T, C}}, {{2 * C, C}, 0.2f}, {{2 * C}, 0.1f}},
        [](const std::vector<Tensor>& x, Device) { return linear(x[0], x[1], x[2]); }, kBf16Matmul, DType::bf16},
+      // GPT-2's MLP, C -> 4C -> C: f32 runs the separate kernels on both devices; bf16 matmuls run
+      // cuBLASLt's bias, bias+GELU and GELU-gradient+bias-gradient epilogues on CUDA
+      {"gelu_mlp", {{{B, T, C}}, {{4 * C, C}, 0.2f}, {{4 * C}, 0.1f}, {{C, 4 * C}, 0.1f}, {{C}, 0.1f}},
+       [](const std::vector<Tensor>& x, Device) { return gelu_mlp(x[0], x[1], x[2], x[3], x[4]); }},
+      {"gelu_mlp bf16 matmuls", {{{B, T, C}}, {{4 * C, C}, 0.2f}, {{4 * C}, 0.1f}, {{C, 4 * C}, 0.1f}, {{C}, 0.1f}},
+       [](const std::vector<Tensor>& x, Device) { return gelu_mlp(x[0], x[1], x[2], x[3], x[4]); }, kBf16Epilogue,
+       DType::bf16},
       {"add", {{{B, T, C}}, {{B, T, C}}}, [](const std::vector<Tensor>& x, Device) { return add(x[0], x[1]); }},
       {"layer_norm", {{{B, T, C}}, {{C}, 0.1f, 1.0f}, {{C}, 0.1f}},
        [](const std::vector<Tensor>& x, Device) { return layer_norm(x[0], x[1], x[2]); }},

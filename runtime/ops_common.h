@@ -1,0 +1,26 @@
+// Helpers shared by the op files (ops.cpp, ops_mlp.cpp): argument checks and the GEMM calls every
+// matmul op makes. Internal to runtime/.
+#pragma once
+#include <cstdint>
+
+#include "runtime/kernels.h"
+#include "runtime/tensor.h"
+
+namespace mfsdp::ops_detail {
+
+/// Throws std::invalid_argument "[op] what ..." unless t is a defined f32 tensor.
+void check_f32(const Tensor& t, const char* op, const char* what);
+/// Throws std::invalid_argument unless b is undefined or on a's device.
+void check_same_device(const Tensor& a, const Tensor& b, const char* op);
+/// The checks of y = x W^T + b: f32 tensors on one device, W [out, in], x [..., in], b [out] or
+/// undefined. Throws std::invalid_argument naming `op`.
+void check_linear(const char* op, const Tensor& x, const Tensor& W, const Tensor& b);
+/// C = op(A) op(B) + beta C (alpha 1) with A and B both f32 or both bf16 (then f32 accumulation).
+void gemm_as_stored(Kernels& k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+                    float beta, float* C);
+/// y[N, out] = xm Wm^T (+ b): xm [..., in] and Wm [out, in] both f32 or both bf16, b f32 [out] or
+/// undefined; y is overwritten. With bf16 operands and a bias, the backend's fused bias epilogue
+/// when it offers one (Kernels::gemm_bf16_epilogue), else the GEMM and then add_bias.
+void linear_forward(Kernels& k, const Tensor& xm, const Tensor& Wm, const Tensor& b, float* y);
+
+}  // namespace mfsdp::ops_detail
