@@ -92,7 +92,9 @@ class LtContext {
   const LtPlan& plan(bool ta, bool tb, const ColMajor& s, uint32_t align_first, uint32_t align_second,
                      uint32_t align_c, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
                      const EpilogueVectors& ep = {}) {
-    const auto key = std::make_tuple(ta, tb, s.m, s.n, s.k, align_first, align_second, align_c, epilogue);
+    // the heuristic reads the epilogue vectors' alignment from their pointers: part of the key
+    const auto key = std::make_tuple(ta, tb, s.m, s.n, s.k, align_first, align_second, align_c, epilogue,
+                                     ep.bias ? alignment_of(ep.bias) : 0u, ep.aux ? alignment_of(ep.aux) : 0u);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     LtPlan p;
@@ -141,7 +143,9 @@ class LtContext {
   std::mutex mu_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
-  std::map<std::tuple<bool, bool, int, int, int, uint32_t, uint32_t, uint32_t, cublasLtEpilogue_t>, LtPlan> plans_;
+  std::map<std::tuple<bool, bool, int, int, int, uint32_t, uint32_t, uint32_t, cublasLtEpilogue_t, uint32_t, uint32_t>,
+           LtPlan>
+      plans_;
 };
 
 }  // namespace
@@ -164,8 +168,8 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, c
 
 bool gemm_bf16_epilogue(Kernels::Epilogue e, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
                         const void* B, float* C, float* bias, float* aux) {
-  if (M == 0 || N == 0 || K == 0 || N % 8 != 0) return false;  // the auxiliary ld (N) must be a multiple of 8
   const bool needs_aux = e != Kernels::Epilogue::bias;
+  if (M == 0 || N == 0 || K == 0 || (needs_aux && N % 8 != 0)) return false;  // the auxiliary ld (N): a multiple of 8
   if (bias == nullptr || (needs_aux && aux == nullptr))
     throw std::invalid_argument("[gemm_bf16_epilogue] the epilogue's bias and auxiliary buffers are required");
   // 16-byte vectors and output (a parameter view of a flat buffer may sit at any 4-byte offset)
@@ -183,8 +187,12 @@ bool gemm_bf16_epilogue(Kernels::Epilogue e, bool ta, bool tb, int64_t M, int64_
   if (!p.found) return false;
   set_epilogue_vectors(p.op, s, ep);  // the plan is shared by calls of this shape: this call's vectors
   const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, lt.workspace(),
-                              LtContext::kWorkspaceBytes, static_cast<cudaStream_t>(cuda::compute_stream())));
+  const cublasStatus_t st = cublasLtMatmul(lt.handle(), p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo,
+                                           lt.workspace(), LtContext::kWorkspaceBytes,
+                                           static_cast<cudaStream_t>(cuda::compute_stream()));
+  // a heuristic's algorithm may still refuse the call (cuBLASLt: e.g. buffers it finds misaligned)
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) return false;
+  CUBLAS_CHECK(st);
   return true;
 }
 

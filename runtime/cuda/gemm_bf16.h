@@ -21,8 +21,9 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 /// Kernels::gemm_bf16_epilogue through cuBLASLt: the same product with epilogue BIAS,
 /// GELU_AUX_BIAS or DGELU_BGRAD (bias and auxiliary buffers f32, the output's type; the auxiliary
 /// buffer's leading dimension is N), planned and cached per shape and epilogue like gemm_bf16.
-/// Returns false, writing nothing, when N is not a multiple of 8, C, the bias or the auxiliary
-/// buffer is not 16-byte aligned, or the heuristic offers no algorithm. Throws
+/// Returns false, writing nothing, when a GELU epilogue's N is not a multiple of 8, C, the bias or
+/// the auxiliary buffer is not 16-byte aligned, or cuBLASLt offers or accepts no algorithm (the
+/// plan key includes the vectors' alignments, which the heuristic reads from their pointers). Throws
 /// std::invalid_argument when a required buffer is null, std::runtime_error on a cuBLAS error.
 bool gemm_bf16_epilogue(Kernels::Epilogue e, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                         const void* A, const void* B, float* C, float* bias, float* aux);

@@ -1,6 +1,7 @@
 // cuBLASLt's fused epilogues (Kernels::gemm_bf16_epilogue: bias, bias + GELU keeping the
 // pre-activation, GELU gradient + bias gradient) against the CPU's GEMM followed by its separate
 // kernels, on the same bf16 operands.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
@@ -112,15 +113,29 @@ TEST_CASE("cuda: cuBLASLt epilogues (bias, bias+GELU, GELU gradient + bias gradi
     CHECK(dpre2.gpu.to_vector() == dpre.gpu.to_vector());
     CHECK(db2.gpu.to_vector() == db_gpu);
   }
-  // refused, writing nothing: a bias at a 4-byte offset, and N not a multiple of 8
+  // refused, writing nothing: a bias at a 4-byte offset, and a GELU epilogue with N not a multiple of 8
   const Tensor x = bf16_randn(16 * 32, 40), W = bf16_randn(40 * 32, 41);
   const Tensor xg = x.to(Device::CUDA), Wg = W.to(Device::CUDA);
-  Pair C(fvec(16 * 40, 3.0f)), bias(randn(41, 42));
+  Pair C(fvec(16 * 40, 3.0f)), bias(randn(44, 42)), aux(fvec(16 * 40));
   CHECK_FALSE(GK().gemm_bf16_epilogue(E::bias, false, true, 16, 40, 32, xg.data_ptr(), Wg.data_ptr(), C.g(),
                                       bias.g() + 1, nullptr));
-  CHECK_FALSE(GK().gemm_bf16_epilogue(E::bias, false, true, 16, 36, 32, xg.data_ptr(), Wg.data_ptr(), C.g(),
-                                      bias.g(), nullptr));
+  CHECK_FALSE(GK().gemm_bf16_epilogue(E::bias_gelu, false, true, 16, 36, 32, xg.data_ptr(), Wg.data_ptr(), C.g(),
+                                      bias.g(), aux.g()));
   CHECK(bitwise_equal(C));
+  // the same shape with a bias at a 16-byte offset after one at its allocation's alignment: a plan
+  // of its own (the alignment is part of the key; maybe another algorithm, so another summation
+  // order), and the aligned call's result up to that order
+  Pair C1(fvec(16 * 40)), C2(fvec(16 * 40));
+  REQUIRE(GK().gemm_bf16_epilogue(E::bias, false, true, 16, 40, 32, xg.data_ptr(), Wg.data_ptr(), C1.g(), bias.g(),
+                                  nullptr));
+  Pair shifted(fvec(44));
+  CK().fill(shifted.c(), 0.0f, 44);
+  const std::vector<float> b40 = bias.cpu.to_vector();
+  std::copy(b40.begin(), b40.begin() + 40, shifted.c() + 4);
+  shifted.gpu = shifted.cpu.to(Device::CUDA);
+  REQUIRE(GK().gemm_bf16_epilogue(E::bias, false, true, 16, 40, 32, xg.data_ptr(), Wg.data_ptr(), C2.g(),
+                                  shifted.g() + 4, nullptr));
+  CHECK(norm_err(C2.gpu.to_vector(), C1.gpu.to_vector()) <= 1e-5);
   // the CPU backend offers no epilogue: ops fall back to its separate kernels
   CHECK_FALSE(CK().gemm_bf16_epilogue(E::bias, false, true, 16, 40, 32, x.data_ptr(), W.data_ptr(), C.c(),
                                       bias.c(), nullptr));
