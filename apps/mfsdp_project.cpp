@@ -284,6 +284,10 @@ int run_calibrate_cuda(const ProjectArgs& a) {
   json j = r.cluster.to_json();
   j["measurements"] = r.measurements;
   std::printf("%s\n", j.dump(2).c_str());
+  const auto& sizes = r.measurements["sizes"], &eff = r.measurements["ns_efficiency"];
+  for (size_t i = 0; i < sizes.size() && i < eff.size(); ++i)
+    std::printf("Newton-Schulz (bf16, %d steps) at %dx%d: %.0f%% of the cuBLAS bf16 GEMM rate measured at that size\n",
+                what.ns_steps, sizes[i].get<int>(), sizes[i].get<int>(), 100.0 * eff[i].get<double>());
   write_file_swap(a.calibrate_path, j.dump(2) + "\n");
   return 0;
 }

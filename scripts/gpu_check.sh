@@ -115,7 +115,7 @@ wait
 # ---- 5. benchmark table ----
 run bench_cuda 45 plain mfsdp-bench-cuda --quick
 run bench_model_cuda 30 plain mfsdp-bench-model --device cuda --dtype bf16 --attention auto -B 16 -T 1024 --warmup 2 --steps 5
-run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_gpu.json" --device cuda --cluster "$ROOT/configs/clusters/h100_80gb_8x.json" --calibrate-sizes 256 1024 2048 && mfsdp-project --cluster "$LOGS/calibrated_gpu.json" --worlds 8 --placements matrixfsdp fsdp2'
+run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_gpu.json" --device cuda --cluster "$ROOT/configs/clusters/h100_80gb_8x.json" --calibrate-sizes 256 1024 4096 && mfsdp-project --cluster "$LOGS/calibrated_gpu.json" --worlds 8 --placements matrixfsdp fsdp2'
 
 # ---- 6. GPT-2 124M training against the CPU f32 reference ----
 export REF="$DIR/gpu_train_reference.json"
