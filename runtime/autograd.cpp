@@ -42,7 +42,7 @@ void record(Tensor& out, const char* name, std::vector<Tensor> inputs,
 Tensor grad_buffer(const Tensor& t) {
   Tensor g = t.grad();
   if (!g.defined()) {  // charged to the caller's current category (activations during backward)
-    g = Tensor::zeros(t.shape(), t.dtype(), t.device());
+    g = Tensor::zeros(t.shape(), DType::f32, t.device());
     t.set_grad(g);
   }
   return g;
@@ -50,7 +50,7 @@ Tensor grad_buffer(const Tensor& t) {
 
 GradTarget grad_target(const Tensor& t) {
   if (Tensor g = t.grad(); g.defined()) return {g, 1.0f};
-  Tensor g = Tensor::empty(t.shape(), t.dtype(), t.device());  // charged as grad_buffer's
+  Tensor g = Tensor::empty(t.shape(), DType::f32, t.device());  // charged as grad_buffer's
   t.set_grad(g);
   return {g, 0.0f};
 }
@@ -61,7 +61,7 @@ void accumulate_grad(const Tensor& t, const Tensor& g) {
   Tensor buf = t.grad();
   if (!buf.defined()) {
     // First contribution: take a copy (the producer may reuse its buffer).
-    buf = Tensor::empty(t.shape(), t.dtype(), t.device());
+    buf = Tensor::empty(t.shape(), DType::f32, t.device());
     buf.copy_from(g);
     t.set_grad(buf);
     return;
@@ -75,7 +75,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
   const bool implicit = !gout.defined();
   if (implicit) {
     check_arg(root.numel() == 1, "backward", "grad_output is required for non-scalar root " + root.describe());
-    gout = Tensor::empty(root.shape(), root.dtype(), root.device());
+    gout = Tensor::empty(root.shape(), DType::f32, root.device());
     gout.fill(1.0f);
   }
   ImplicitRootGrad mark(implicit ? gout.id() : t_implicit_root_grad);

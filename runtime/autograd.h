@@ -4,7 +4,8 @@
 // function. backward(root, grad) topologically sorts the graph reachable from `root` once and runs
 // the nodes in reverse order; each node adds its input gradients into the inputs' grad buffers
 // (accumulate_grad). Leaves with requires_grad keep their gradients (preallocated views are added
-// into in place); intermediate gradients are dropped as soon as their node has run.
+// into in place); intermediate gradients are dropped as soon as their node has run. Gradients are
+// f32 whatever the tensor's dtype (a bf16 activation gets an f32 gradient).
 #pragma once
 #include <functional>
 #include <memory>

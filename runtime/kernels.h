@@ -64,6 +64,14 @@ class Kernels {
   /// y = (x - mean)/sqrt(var + eps) * w + b per row of C; saves mean[N], rstd[N].
   virtual void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
                                  float* rstd, int64_t rows, int64_t cols, float eps) = 0;
+  /// layernorm_forward with y written as bf16 bits (round to nearest even, as convert), f32
+  /// statistics: the bits of layernorm_forward followed by convert, in one pass. Returns false,
+  /// writing nothing, when the backend offers no such kernel (the CPU: the op then runs those two).
+  virtual bool layernorm_forward_bf16(const float* /*x*/, const float* /*w*/, const float* /*b*/, uint16_t* /*y*/,
+                                      float* /*mean*/, float* /*rstd*/, int64_t /*rows*/, int64_t /*cols*/,
+                                      float /*eps*/) {
+    return false;
+  }
   /// dx += ..., dw += ..., db += ... (any of dx/dw/db may be null).
   virtual void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean,
                                   const float* rstd, float* dx, float* dw, float* db, int64_t rows,
@@ -158,6 +166,11 @@ class Kernels {
   /// rstd = 1/sqrt(mean(x^2) + eps); saves rstd[rows].
   virtual void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
                                float eps) = 0;
+  /// rmsnorm_forward with y written as bf16 bits, as layernorm_forward_bf16 (false: not offered).
+  virtual bool rmsnorm_forward_bf16(const float* /*x*/, const float* /*w*/, uint16_t* /*y*/, float* /*rstd*/,
+                                    int64_t /*rows*/, int64_t /*cols*/, float /*eps*/) {
+    return false;
+  }
   /// dx += ..., dw += ... (either may be null).
   virtual void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx,
                                 float* dw, int64_t rows, int64_t cols) = 0;

@@ -19,6 +19,16 @@ void check_f32(const Tensor& t, const char* op, const char* what) {
   check_arg(t.dtype() == DType::f32, op, std::string(what) + " must be f32, got " + t.describe());
 }
 
+void check_matmul_input(const Tensor& t, const char* op, const char* what) {
+  check_arg(t.defined(), op, std::string(what) + " is undefined");
+  check_arg(t.dtype() == DType::f32 || (t.dtype() == DType::bf16 && matmul_dtype() == DType::bf16), op,
+            std::string(what) + " must be f32 (or bf16 under bf16 matmuls), got " + t.describe());
+}
+
+Tensor matmul_operand(const Tensor& t, bool half) {
+  return half && t.dtype() != DType::bf16 ? t.to(DType::bf16) : t;
+}
+
 void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   check_arg(!b.defined() || a.device() == b.device(), op,
             "tensors on different devices: " + a.describe() + " and " + b.describe());
@@ -31,7 +41,7 @@ void gemm_as_stored(Kernels& k, bool ta, bool tb, int64_t M, int64_t N, int64_t 
 }
 
 void check_linear(const char* op, const Tensor& x, const Tensor& W, const Tensor& b) {
-  check_f32(x, op, "input");
+  check_matmul_input(x, op, "input");
   check_f32(W, op, "weight");
   check_arg(W.dim() == 2, op, "weight must be 2-D [out, in], got " + W.describe());
   check_arg(x.dim() >= 1 && x.size(-1) == W.size(1), op,
@@ -61,6 +71,24 @@ namespace {
 using namespace ops_detail;
 
 float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_f32() : nullptr; }
+
+// A normalization's output of x's shape in `dt` (f32 or bf16): `fused(y)` writes bf16 bits in one
+// kernel when the backend offers it (returns false otherwise), `f32(y)` writes f32; without the
+// fused kernel a bf16 output is the f32 one rounded (the same bits).
+template <class Fused, class F32>
+Tensor norm_output(const Tensor& x, DType dt, const char* op, Fused fused, F32 f32) {
+  check_arg(dt == DType::f32 || dt == DType::bf16, op, std::string("output dtype must be f32 or bf16, not ") +
+                                                         dtype_name(dt));
+  Tensor y = Tensor::empty(x.shape(), dt, x.device());
+  if (dt == DType::f32) {
+    f32(y.data_f32());
+  } else if (!fused(y.data<uint16_t>())) {
+    const Tensor y32 = Tensor::empty(x.shape(), DType::f32, x.device());
+    f32(y32.data_f32());
+    kernels(x.device()).convert(y32.data_ptr(), DType::f32, y.data_ptr(), DType::bf16, y.numel());
+  }
+  return y;
+}
 
 thread_local DType t_matmul_dtype = DType::f32;
 thread_local AttentionKernel t_attention_kernel = AttentionKernel::unfused;
@@ -99,7 +127,7 @@ Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   Kernels& k = kernels(x.device());
   // bf16 matmuls: the operands are rounded once and kept for the backward (as autocast keeps its casts)
   const bool half = matmul_dtype() == DType::bf16;
-  const Tensor xm = half ? x.to(DType::bf16) : x, Wm = half ? W.to(DType::bf16) : W;
+  const Tensor xm = matmul_operand(x, half), Wm = matmul_operand(W, half);
   linear_forward(k, xm, Wm, b, y.data_f32());
   if (needs_grad({&x, &W, &b})) {
     record(y, op, {x, W, b}, [x, W, b, xm, Wm, N, in, out_f](const Tensor& dy) {
@@ -135,7 +163,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, DType out_dtype) {
   const char* op = "layer_norm";
   check_f32(x, op, "input");
   check_f32(w, op, "weight");
@@ -145,10 +173,15 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) 
             "weight " + w.describe() + " / bias " + b.describe() + " for input " + x.describe());
   check_same_device(x, w, op);
   check_same_device(x, b, op);
-  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
   Tensor stats = Tensor::empty({2, N}, DType::f32, x.device());  // mean | rstd
-  kernels(x.device()).layernorm_forward(x.data_f32(), w.data_f32(), b.data_f32(), y.data_f32(), stats.data_f32(),
-                                        stats.data_f32() + N, N, C, eps);
+  Kernels& k = kernels(x.device());
+  float* mean = stats.data_f32();
+  Tensor y = norm_output(
+      x, out_dtype, op,
+      [&](uint16_t* y16) {
+        return k.layernorm_forward_bf16(x.data_f32(), w.data_f32(), b.data_f32(), y16, mean, mean + N, N, C, eps);
+      },
+      [&](float* y32) { k.layernorm_forward(x.data_f32(), w.data_f32(), b.data_f32(), y32, mean, mean + N, N, C, eps); });
   if (needs_grad({&x, &w, &b})) {
     record(y, op, {x, w, b}, [x, w, b, stats, N, C](const Tensor& dy) {
       float* dx = x.requires_grad() ? grad_buffer(x).data_f32() : nullptr;
@@ -308,16 +341,19 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return attention_op(op, {q, k, v}, needs_grad({&q, &k, &v}), views, grads, a);
 }
 
-Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, DType out_dtype) {
   const char* op = "rms_norm";
   check_f32(x, op, "input");
   check_f32(w, op, "weight");
   const int64_t C = x.size(-1), N = x.numel() / C;
   check_arg(w.shape() == Shape{C}, op, "weight " + w.describe() + " for input " + x.describe());
   check_same_device(x, w, op);
-  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
   Tensor rstd = Tensor::empty({N}, DType::f32, x.device());
-  kernels(x.device()).rmsnorm_forward(x.data_f32(), w.data_f32(), y.data_f32(), rstd.data_f32(), N, C, eps);
+  Kernels& k = kernels(x.device());
+  Tensor y = norm_output(
+      x, out_dtype, op,
+      [&](uint16_t* y16) { return k.rmsnorm_forward_bf16(x.data_f32(), w.data_f32(), y16, rstd.data_f32(), N, C, eps); },
+      [&](float* y32) { k.rmsnorm_forward(x.data_f32(), w.data_f32(), y32, rstd.data_f32(), N, C, eps); });
   if (needs_grad({&x, &w})) {
     record(y, op, {x, w}, [x, w, rstd, N, C](const Tensor& dy) {
       float* dx = x.requires_grad() ? grad_buffer(x).data_f32() : nullptr;
@@ -470,7 +506,7 @@ void run_classifier_chunks(const ClassifierPass& p, bool grad, float dloss) {
 
 ClassifierPass classifier_pass(const Tensor& h, const Tensor& W, const Tensor& targets, int64_t V, int64_t chunk,
                                bool half) {  // bf16 operands are rounded once, as linear rounds them
-  return ClassifierPass{half ? h.to(DType::bf16) : h, half ? W.to(DType::bf16) : W, targets,
+  return ClassifierPass{matmul_operand(h, half), matmul_operand(W, half), targets,
                         Tensor::empty({h.size(0)}, DType::f32, h.device()), Tensor(), Tensor(), V, chunk};
 }
 
@@ -486,7 +522,7 @@ void give_grad(const Tensor& t, const Tensor& g) {
 Tensor classifier_loss(const Tensor& h, const Tensor& W, const Tensor& targets, int64_t vocab_size, double divisor,
                        int64_t chunk_rows) {
   const char* op = "classifier_loss";
-  check_f32(h, op, "h");
+  check_matmul_input(h, op, "h");
   check_f32(W, op, "W");
   check_arg(h.dim() == 2 && W.dim() == 2 && h.size(1) == W.size(1), op,
             "h must be [N, C] and W [Vp, C], got " + h.describe() + " and " + W.describe());

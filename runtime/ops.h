@@ -58,8 +58,13 @@ class AttentionKernelScope {
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b = Tensor());
 /// Elementwise a + b (same shape; the residual add).
 Tensor add(const Tensor& a, const Tensor& b);
-/// LayerNorm over the last dimension C: x [..., C], weight [C], bias [C], eps 1e-5 as GPT-2.
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
+/// LayerNorm over the last dimension C: x [..., C], weight [C], bias [C], eps 1e-5 as GPT-2;
+/// statistics and arithmetic in f32. `out_dtype` bf16 writes the output as bf16 (the bits of the
+/// f32 output rounded, in one kernel where the backend has it), for an output that only feeds
+/// bf16 GEMMs (linear, gelu_mlp, classifier_loss take it as their operand as is); its gradient is
+/// f32. Throws std::invalid_argument on mismatched shapes or devices, or another out_dtype.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f,
+                  DType out_dtype = DType::f32);
 /// GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2's "gelu_new").
 Tensor gelu(const Tensor& x);
 /// GPT-2's MLP, gelu(x W_fc^T + b_fc) W_proj^T + b_proj, as one op: x [..., in], W_fc [hidden,
@@ -98,8 +103,9 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
 /// multi-head attention.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head);
 /// RMSNorm over the last dimension (Zhang & Sennrich 2019; Hugging Face LlamaRMSNorm):
-/// x [..., C], weight [C]; y = x / sqrt(mean(x^2) + eps) * weight.
-Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-5f);
+/// x [..., C], weight [C]; y = x / sqrt(mean(x^2) + eps) * weight, in f32; `out_dtype` as
+/// layer_norm's.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-5f, DType out_dtype = DType::f32);
 /// Rotary position embedding (Su et al. 2021) in Hugging Face's rotate_half convention, positions
 /// 0..T-1: x [B, T, n_head*d] with d even; pair (i, i + d/2) of each head rotates by t / theta^(2i/d).
 /// Returns the same shape.

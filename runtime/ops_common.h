@@ -10,9 +10,15 @@ namespace mfsdp::ops_detail {
 
 /// Throws std::invalid_argument "[op] what ..." unless t is a defined f32 tensor.
 void check_f32(const Tensor& t, const char* op, const char* what);
+/// Throws unless t is f32, or bf16 while matmuls run in bf16 (an activation that only feeds GEMMs,
+/// written in bf16 by its producer: layer_norm's bf16 output).
+void check_matmul_input(const Tensor& t, const char* op, const char* what);
+/// t as a GEMM operand: bf16 under bf16 matmuls (t itself when it is bf16 already, else rounded
+/// once), t itself under f32 matmuls.
+Tensor matmul_operand(const Tensor& t, bool half);
 /// Throws std::invalid_argument unless b is undefined or on a's device.
 void check_same_device(const Tensor& a, const Tensor& b, const char* op);
-/// The checks of y = x W^T + b: f32 tensors on one device, W [out, in], x [..., in], b [out] or
+/// The checks of y = x W^T + b: tensors on one device, x as check_matmul_input, W and b f32, W [out, in], x [..., in], b [out] or
 /// undefined. Throws std::invalid_argument naming `op`.
 void check_linear(const char* op, const Tensor& x, const Tensor& W, const Tensor& b);
 /// C = op(A) op(B) + beta C (alpha 1) with A and B both f32 or both bf16 (then f32 accumulation).

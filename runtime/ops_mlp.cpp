@@ -97,9 +97,9 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& W_fc, const Tensor& b_fc, const T
   s.N = x.numel() / s.in;
   Kernels& k = kernels(x.device());
   const bool half = matmul_dtype() == DType::bf16;
-  s.xm = half ? x.to(DType::bf16) : x;
-  s.Wfm = half ? W_fc.to(DType::bf16) : W_fc;
-  s.Wpm = half ? W_proj.to(DType::bf16) : W_proj;
+  s.xm = matmul_operand(x, half);
+  s.Wfm = matmul_operand(W_fc, half);
+  s.Wpm = matmul_operand(W_proj, half);
   s.pre = Tensor::empty({s.N, s.hidden}, DType::f32, x.device());
   const Tensor h = Tensor::empty({s.N, s.hidden}, DType::f32, x.device());
   fc_gelu_forward(k, s, h.data_f32());

@@ -235,7 +235,8 @@ Tensor Tensor::grad() const { return meta_ ? meta_->grad : Tensor(); }
 void Tensor::set_grad(const Tensor& g) const {
   check_arg(defined(), "set_grad", "undefined tensor");
   if (g.defined())
-    check_arg(g.shape() == shape_ && g.dtype() == dtype_, "set_grad", "grad " + g.describe() + " for " + describe());
+    check_arg(g.shape() == shape_ && g.dtype() == DType::f32, "set_grad",
+              "grad " + g.describe() + " for " + describe() + " (gradients are f32 of the tensor's shape)");
   meta_->grad = g;
 }
 

@@ -114,7 +114,8 @@ class Tensor {
   /// The accumulated gradient (undefined until backward writes one or set_grad is called).
   Tensor grad() const;
   /// Preallocated gradient buffer (e.g. a view into a unit's flat gradient buffer); backward adds
-  /// into it. Shape and dtype must match.
+  /// into it. Gradients are f32 of the tensor's shape (a bf16 activation's too); throws
+  /// std::invalid_argument otherwise.
   void set_grad(const Tensor& g) const;
   void clear_grad() const;
   std::shared_ptr<Node> grad_fn() const;

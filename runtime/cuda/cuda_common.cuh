@@ -50,4 +50,14 @@ __device__ inline float block_max(float v, float* sh) {
   return warp_max(r);
 }
 
+// f32 -> bf16 bits, round to nearest even, NaN kept as a quiet NaN: the bit recipe of float_to_bf16 (dtype.h).
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// A kernel's f32 result stored as float, or as bf16 bits (uint16_t) rounded as bf16_bits rounds.
+__device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_as(uint16_t* p, float v) { *p = bf16_bits(v); }
+
 }  // namespace mfsdp::cuda_detail

@@ -17,12 +17,6 @@ constexpr int64_t kColChunk = 64;    // rows per partial sum of the column reduc
 
 // ---------------- elementwise ----------------
 
-// f32 -> bf16 bits, round to nearest even, NaN kept as a quiet NaN: the bit recipe of float_to_bf16 (dtype.h).
-__device__ __forceinline__ uint16_t bf16_bits(float x) {
-  const uint32_t u = __float_as_uint(x);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 __device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 __global__ void f32_to_bf16_kernel(const float* __restrict__ s, uint16_t* __restrict__ d, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -111,8 +105,10 @@ __global__ void col_finish_kernel(const float* __restrict__ partial, int64_t chu
 
 // ---------------- LayerNorm (one block per row) ----------------
 
+// Out = float, or uint16_t for bf16 bits (the f32 result rounded as convert rounds it).
+template <class Out>
 __global__ void layernorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                         const float* __restrict__ b, float* __restrict__ y, float* __restrict__ mean,
+                                         const float* __restrict__ b, Out* __restrict__ y, float* __restrict__ mean,
                                          float* __restrict__ rstd, int64_t cols, float eps) {
   __shared__ float sh[kThreads / 32];
   const int64_t r = blockIdx.x;
@@ -124,8 +120,8 @@ __global__ void layernorm_forward_kernel(const float* __restrict__ x, const floa
   for (int64_t c = threadIdx.x; c < cols; c += kThreads) v += (xr[c] - m) * (xr[c] - m);
   const float var = block_sum(v, sh) / static_cast<float>(cols);
   const float rs = 1.0f / sqrtf(var + eps);
-  float* yr = y + r * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += kThreads) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  Out* yr = y + r * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) store_as(yr + c, (xr[c] - m) * rs * w[c] + b[c]);
   if (threadIdx.x == 0) {
     mean[r] = m;
     rstd[r] = rs;

@@ -135,6 +135,14 @@ class CudaKernels final : public Kernels {
     layernorm_forward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(x, w, b, y, mean, rstd, cols, eps);
     CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   }
+  bool layernorm_forward_bf16(const float* x, const float* w, const float* b, uint16_t* y, float* mean, float* rstd,
+                              int64_t rows, int64_t cols, float eps) override {
+    if (rows <= 0 || cols <= 0) return true;
+    check_grid(rows, "layernorm_forward_bf16", "rows");
+    layernorm_forward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(x, w, b, y, mean, rstd, cols, eps);
+    CUDA_CHECK_LAUNCH("layernorm_forward_kernel<bf16>");
+    return true;
+  }
 
   void layernorm_backward(const float* dy, const float* x, const float* w, const float* mean, const float* rstd,
                           float* dx, float* dw, float* db, int64_t rows, int64_t cols) override {
@@ -289,6 +297,11 @@ class CudaKernels final : public Kernels {
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols,
                        float eps) override {
     cuda_llama::rmsnorm_forward(x, w, y, rstd, rows, cols, eps);
+  }
+  bool rmsnorm_forward_bf16(const float* x, const float* w, uint16_t* y, float* rstd, int64_t rows, int64_t cols,
+                            float eps) override {
+    cuda_llama::rmsnorm_forward(x, w, y, rstd, rows, cols, eps);
+    return true;
   }
   void rmsnorm_backward(const float* dy, const float* x, const float* w, const float* rstd, float* dx, float* dw,
                         int64_t rows, int64_t cols) override {

@@ -13,7 +13,9 @@ namespace {
 
 using namespace cuda_detail;
 
-__global__ void rmsnorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+// Out = float, or uint16_t for bf16 bits (the f32 result rounded as convert rounds it).
+template <class Out>
+__global__ void rmsnorm_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, Out* __restrict__ y,
                                        float* __restrict__ rstd, int64_t cols, float eps) {
   __shared__ float sh[kThreads / 32];
   const int64_t r = blockIdx.x;
@@ -21,8 +23,8 @@ __global__ void rmsnorm_forward_kernel(const float* __restrict__ x, const float*
   float s = 0.f;
   for (int64_t c = threadIdx.x; c < cols; c += kThreads) s += xr[c] * xr[c];
   const float rs = 1.0f / sqrtf(block_sum(s, sh) / static_cast<float>(cols) + eps);
-  float* yr = y + r * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += kThreads) yr[c] = xr[c] * rs * w[c];
+  Out* yr = y + r * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += kThreads) store_as(yr + c, xr[c] * rs * w[c]);
   if (threadIdx.x == 0) rstd[r] = rs;
 }
 
@@ -86,11 +88,14 @@ unsigned row_grid(int64_t rows, const char* op) {
 
 }  // namespace
 
-void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, float eps) {
+template <class Out>
+void rmsnorm_forward(const float* x, const float* w, Out* y, float* rstd, int64_t rows, int64_t cols, float eps) {
   if (rows <= 0 || cols <= 0) return;
   rmsnorm_forward_kernel<<<row_grid(rows, "rmsnorm_forward"), kThreads>>>(x, w, y, rstd, cols, eps);
   CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
 }
+template void rmsnorm_forward<float>(const float*, const float*, float*, float*, int64_t, int64_t, float);
+template void rmsnorm_forward<uint16_t>(const float*, const float*, uint16_t*, float*, int64_t, int64_t, float);
 
 void rmsnorm_backward_dx(const float* dy, const float* x, const float* w, const float* rstd, float* dx, int64_t rows,
                          int64_t cols) {

@@ -8,7 +8,9 @@
 namespace mfsdp::cuda_llama {
 
 /// y = x * rstd * w per row, rstd[r] = 1/sqrt(mean(x_r^2) + eps); one block per row.
-void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t cols, float eps);
+/// Out = float, or uint16_t: y as bf16 bits (the f32 result rounded to nearest even).
+template <class Out>
+void rmsnorm_forward(const float* x, const float* w, Out* y, float* rstd, int64_t rows, int64_t cols, float eps);
 /// dx += rstd * (dy*w - n * mean(dy*w*n)) with n = x * rstd; one block per row (dw is a column sum
 /// the caller runs).
 void rmsnorm_backward_dx(const float* dy, const float* x, const float* w, const float* rstd, float* dx, int64_t rows,

@@ -59,12 +59,17 @@ namespace {
 ///     hidden = 192 such terms of random sign: about 6e-3 of the output's scale if every term moved
 ///     (and fewer do), so atol 2e-2 (of the RMS), rtol 1e-2; the backward's dpre rounds to bf16 for
 ///     its two GEMMs the same way. A wrong bias, index or formula moves elements by O(1).
+///   a norm's bf16 output (under bf16 matmuls the models' norms write bf16): each device rounds its
+///     f32 result (kF32Short apart) to bf16, and an element within an ulp or two of a rounding
+///     boundary lands on the neighbouring bf16 value, 2^-8 = 3.9e-3 of itself apart: rtol 4e-3,
+///     atol 1e-5 (of the RMS). The gradients are f32 from the f32 inputs and statistics: kF32Short
+///     is inside that.
 ///   cuDNN's log-sum-exp (f32, from exact bf16 products summed in f32 and its exp/log): kF32Long.
 struct Tol {
   double atol, rtol;
 };
 constexpr Tol kF32Short{1e-5, 1e-5}, kF32Long{1e-4, 1e-4}, kBf16Matmul{1e-5, 1e-5}, kBf16Classifier{2e-2, 1e-4},
-    kCudnnAttention{3e-2, 7.8e-3}, kBf16Epilogue{2e-2, 1e-2};
+    kCudnnAttention{3e-2, 7.8e-3}, kBf16Epilogue{2e-2, 1e-2}, kBf16Rounded{1e-5, 4e-3};
 
 /// Every element of `got` within the tolerance of `ref`; reports the count and the worst element.
 void check_elements(const std::vector<float>& got, const std::vector<float>& ref, Tol tol) {
@@ -155,6 +160,12 @@ std::vector<OpCase> op_cases() {
       {"add", {{{B, T, C}}, {{B, T, C}}}, [](const std::vector<Tensor>& x, Device) { return add(x[0], x[1]); }},
       {"layer_norm", {{{B, T, C}}, {{C}, 0.1f, 1.0f}, {{C}, 0.1f}},
        [](const std::vector<Tensor>& x, Device) { return layer_norm(x[0], x[1], x[2]); }},
+      {"layer_norm bf16 output", {{{B, T, C}}, {{C}, 0.1f, 1.0f}, {{C}, 0.1f}},
+       [](const std::vector<Tensor>& x, Device) { return layer_norm(x[0], x[1], x[2], 1e-5f, DType::bf16); },
+       kBf16Rounded, DType::bf16},
+      {"rms_norm bf16 output", {{{B, T, C}}, {{C}, 0.1f, 1.0f}},
+       [](const std::vector<Tensor>& x, Device) { return rms_norm(x[0], x[1], 1e-5f, DType::bf16); }, kBf16Rounded,
+       DType::bf16},
       {"gelu", {{{B, T, 4 * C}, 2.0f}}, [](const std::vector<Tensor>& x, Device) { return gelu(x[0]); }},
       {"embedding", {{{61, C}, 0.1f}, {{T, C}, 0.1f}},
        [tokens](const std::vector<Tensor>& x, Device dev) {
