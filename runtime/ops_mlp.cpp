@@ -37,17 +37,18 @@ void fc_gelu_forward(Kernels& k, const MlpSaved& s, float* h) {
 // GELU's backward into zeros and bias_grad, as the separate ops do.
 Tensor pre_gradient(Kernels& k, const MlpSaved& s, const Tensor& dym, float* db_fc) {
   const Device dev = dym.device();
+  Tensor dpre = Tensor::empty({s.N, s.hidden}, DType::f32, dev);
   if (dym.dtype() == DType::bf16) {
-    Tensor dpre = Tensor::empty({s.N, s.hidden}, DType::f32, dev), db = Tensor::empty({s.hidden}, DType::f32, dev);
+    const Tensor db = Tensor::empty({s.hidden}, DType::f32, dev);
     if (k.gemm_bf16_epilogue(Kernels::Epilogue::dgelu_bgrad, false, false, s.N, s.hidden, s.out, dym.data_ptr(),
                              s.Wpm.data_ptr(), dpre.data_f32(), db.data_f32(), s.pre.data_f32())) {
       if (db_fc != nullptr) k.add(db_fc, db_fc, db.data_f32(), s.hidden);
       return dpre;
     }
   }
-  Tensor dh = Tensor::empty({s.N, s.hidden}, DType::f32, dev);
+  const Tensor dh = Tensor::empty({s.N, s.hidden}, DType::f32, dev);
   gemm_as_stored(k, false, false, s.N, s.hidden, s.out, dym, s.Wpm, 0.0f, dh.data_f32());
-  Tensor dpre = Tensor::zeros({s.N, s.hidden}, DType::f32, dev);
+  k.fill(dpre.data_f32(), 0.0f, s.N * s.hidden);
   k.gelu_backward(s.pre.data_f32(), dh.data_f32(), dpre.data_f32(), s.N * s.hidden);
   if (db_fc != nullptr) k.bias_grad(db_fc, dpre.data_f32(), s.N, s.hidden);
   return dpre;
