@@ -47,7 +47,8 @@ Tensor GPT::embed(const Tensor& tokens, const Tensor& index) const {
 Tensor GPT::block(int layer, const Tensor& x) const {
   const std::string p = "h." + std::to_string(layer) + ".";
   auto P = [&](const char* n) -> const Tensor& { return param(p + n); };
-  // the norms' outputs only feed GEMMs: bf16 under bf16 matmuls (the residual stream stays f32)
+  // the norms' and attention's outputs only feed GEMMs: bf16 under bf16 matmuls (the residual stream
+  // stays f32)
   Tensor h = layer_norm(x, P("ln_1.weight"), P("ln_1.bias"), 1e-5f, matmul_dtype());
   Tensor qkv = linear(h, P("attn.c_attn.weight"), P("attn.c_attn.bias"));
   if (record_logits_ && grad_mode_enabled()) {  // QK-Clip's statistic of training forwards
@@ -57,7 +58,7 @@ Tensor GPT::block(int layer, const Tensor& x) const {
       slot = std::max(slot, mx[h]);
     }
   }
-  Tensor a = causal_self_attention(qkv, cfg_.n_head);
+  Tensor a = causal_self_attention(qkv, cfg_.n_head, matmul_dtype());
   Tensor x1 = add(x, linear(a, P("attn.c_proj.weight"), P("attn.c_proj.bias")));
   Tensor h2 = layer_norm(x1, P("ln_2.weight"), P("ln_2.bias"), 1e-5f, matmul_dtype());
   return add(x1, gelu_mlp(h2, P("mlp.c_fc.weight"), P("mlp.c_fc.bias"), P("mlp.c_proj.weight"),

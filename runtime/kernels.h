@@ -142,21 +142,21 @@ class Kernels {
                                         const float* out, const float* lse, float* dq, float* dk, float* dv,
                                         const AttentionDims& a) = 0;
   /// cuDNN's fused attention (CUDA builds with cuDNN, runtime/cuda/cudnn_attention.h) with the
-  /// semantics of flash_attention_forward: out [B,T,H*d] and lse [B,H,T] written, in bf16 precision:
-  /// q, k and v are rounded to bf16 (round to nearest even), cuDNN multiplies in bf16 with f32
-  /// accumulation and softmax, and out is its bf16 output widened to f32 (lse stays f32). Head
-  /// sizes d = 64 and 128 only. The base (CPU) version throws std::runtime_error; the CUDA backend
-  /// throws std::invalid_argument for another head size and std::runtime_error when built
-  /// without cuDNN or when cuDNN fails (naming the step).
-  virtual void cudnn_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+  /// semantics of flash_attention_forward: out [B,T,H*d] (bf16 bits: cuDNN's output as it writes
+  /// it) and lse [B,H,T] (f32) written, in bf16 precision: q, k and v are rounded to bf16 (round to
+  /// nearest even), cuDNN multiplies in bf16 with f32 accumulation and softmax. Head sizes d = 64
+  /// and 128 only. The base (CPU) version throws std::runtime_error; the CUDA backend throws
+  /// std::invalid_argument for another head size and std::runtime_error when built without cuDNN
+  /// or when cuDNN fails (naming the step).
+  virtual void cudnn_attention_forward(const float* q, const float* k, const float* v, uint16_t* out, float* lse,
                                        const AttentionDims& a) {
     throw std::runtime_error(std::string("[cudnn_attention_forward] the ") + name() + " backend has no cuDNN attention");
   }
   /// dq += ..., dk += ..., dv += ... as flash_attention_backward, by cuDNN's deterministic
-  /// backward: q, k, v, dout and out rounded to bf16 (out is exact when it came from
-  /// cudnn_attention_forward), bf16 gradients widened and added into the f32 dq, dk, dv.
+  /// backward from out and lse of cudnn_attention_forward: q, k, v and dout rounded to bf16, bf16
+  /// gradients widened and added into the f32 dq, dk, dv.
   virtual void cudnn_attention_backward(const float* dout, const float* q, const float* k, const float* v,
-                                        const float* out, const float* lse, float* dq, float* dk, float* dv,
+                                        const uint16_t* out, const float* lse, float* dq, float* dk, float* dv,
                                         const AttentionDims& a) {
     throw std::runtime_error(std::string("[cudnn_attention_backward] the ") + name() + " backend has no cuDNN attention");
   }
@@ -182,6 +182,10 @@ class Kernels {
                     bool transpose) = 0;
   /// SwiGLU gate (Shazeer 2020): y = silu(g) * u = g * sigmoid(g) * u, elementwise over n.
   virtual void swiglu_forward(const float* g, const float* u, float* y, int64_t n) = 0;
+  /// swiglu_forward with y written as bf16 bits, as layernorm_forward_bf16 (false: not offered).
+  virtual bool swiglu_forward_bf16(const float* /*g*/, const float* /*u*/, uint16_t* /*y*/, int64_t /*n*/) {
+    return false;
+  }
   /// dg += dy * u * silu'(g), du += dy * silu(g) (either may be null).
   virtual void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) = 0;
 

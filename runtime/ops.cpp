@@ -55,6 +55,11 @@ void check_linear(const char* op, const Tensor& x, const Tensor& W, const Tensor
   }
 }
 
+void check_output_dtype(DType dt, const char* op) {
+  check_arg(dt == DType::f32 || dt == DType::bf16, op,
+            std::string("output dtype must be f32 or bf16, not ") + dtype_name(dt));
+}
+
 void linear_forward(Kernels& k, const Tensor& xm, const Tensor& Wm, const Tensor& b, float* y) {
   const int64_t in = Wm.size(1), out_f = Wm.size(0), N = xm.numel() / in;
   if (b.defined() && xm.dtype() == DType::bf16 &&
@@ -72,26 +77,7 @@ using namespace ops_detail;
 
 float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data_f32() : nullptr; }
 
-// A normalization's output of x's shape in `dt` (f32 or bf16): `fused(y)` writes bf16 bits in one
-// kernel when the backend offers it (returns false otherwise), `f32(y)` writes f32; without the
-// fused kernel a bf16 output is the f32 one rounded (the same bits).
-template <class Fused, class F32>
-Tensor norm_output(const Tensor& x, DType dt, const char* op, Fused fused, F32 f32) {
-  check_arg(dt == DType::f32 || dt == DType::bf16, op, std::string("output dtype must be f32 or bf16, not ") +
-                                                         dtype_name(dt));
-  Tensor y = Tensor::empty(x.shape(), dt, x.device());
-  if (dt == DType::f32) {
-    f32(y.data_f32());
-  } else if (!fused(y.data<uint16_t>())) {
-    const Tensor y32 = Tensor::empty(x.shape(), DType::f32, x.device());
-    f32(y32.data_f32());
-    kernels(x.device()).convert(y32.data_ptr(), DType::f32, y.data_ptr(), DType::bf16, y.numel());
-  }
-  return y;
-}
-
 thread_local DType t_matmul_dtype = DType::f32;
-thread_local AttentionKernel t_attention_kernel = AttentionKernel::unfused;
 
 }  // namespace
 
@@ -103,19 +89,6 @@ MatmulDTypeScope::MatmulDTypeScope(DType dt) : prev_(t_matmul_dtype) {
   t_matmul_dtype = dt;
 }
 MatmulDTypeScope::~MatmulDTypeScope() { t_matmul_dtype = prev_; }
-
-AttentionKernel attention_kernel() { return t_attention_kernel; }
-const char* attention_kernel_name(AttentionKernel k) {
-  switch (k) {
-    case AttentionKernel::fused: return "fused";
-    case AttentionKernel::cudnn: return "cudnn";
-    case AttentionKernel::unfused: break;
-  }
-  return "unfused";
-}
-bool cudnn_attention_built() { return cuda_cudnn::built(); }
-AttentionKernelScope::AttentionKernelScope(AttentionKernel k) : prev_(t_attention_kernel) { t_attention_kernel = k; }
-AttentionKernelScope::~AttentionKernelScope() { t_attention_kernel = prev_; }
 
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b) {
   const char* op = "linear";
@@ -176,8 +149,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, 
   Tensor stats = Tensor::empty({2, N}, DType::f32, x.device());  // mean | rstd
   Kernels& k = kernels(x.device());
   float* mean = stats.data_f32();
-  Tensor y = norm_output(
-      x, out_dtype, op,
+  Tensor y = output_in_dtype(
+      x.shape(), x.device(), out_dtype, op,
       [&](uint16_t* y16) {
         return k.layernorm_forward_bf16(x.data_f32(), w.data_f32(), b.data_f32(), y16, mean, mean + N, N, C, eps);
       },
@@ -248,99 +221,6 @@ Tensor embedding(const Tensor& wte, const Tensor& wpe, const Tensor& tokens, con
   return y;
 }
 
-namespace {
-
-// Gradient pointers of q, k, v for an attention backward, and the tensors that own them.
-struct AttentionGrads {
-  std::vector<Tensor> keep;
-  float *dq, *dk, *dv;
-};
-
-// Both attention ops: q/k/v are views (pointers and strides in `a`) into `inputs`, whose gradient
-// pointers `grads` returns at backward time. Saves probs (unfused) or lse and the output (fused,
-// cudnn).
-template <class Views, class Grads>
-Tensor attention_op(const char* op, std::vector<Tensor> inputs, bool with_grad, Views views, Grads grads,
-                    const Kernels::AttentionDims& a) {
-  const Device dev = inputs[0].device();
-  Tensor y = Tensor::empty({a.B, a.T, a.H * a.d}, DType::f32, dev);
-  const AttentionKernel kind = attention_kernel();
-  const bool keeps_lse = kind != AttentionKernel::unfused;
-  // unfused: probs [B,H,T,T]; fused, cudnn: lse [B,H,T]
-  Tensor saved = Tensor::empty(keeps_lse ? Shape{a.B, a.H, a.T} : Shape{a.B, a.H, a.T, a.T}, DType::f32, dev);
-  const auto [q, k, v] = views();
-  Kernels& fk = kernels(dev);
-  if (kind == AttentionKernel::fused) fk.flash_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
-  else if (kind == AttentionKernel::cudnn) fk.cudnn_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
-  else fk.gqa_attention_forward(q, k, v, y.data_f32(), saved.data_f32(), a);
-  if (with_grad) {
-    Tensor out = keeps_lse ? y.detach() : Tensor();  // storage only: no reference cycle through y's node
-    record(y, op, inputs, [views, grads, saved, out, a, kind](const Tensor& dy) {
-      const auto [q, k, v] = views();
-      const auto g = grads();  // keeps any scratch gradients alive until the kernel has run
-      Kernels& kern = kernels(dy.device());
-      const float* o = out.defined() ? out.data_f32() : nullptr;
-      if (kind == AttentionKernel::fused)
-        kern.flash_attention_backward(dy.data_f32(), q, k, v, o, saved.data_f32(), g.dq, g.dk, g.dv, a);
-      else if (kind == AttentionKernel::cudnn)
-        kern.cudnn_attention_backward(dy.data_f32(), q, k, v, o, saved.data_f32(), g.dq, g.dk, g.dv, a);
-      else
-        kern.gqa_attention_backward(dy.data_f32(), q, k, v, saved.data_f32(), g.dq, g.dk, g.dv, a);
-    });
-  }
-  return y;
-}
-
-}  // namespace
-
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head) {
-  const char* op = "causal_self_attention";
-  check_f32(qkv, op, "qkv");
-  check_arg(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op, "qkv must be [B, T, 3C], got " + qkv.describe());
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
-  check_arg(n_head > 0 && C % n_head == 0, op, "C=" + std::to_string(C) + " not divisible by n_head=" + std::to_string(n_head));
-  const Kernels::AttentionDims a{B, T, n_head, n_head, C / n_head, 3 * C, 3 * C};
-  auto views = [qkv, C] {
-    const float* p = qkv.data_f32();
-    return std::array<const float*, 3>{p, p + C, p + 2 * C};
-  };
-  auto grads = [qkv, C] {
-    Tensor g = grad_buffer(qkv);
-    float* p = g.data_f32();
-    return AttentionGrads{{g}, p, p + C, p + 2 * C};
-  };
-  return attention_op(op, {qkv}, needs_grad({&qkv}), views, grads, a);
-}
-
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head) {
-  const char* op = "causal_attention";
-  check_f32(q, op, "q");
-  check_f32(k, op, "k");
-  check_f32(v, op, "v");
-  check_arg(q.dim() == 3 && k.dim() == 3 && k.shape() == v.shape() && k.size(0) == q.size(0) && k.size(1) == q.size(1),
-            op, "q [B, T, H*d], k and v [B, T, Hkv*d] expected, got " + q.describe() + ", " + k.describe() + ", " +
-                    v.describe());
-  check_arg(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0, op,
-            "n_kv_head=" + std::to_string(n_kv_head) + " must divide n_head=" + std::to_string(n_head));
-  check_arg(q.size(2) % n_head == 0 && k.size(2) * n_head == q.size(2) * n_kv_head, op,
-            "q " + q.describe() + " / k " + k.describe() + " do not split into " + std::to_string(n_head) + " and " +
-                std::to_string(n_kv_head) + " heads of one size");
-  check_same_device(q, k, op);
-  check_same_device(q, v, op);
-  const int64_t B = q.size(0), T = q.size(1), d = q.size(2) / n_head;
-  const Kernels::AttentionDims a{B, T, n_head, n_kv_head, d, q.size(2), k.size(2)};
-  auto views = [q, k, v] { return std::array<const float*, 3>{q.data_f32(), k.data_f32(), v.data_f32()}; };
-  auto grads = [q, k, v] {
-    // The kernels add into all three gradients; inputs without one get a scratch buffer.
-    auto grad_or_scratch = [](const Tensor& t) {
-      return t.requires_grad() ? grad_buffer(t) : Tensor::zeros(t.shape(), DType::f32, t.device());
-    };
-    Tensor dq = grad_or_scratch(q), dk = grad_or_scratch(k), dv = grad_or_scratch(v);
-    return AttentionGrads{{dq, dk, dv}, dq.data_f32(), dk.data_f32(), dv.data_f32()};
-  };
-  return attention_op(op, {q, k, v}, needs_grad({&q, &k, &v}), views, grads, a);
-}
-
 Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, DType out_dtype) {
   const char* op = "rms_norm";
   check_f32(x, op, "input");
@@ -350,8 +230,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, float eps, DType out_dtype) {
   check_same_device(x, w, op);
   Tensor rstd = Tensor::empty({N}, DType::f32, x.device());
   Kernels& k = kernels(x.device());
-  Tensor y = norm_output(
-      x, out_dtype, op,
+  Tensor y = output_in_dtype(
+      x.shape(), x.device(), out_dtype, op,
       [&](uint16_t* y16) { return k.rmsnorm_forward_bf16(x.data_f32(), w.data_f32(), y16, rstd.data_f32(), N, C, eps); },
       [&](float* y32) { k.rmsnorm_forward(x.data_f32(), w.data_f32(), y32, rstd.data_f32(), N, C, eps); });
   if (needs_grad({&x, &w})) {
@@ -381,14 +261,17 @@ Tensor rotary_embedding(const Tensor& x, int64_t n_head, float theta) {
   return y;
 }
 
-Tensor swiglu(const Tensor& gate, const Tensor& up) {
+Tensor swiglu(const Tensor& gate, const Tensor& up, DType out_dtype) {
   const char* op = "swiglu";
   check_f32(gate, op, "gate");
   check_f32(up, op, "up");
   check_arg(gate.shape() == up.shape(), op, "shapes differ: " + gate.describe() + " and " + up.describe());
   check_same_device(gate, up, op);
-  Tensor y = Tensor::empty(gate.shape(), DType::f32, gate.device());
-  kernels(gate.device()).swiglu_forward(gate.data_f32(), up.data_f32(), y.data_f32(), gate.numel());
+  Kernels& k = kernels(gate.device());
+  Tensor y = output_in_dtype(
+      gate.shape(), gate.device(), out_dtype, op,
+      [&](uint16_t* y16) { return k.swiglu_forward_bf16(gate.data_f32(), up.data_f32(), y16, gate.numel()); },
+      [&](float* y32) { k.swiglu_forward(gate.data_f32(), up.data_f32(), y32, gate.numel()); });
   if (needs_grad({&gate, &up})) {
     record(y, op, {gate, up}, [gate, up](const Tensor& dy) {
       float* dg = gate.requires_grad() ? grad_buffer(gate).data_f32() : nullptr;
@@ -397,22 +280,6 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
     });
   }
   return y;
-}
-
-std::vector<float> attention_max_logits(const Tensor& qkv, int64_t n_head) {
-  const char* op = "attention_max_logits";
-  check_f32(qkv, op, "qkv");
-  check_arg(qkv.dim() == 3 && qkv.size(2) % 3 == 0, op, "qkv must be [B, T, 3C], got " + qkv.describe());
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
-  check_arg(n_head > 0 && C % n_head == 0, op, "C=" + std::to_string(C) + " not divisible by n_head=" + std::to_string(n_head));
-  std::vector<float> out(static_cast<size_t>(n_head), -INFINITY);
-  if (B == 0 || T == 0) return out;
-  Tensor per_sample = Tensor::empty({B, n_head}, DType::f32, qkv.device());
-  kernels(qkv.device()).attention_max_logits(qkv.data_f32(), per_sample.data_f32(), B, T, C, n_head);
-  const std::vector<float> host = per_sample.to_vector();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < n_head; ++h) out[h] = std::max(out[h], host[b * n_head + h]);
-  return out;
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // Differentiable ops a GPT needs. Each op checks its arguments (throws std::invalid_argument
 // "[op] ..." naming the shapes), runs the device's kernels (kernels.h), and records a Node whose
-// backward adds into its inputs' gradients. All float tensors are f32; token tensors are i32.
+// backward adds into its inputs' gradients. Float tensors are f32, except the bf16 outputs an op
+// writes on request for an input of bf16 GEMMs (out_dtype); gradients are f32; tokens are i32.
 #pragma once
 #include <vector>
 
@@ -94,14 +95,19 @@ Tensor embedding_index(const Tensor& tokens);
 void append_embedding_index(const int32_t* ids, int64_t n, std::vector<int32_t>& out);
 /// Causal multi-head self-attention on fused projections: qkv [B, T, 3C] laid out q|k|v with
 /// n_head heads of C/n_head each; softmax(q k^T / sqrt(C/H)) v with a causal mask, computed by
-/// attention_kernel(). Returns [B, T, C].
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
+/// attention_kernel(). Returns [B, T, C] in `out_dtype`: f32, or bf16 for an output that only feeds
+/// bf16 GEMMs (the models' attention projection under bf16 matmuls). A bf16 output is the f32 one
+/// rounded (unfused, fused: the backward reads the same saved tensors, so the gradients are those of
+/// the f32 output) or cuDNN's own bf16 output (cudnn, whose f32 output is that one widened). Throws
+/// std::invalid_argument on a bad shape or out_dtype.
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head, DType out_dtype = DType::f32);
 /// Causal grouped-query attention (Ainslie et al. 2023) on separate projections: q [B, T, H*d],
 /// k and v [B, T, Hkv*d] with H = n_head, Hkv = n_kv_head dividing n_head; query head h uses
 /// key/value head h / (H/Hkv) (Hugging Face's repeat_kv). softmax(q k^T / sqrt(d)) v with a causal
-/// mask, computed by attention_kernel(). Returns [B, T, H*d]. n_kv_head == n_head is plain
-/// multi-head attention.
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head);
+/// mask, computed by attention_kernel(). Returns [B, T, H*d] in `out_dtype`, as
+/// causal_self_attention. n_kv_head == n_head is plain multi-head attention.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head, int64_t n_kv_head,
+                        DType out_dtype = DType::f32);
 /// RMSNorm over the last dimension (Zhang & Sennrich 2019; Hugging Face LlamaRMSNorm):
 /// x [..., C], weight [C]; y = x / sqrt(mean(x^2) + eps) * weight, in f32; `out_dtype` as
 /// layer_norm's.
@@ -110,8 +116,9 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, float eps = 1e-5f, DType 
 /// 0..T-1: x [B, T, n_head*d] with d even; pair (i, i + d/2) of each head rotates by t / theta^(2i/d).
 /// Returns the same shape.
 Tensor rotary_embedding(const Tensor& x, int64_t n_head, float theta = 10000.0f);
-/// SwiGLU gate (Shazeer 2020; Llama's MLP): silu(gate) * up, elementwise, same shapes.
-Tensor swiglu(const Tensor& gate, const Tensor& up);
+/// SwiGLU gate (Shazeer 2020; Llama's MLP): silu(gate) * up, elementwise, same shapes; `out_dtype`
+/// as layer_norm's (bf16 for the down projection's operand under bf16 matmuls).
+Tensor swiglu(const Tensor& gate, const Tensor& up, DType out_dtype = DType::f32);
 /// QK-Clip's per-head statistic (not differentiable, records nothing): the largest pre-softmax
 /// logit q_i . k_j / sqrt(C/n_head) of each head over every sample and causal pair j <= i of
 /// qkv [B, T, 3C] (the input of causal_self_attention). Returns n_head values on the host

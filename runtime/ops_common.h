@@ -29,4 +29,25 @@ void gemm_as_stored(Kernels& k, bool ta, bool tb, int64_t M, int64_t N, int64_t 
 /// when it offers one (Kernels::gemm_bf16_epilogue), else the GEMM and then add_bias.
 void linear_forward(Kernels& k, const Tensor& xm, const Tensor& Wm, const Tensor& b, float* y);
 
+/// Throws std::invalid_argument "[op] output dtype must be f32 or bf16 ..." for any other dtype.
+void check_output_dtype(DType dt, const char* op);
+
+/// An op's output of `shape` on `dev` in `dt` (f32 or bf16, else check_output_dtype throws), for an
+/// op whose bf16 output only feeds bf16 GEMMs: `fused(y)` writes the bf16 bits in one kernel when
+/// the backend has one (returns false otherwise), `f32(y)` writes f32; without the fused kernel a
+/// bf16 output is the f32 one rounded (Kernels::convert: the same bits).
+template <class Fused, class F32>
+Tensor output_in_dtype(const Shape& shape, Device dev, DType dt, const char* op, Fused fused, F32 f32) {
+  check_output_dtype(dt, op);
+  Tensor y = Tensor::empty(shape, dt, dev);
+  if (dt == DType::f32) {
+    f32(y.data_f32());
+  } else if (!fused(y.data<uint16_t>())) {
+    const Tensor y32 = Tensor::empty(shape, DType::f32, dev);
+    f32(y32.data_f32());
+    kernels(dev).convert(y32.data_ptr(), DType::f32, y.data_ptr(), DType::bf16, y.numel());
+  }
+  return y;
+}
+
 }  // namespace mfsdp::ops_detail

@@ -265,7 +265,7 @@ class CudaKernels final : public Kernels {
     cuda_flash::backward(dout, q, k, v, out, lse, dq, dk, dv, rowdot, {a.B, a.T, a.H, a.Hkv, a.d, a.ldq, a.ldkv});
   }
 
-  void cudnn_attention_forward(const float* q, const float* k, const float* v, float* out, float* lse,
+  void cudnn_attention_forward(const float* q, const float* k, const float* v, uint16_t* out, float* lse,
                                const AttentionDims& a) override {
     if (a.B <= 0 || a.T <= 0) return;
     std::lock_guard<std::mutex> lock(mu_);
@@ -273,10 +273,9 @@ class CudaKernels final : public Kernels {
     rows_to_bf16(q, a.ldq, s.q, a.B * a.T, a.H * a.d);
     rows_to_bf16(k, a.ldkv, s.k, a.B * a.T, a.Hkv * a.d);
     rows_to_bf16(v, a.ldkv, s.v, a.B * a.T, a.Hkv * a.d);
-    cuda_cudnn::forward(s.q, s.k, s.v, s.o, lse, {a.B, a.T, a.H, a.Hkv, a.d}, cuda::compute_stream());
-    convert(s.o, DType::bf16, out, DType::f32, a.B * a.T * a.H * a.d);
+    cuda_cudnn::forward(s.q, s.k, s.v, out, lse, {a.B, a.T, a.H, a.Hkv, a.d}, cuda::compute_stream());
   }
-  void cudnn_attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
+  void cudnn_attention_backward(const float* dout, const float* q, const float* k, const float* v, const uint16_t* out,
                                 const float* lse, float* dq, float* dk, float* dv, const AttentionDims& a) override {
     if (a.B <= 0 || a.T <= 0) return;
     std::lock_guard<std::mutex> lock(mu_);
@@ -285,9 +284,8 @@ class CudaKernels final : public Kernels {
     rows_to_bf16(q, a.ldq, s.q, rows, qc);
     rows_to_bf16(k, a.ldkv, s.k, rows, kvc);
     rows_to_bf16(v, a.ldkv, s.v, rows, kvc);
-    rows_to_bf16(out, qc, s.o, rows, qc);
     rows_to_bf16(dout, qc, s.dout, rows, qc);
-    cuda_cudnn::backward(s.q, s.k, s.v, s.o, s.dout, lse, s.dq, s.dk, s.dv, {a.B, a.T, a.H, a.Hkv, a.d},
+    cuda_cudnn::backward(s.q, s.k, s.v, out, s.dout, lse, s.dq, s.dk, s.dv, {a.B, a.T, a.H, a.Hkv, a.d},
                          cuda::compute_stream());
     add_bf16_rows(s.dq, dq, a.ldq, rows, qc);
     add_bf16_rows(s.dk, dk, a.ldkv, rows, kvc);
@@ -316,6 +314,10 @@ class CudaKernels final : public Kernels {
   }
   void swiglu_forward(const float* g, const float* u, float* y, int64_t n) override {
     cuda_llama::swiglu_forward(g, u, y, n);
+  }
+  bool swiglu_forward_bf16(const float* g, const float* u, uint16_t* y, int64_t n) override {
+    cuda_llama::swiglu_forward(g, u, y, n);
+    return true;
   }
   void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) override {
     cuda_llama::swiglu_backward(g, u, dy, dg, du, n);
@@ -411,19 +413,20 @@ class CudaKernels final : public Kernels {
                                   " exceeds the grid limit " + std::to_string(INT_MAX));
   }
   std::mutex mu_;
-  // bf16 operands and results of the cuDNN attention, [B,T,heads,d] each, in one grow-only buffer.
+  // bf16 operands and gradients of the cuDNN attention, [B,T,heads,d] each, in one grow-only buffer
+  // (the output is the caller's tensor).
   struct CudnnBuffers {
-    uint16_t *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    uint16_t *q, *k, *v, *dout, *dq, *dk, *dv;
   };
   CudnnBuffers cudnn_buffers(const AttentionDims& a, bool backward) {
     const int64_t align = 128;  // elements: every buffer starts 256-byte aligned
     const int64_t nq = (a.B * a.T * a.H * a.d + align - 1) / align * align;
     const int64_t nkv = (a.B * a.T * a.Hkv * a.d + align - 1) / align * align;
-    uint16_t* p = s_cudnn_.as<uint16_t>((backward ? 4 : 2) * (nq + nkv));
+    uint16_t* p = s_cudnn_.as<uint16_t>(nq + 2 * nkv + (backward ? 2 * (nq + nkv) : 0));
     CudnnBuffers b{};
-    b.q = p, b.o = p + nq, b.k = p + 2 * nq, b.v = p + 2 * nq + nkv;
+    b.q = p, b.k = p + nq, b.v = p + nq + nkv;
     if (backward) {
-      uint16_t* g = p + 2 * (nq + nkv);
+      uint16_t* g = p + nq + 2 * nkv;
       b.dout = g, b.dq = g + nq, b.dk = g + 2 * nq, b.dv = g + 2 * nq + nkv;
     }
     return b;

@@ -64,10 +64,11 @@ __global__ void rope_kernel(const float* __restrict__ x, float* __restrict__ y, 
   }
 }
 
-__global__ void swiglu_forward_kernel(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ y,
+template <class Out>
+__global__ void swiglu_forward_kernel(const float* __restrict__ g, const float* __restrict__ u, Out* __restrict__ y,
                                       int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    store_as(y + i, g[i] / (1.0f + expf(-g[i])) * u[i]);
 }
 
 __global__ void swiglu_backward_kernel(const float* __restrict__ g, const float* __restrict__ u,
@@ -111,11 +112,14 @@ void rope(const float* x, float* y, int64_t B, int64_t T, int64_t heads, int64_t
   CUDA_CHECK_LAUNCH("rope_kernel");
 }
 
-void swiglu_forward(const float* g, const float* u, float* y, int64_t n) {
+template <class Out>
+void swiglu_forward(const float* g, const float* u, Out* y, int64_t n) {
   if (n <= 0) return;
   swiglu_forward_kernel<<<grid_for(n), kThreads>>>(g, u, y, n);
   CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
 }
+template void swiglu_forward<float>(const float*, const float*, float*, int64_t);
+template void swiglu_forward<uint16_t>(const float*, const float*, uint16_t*, int64_t);
 
 void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) {
   if (n <= 0) return;

@@ -17,8 +17,9 @@ void rmsnorm_backward_dx(const float* dy, const float* x, const float* w, const 
                          int64_t cols);
 /// Kernels::rope: rotate_half RoPE on x [B, T, heads*d] (transpose: y += R^T x, else y = R x).
 void rope(const float* x, float* y, int64_t B, int64_t T, int64_t heads, int64_t d, float theta, bool transpose);
-/// y = silu(g) * u.
-void swiglu_forward(const float* g, const float* u, float* y, int64_t n);
+/// y = silu(g) * u. Out = float, or uint16_t: y as bf16 bits (as rmsnorm_forward).
+template <class Out>
+void swiglu_forward(const float* g, const float* u, Out* y, int64_t n);
 /// dg += dy * u * silu'(g), du += dy * silu(g) (either may be null).
 void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
 

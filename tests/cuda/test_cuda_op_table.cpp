@@ -59,17 +59,21 @@ namespace {
 ///     hidden = 192 such terms of random sign: about 6e-3 of the output's scale if every term moved
 ///     (and fewer do), so atol 2e-2 (of the RMS), rtol 1e-2; the backward's dpre rounds to bf16 for
 ///     its two GEMMs the same way. A wrong bias, index or formula moves elements by O(1).
-///   a norm's bf16 output (under bf16 matmuls the models' norms write bf16): each device rounds its
+///   a norm's or SwiGLU's bf16 output (the models ask for it under bf16 matmuls): each device rounds its
 ///     f32 result (kF32Short apart) to bf16, and an element within an ulp or two of a rounding
 ///     boundary lands on the neighbouring bf16 value, 2^-8 = 3.9e-3 of itself apart: rtol 4e-3,
 ///     atol 1e-5 (of the RMS). The gradients are f32 from the f32 inputs and statistics: kF32Short
 ///     is inside that.
+///   attention's bf16 output (unfused, fused): each device rounds its f32 output (kF32Long apart),
+///     so, as for the norms, an element can land one bf16 step away: rtol 4e-3, atol 1e-4 (of the
+///     RMS). The backward reads the same saved f32 tensors as the f32 output's: kF32Long inside.
 ///   cuDNN's log-sum-exp (f32, from exact bf16 products summed in f32 and its exp/log): kF32Long.
 struct Tol {
   double atol, rtol;
 };
 constexpr Tol kF32Short{1e-5, 1e-5}, kF32Long{1e-4, 1e-4}, kBf16Matmul{1e-5, 1e-5}, kBf16Classifier{2e-2, 1e-4},
-    kCudnnAttention{3e-2, 7.8e-3}, kBf16Epilogue{2e-2, 1e-2}, kBf16Rounded{1e-5, 4e-3};
+    kCudnnAttention{3e-2, 7.8e-3}, kBf16Epilogue{2e-2, 1e-2}, kBf16Rounded{1e-5, 4e-3},
+    kBf16RoundedLong{1e-4, 4e-3};
 
 /// Every element of `got` within the tolerance of `ref`; reports the count and the worst element.
 void check_elements(const std::vector<float>& got, const std::vector<float>& ref, Tol tol) {
@@ -176,17 +180,26 @@ std::vector<OpCase> op_cases() {
       {"causal_self_attention fused", {{{B, T, 3 * C}}},
        [](const std::vector<Tensor>& x, Device) { return causal_self_attention(x[0], H); }, kF32Long, DType::f32,
        AttentionKernel::fused},
+      {"causal_self_attention fused, bf16 output", {{{B, T, 3 * C}}},
+       [](const std::vector<Tensor>& x, Device) { return causal_self_attention(x[0], H, DType::bf16); },
+       kBf16RoundedLong, DType::bf16, AttentionKernel::fused},
       {"causal_attention GQA", {{{B, T, C}}, {{B, T, C / 2}}, {{B, T, C / 2}}},
        [](const std::vector<Tensor>& x, Device) { return causal_attention(x[0], x[1], x[2], H, H / 2); }, kF32Long},
       {"causal_attention GQA fused", {{{B, T, C}}, {{B, T, C / 2}}, {{B, T, C / 2}}},
        [](const std::vector<Tensor>& x, Device) { return causal_attention(x[0], x[1], x[2], H, H / 2); }, kF32Long,
        DType::f32, AttentionKernel::fused},
+      {"causal_attention GQA bf16 output", {{{B, T, C}}, {{B, T, C / 2}}, {{B, T, C / 2}}},
+       [](const std::vector<Tensor>& x, Device) { return causal_attention(x[0], x[1], x[2], H, H / 2, DType::bf16); },
+       kBf16RoundedLong, DType::bf16},
       {"rms_norm", {{{B, T, C}}, {{C}, 0.1f, 1.0f}},
        [](const std::vector<Tensor>& x, Device) { return rms_norm(x[0], x[1]); }},
       {"rotary_embedding", {{{B, T, C}}},
        [](const std::vector<Tensor>& x, Device) { return rotary_embedding(x[0], H); }},
       {"swiglu", {{{B, T, 2 * C}, 2.0f}, {{B, T, 2 * C}}},
        [](const std::vector<Tensor>& x, Device) { return swiglu(x[0], x[1]); }},
+      {"swiglu bf16 output", {{{B, T, 2 * C}, 2.0f}, {{B, T, 2 * C}}},
+       [](const std::vector<Tensor>& x, Device) { return swiglu(x[0], x[1], DType::bf16); }, kBf16Rounded,
+       DType::bf16},
       {"cross_entropy (padded vocabulary)", {{{B * T, 64}, 2.0f}},
        [tokens](const std::vector<Tensor>& x, Device dev) {
          return cross_entropy(x[0], tokens(B * T, 61, 8, dev), 61);
@@ -244,9 +257,10 @@ struct SdpaCase {
   bool fused_qkv;
 };
 
-/// Forward and backward of `c` on `dev` with `kind`, from bf16-representable inputs and upstream gradient.
+/// Forward and backward of `c` on `dev` with `kind` and the output in `out_dtype`, from
+/// bf16-representable inputs and upstream gradient.
 OpResult run_sdpa(const SdpaCase& c, Device dev, AttentionKernel kind, const std::vector<std::vector<float>>& inputs,
-                  const std::vector<float>& dy) {
+                  const std::vector<float>& dy, DType out_dtype = DType::f32) {
   AttentionKernelScope scope(kind);
   std::vector<Shape> shapes;
   if (c.fused_qkv) shapes = {{c.B, c.T, 3 * c.H * c.d}};
@@ -256,7 +270,9 @@ OpResult run_sdpa(const SdpaCase& c, Device dev, AttentionKernel kind, const std
     in.push_back(Tensor::from_vector(inputs[i], shapes[i], dev));
     in.back().set_requires_grad(true);
   }
-  Tensor y = c.fused_qkv ? causal_self_attention(in[0], c.H) : causal_attention(in[0], in[1], in[2], c.H, c.Hkv);
+  Tensor y = c.fused_qkv ? causal_self_attention(in[0], c.H, out_dtype)
+                         : causal_attention(in[0], in[1], in[2], c.H, c.Hkv, out_dtype);
+  REQUIRE(y.dtype() == out_dtype);
   backward(y, Tensor::from_vector(dy, y.shape(), dev));
   OpResult r{y.to_vector(), {}};
   for (const Tensor& t : in) r.grads.push_back(t.grad().to_vector());
@@ -303,6 +319,10 @@ TEST_CASE("cuda: cuDNN attention (GQA, d = 64 and 128, ragged T) against the CPU
     const OpResult again = run_sdpa(c, Device::CUDA, AttentionKernel::cudnn, inputs, dy);  // deterministic backward
     CHECK(again.out == gpu.out);
     CHECK(again.grads == gpu.grads);
+    // the bf16 output the models ask for under bf16 matmuls is cuDNN's own, with the same gradients
+    const OpResult half = run_sdpa(c, Device::CUDA, AttentionKernel::cudnn, inputs, dy, DType::bf16);
+    CHECK(half.out == gpu.out);
+    CHECK(half.grads == gpu.grads);
   }
 }
 
@@ -314,12 +334,13 @@ TEST_CASE("cuda: cuDNN attention's log-sum-exp is the natural log of each row's 
   const Pair q(bf16_rounded(randn(Bn * Tn * Hn * d, 801))), k(bf16_rounded(randn(Bn * Tn * Hkv * d, 802))),
       v(bf16_rounded(randn(Bn * Tn * Hkv * d, 803)));
   Pair out(fvec(Bn * Tn * Hn * d)), lse(fvec(Bn * Hn * Tn));
+  const Tensor out16 = Tensor::empty({Bn * Tn * Hn * d}, DType::bf16, Device::CUDA);  // cuDNN writes bf16
   CK().flash_attention_forward(q.c(), k.c(), v.c(), out.c(), lse.c(), a);
-  GK().cudnn_attention_forward(q.g(), k.g(), v.g(), out.g(), lse.g(), a);
+  GK().cudnn_attention_forward(q.g(), k.g(), v.g(), out16.data<uint16_t>(), lse.g(), a);
   check_elements(lse.gpu.to_vector(), lse.cpu.to_vector(), kF32Long);
-  check_elements(out.gpu.to_vector(), bf16_rounded(out.cpu.to_vector()), kCudnnAttention);
+  check_elements(out16.to_vector(), bf16_rounded(out.cpu.to_vector()), kCudnnAttention);
   // other head sizes are refused by name
   const Kernels::AttentionDims d32{Bn, Tn, Hn, Hkv, 32, Hn * 32, Hkv * 32};
-  CHECK_THROWS_WITH(GK().cudnn_attention_forward(q.g(), k.g(), v.g(), out.g(), lse.g(), d32),
+  CHECK_THROWS_WITH(GK().cudnn_attention_forward(q.g(), k.g(), v.g(), out16.data<uint16_t>(), lse.g(), d32),
                     Catch::Matchers::Contains("head size 32 not supported: cuDNN attention takes 64 or 128"));
 }
