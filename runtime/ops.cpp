@@ -48,11 +48,14 @@ void check_linear(const char* op, const Tensor& x, const Tensor& W, const Tensor
             "input " + x.describe() + " does not match weight " + W.describe() + " (last dim must be in=" +
                 std::to_string(W.size(1)) + ")");
   check_same_device(x, W, op);
-  if (b.defined()) {
-    check_f32(b, op, "bias");
-    check_arg(b.dim() == 1 && b.size(0) == W.size(0), op, "bias " + b.describe() + " for weight " + W.describe());
-    check_same_device(x, b, op);
-  }
+  check_bias(op, x, W, b, "bias");
+}
+
+void check_bias(const char* op, const Tensor& x, const Tensor& W, const Tensor& b, const char* what) {
+  if (!b.defined()) return;
+  check_f32(b, op, what);
+  check_arg(b.dim() == 1 && b.size(0) == W.size(0), op, std::string(what) + " " + b.describe() + " for " + W.describe());
+  check_same_device(x, b, op);
 }
 
 void check_output_dtype(DType dt, const char* op) {

@@ -21,6 +21,9 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op);
 /// The checks of y = x W^T + b: tensors on one device, x as check_matmul_input, W and b f32, W [out, in], x [..., in], b [out] or
 /// undefined. Throws std::invalid_argument naming `op`.
 void check_linear(const char* op, const Tensor& x, const Tensor& W, const Tensor& b);
+/// Throws std::invalid_argument naming `op` and `what` unless b is undefined, or f32 [out] for
+/// W [out, in] on x's device.
+void check_bias(const char* op, const Tensor& x, const Tensor& W, const Tensor& b, const char* what);
 /// C = op(A) op(B) + beta C (alpha 1) with A and B both f32 or both bf16 (then f32 accumulation).
 void gemm_as_stored(Kernels& k, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
                     float beta, float* C);

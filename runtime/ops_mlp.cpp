@@ -88,12 +88,7 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& W_fc, const Tensor& b_fc, const T
             "projection weight " + W_proj.describe() + " does not take the hidden width " +
                 std::to_string(W_fc.size(0)) + " of " + W_fc.describe());
   check_same_device(x, W_proj, op);
-  if (b_proj.defined()) {
-    check_f32(b_proj, op, "projection bias");
-    check_arg(b_proj.dim() == 1 && b_proj.size(0) == W_proj.size(0), op,
-              "projection bias " + b_proj.describe() + " for " + W_proj.describe());
-    check_same_device(x, b_proj, op);
-  }
+  check_bias(op, x, W_proj, b_proj, "projection bias");
   MlpSaved s{x, W_fc, b_fc, W_proj, b_proj, {}, {}, {}, {}, {}, 0, W_fc.size(1), W_fc.size(0), W_proj.size(0)};
   s.N = x.numel() / s.in;
   Kernels& k = kernels(x.device());

@@ -17,9 +17,11 @@
 #      the one-GPU calibration of the
 #      projection (mfsdp-project --calibrate --device cuda, three sizes) and a projection that loads
 #      the cluster JSON it wrote ($LOGS/calibrated_gpu.json);
-#   6. GPT-2 124M, B = 16, T = 1024, bf16, 30 steps with the fused attention, then 30 unfused and 30
-#      with cuDNN's attention side by side, against the committed CPU f32 reference
-#      (DIR/gpu_train_reference.json); each run prints the attention kernel it ran;
+#   6. GPT-2 124M, B = 16, T = 1024, bf16, 30 steps with the fused attention (its timeline of steps
+#      2-4 written, and how much of its gradient reductions overlap the backward read from it by
+#      scripts/trace_overlap.py), then 30 unfused and 30 with cuDNN's attention side by side, against
+#      the committed CPU f32 reference (DIR/gpu_train_reference.json); each run prints the attention
+#      kernel it ran;
 #   7. one table of every step.
 # Logs: $OUT/gpu_check when OUT is set, else gpu-check-logs/. Exit 0 only when a GPU is visible and
 # every step ran and passed: a test that skips (exit 77) while nvidia-smi sees a GPU is a failure.
@@ -119,18 +121,22 @@ run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_
 
 # ---- 6. GPT-2 124M training against the CPU f32 reference ----
 export REF="$DIR/gpu_train_reference.json"
-train() {  # train ATTENTION
+train() {  # train ATTENTION [--set KEY=VALUE ...]
   [ -f "$REF" ] || { echo "no reference losses at $REF (scripts/gpu_train_reference.sh makes them)"; return 2; }
+  local kernel="$1"; shift
   local sets=()
   while read -r o; do sets+=(--set "$o"); done < <(python3 -c \
     'import json,sys; print("\n".join(json.load(open(sys.argv[1]))["overrides"]))' "$REF")
-  rm -rf "$LOGS/train_$1"
+  rm -rf "$LOGS/train_$kernel"
   (cd "$ROOT" && mpirun --bind-to none -np 1 mfsdp-train --config configs/gpt2_124m_shakespeare.json "${sets[@]}" \
-     --set runtime.device=cuda --set precision.param_dtype=bf16 --set runtime.attention="$1" \
-     --set logging.run_dir="$LOGS/train_$1" --threads 2)
+     --set runtime.device=cuda --set precision.param_dtype=bf16 --set runtime.attention="$kernel" \
+     --set logging.run_dir="$LOGS/train_$kernel" --threads 2 "$@")
 }
 export -f train
-run train_fused 60 plain train fused
+# the run alone on the GPU also writes its timeline (steps 2-4): reductions against the backward
+run train_fused 60 plain train fused --set logging.trace="$LOGS/trace_fused.json"
+run trace_overlap 10 plain python3 "$ROOT/scripts/trace_overlap.py" "$LOGS/trace_fused.json" --require-overlap
+sed 's/^/    /' "$LOGS/trace_overlap.log" 2>/dev/null
 start train_unfused 60 plain train unfused  # side by side: the GPU has room for both
 start train_cudnn 60 plain train cudnn
 wait

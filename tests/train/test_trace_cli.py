@@ -11,7 +11,9 @@ usage: test_trace_cli.py BIN_DIR CASE   with CASE one of
              counts the same per step; Newton-Schulz runs once per Muon matrix per step, on its
              owner, with the matrix's name and shape; started all-gathers and reduce-scatters sit
              on their own rows; the same run untraced ends in the same state fingerprint and
-             traffic. A run whose window lies past its last step writes no file and says so.
+             traffic. scripts/trace_overlap.py finds each rank's started reductions overlapping its
+             backward units in that file, and gives closed-form figures on a hand-made timeline.
+             A run whose window lies past its last step writes no file and says so.
   bad_input  logging.trace naming a directory, logging.trace_steps 0 and logging.trace_start 0 exit 2
              naming the key
 Exit 0 on success, 1 on failure.
@@ -23,7 +25,7 @@ import subprocess
 import sys
 from collections import defaultdict
 
-from cli_common import ENV, TINY, check, run_case, with_run_dir
+from cli_common import ENV, ROOT, TINY, check, run_case, with_run_dir
 
 EPS = 0.002  # microseconds: ts and dur are written with three decimals
 
@@ -127,6 +129,43 @@ def check_newton_schulz(spans, steps, muon_matrices):
     check(all(len(p) == 1 for p in owner.values()), f"a matrix orthogonalized on two ranks: {owner}")
 
 
+def trace_overlap(path, *flags):
+    """scripts/trace_overlap.py on `path`: (exit code, stdout)."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "trace_overlap.py"), path, *flags],
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout
+
+
+def check_overlap_report(path, tmp):
+    """The run's trace shows every rank's reductions overlapping its backward units; the arithmetic
+    holds on a hand-made timeline: backward units [0, 10) and [10, 20) us, started reductions
+    [5, 15) and [18, 30): 10 + 12 us of reduction (union 22), 10 + 2 us of it under units."""
+    rc, out = trace_overlap(path, "--json", "--require-overlap")
+    check(rc == 0, f"trace_overlap.py --require-overlap on the run's trace: exit {rc}: {out[-600:]}")
+    if rc == 0:
+        for rank, r in json.loads(out)["ranks"].items():
+            check(r["reductions"] > 0 and 0 < r["overlapped_ms"] <= r["reduce_ms"] + 1e-9 and r["backward_ms"] > 0,
+                  f"rank {rank}: overlap report {r}")
+    X = lambda name, cat, ts, dur, **args: {"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": 1, "ts": ts,
+                                            "dur": dur, "args": dict(step=1, **args)}
+    red = dict(op="reduce_scatter_v", phase="grad_reduce", started=True)
+    events = [X("backward", "phase", 0, 20), X("backward unit", "phase", 0, 10), X("backward unit", "phase", 10, 10),
+              X("reduce_scatter_v", "collective", 5, 10, **red), X("reduce_scatter_v", "collective", 18, 12, **red)]
+    made = os.path.join(tmp, "made.json")
+    with open(made, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    rc, out = trace_overlap(made, "--json")
+    r = json.loads(out)["ranks"]["0"] if rc == 0 else {}
+    check(rc == 0 and r.get("reductions") == 2 and abs(r.get("reduce_ms", 0) - 0.022) < 1e-12
+          and abs(r.get("overlapped_ms", 0) - 0.012) < 1e-12 and abs(r.get("backward_ms", 0) - 0.020) < 1e-12,
+          f"hand-made timeline: exit {rc}, report {r}")
+    with open(made, "w") as f:  # blocking reductions only: nothing started, nothing overlaps
+        json.dump({"traceEvents": events[:3] + [X("reduce_scatter_v", "collective", 5, 10, op="reduce_scatter_v",
+                                                  phase="grad_reduce")]}, f)
+    rc, _ = trace_overlap(made, "--require-overlap")
+    check(rc == 1, f"--require-overlap without started reductions: exit {rc}, expected 1")
+
+
 def case_window(bin_dir, tmp):
     path = os.path.join(tmp, "traces", "run.json")
     run_dir = os.path.join(tmp, "run")
@@ -148,6 +187,7 @@ def case_window(bin_dir, tmp):
     spans = check_structure(doc["traceEvents"], steps)
     check_collectives(spans, steps, summary["parameters"], accum, summary)
     check_newton_schulz(spans, steps, muon)
+    check_overlap_report(path, tmp)
     print(f"window: {len(spans)} spans, {muon} Muon matrices, {summary['parameters']} parameters")
 
     plain_dir = os.path.join(tmp, "plain")  # tracing changes no result
