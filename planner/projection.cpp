@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "planner/cost_model.h"
+#include "runtime/core/classifier_memory.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 #include "planner/planner.h"
@@ -103,7 +104,8 @@ double memory_gb(const ProjectionInput& in, const ShardPlan& plan, double persis
   p.persistent_gb = persistent / 1e9;
   p.gathered_gb = resident ? 0.0 : pair * 2 * e / 1e9;
   p.transient_gb = (in.placement == Placement::fsdp2 ? 3 * 4 * largest_matrix : 0.0) / 1e9;
-  p.activations_gb = (act + tokens * static_cast<double>(in.model.vocab) * 4 * 2) / 1e9;
+  const double head = classifier_bytes(tokens, static_cast<double>(in.model.vocab), in.model.n_embd, e == 2);
+  p.activations_gb = (act + head) / 1e9;
   return p.persistent_gb + p.gathered_gb + p.transient_gb + p.activations_gb;
 }
 

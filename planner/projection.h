@@ -167,7 +167,8 @@ struct Projection {
 ///  - memory: f32 master parameters, gradients and state (12 B Muon, 16 B AdamW per element,
 ///    owned or resident), two gathered units, fsdp2's full Muon input and update, activations
 ///    (ModelProfile::activation_bytes_per_token_layer; checkpointing keeps one layer's inputs per
-///    layer), logits and their gradient in f32. OOM when the total exceeds memory - reserve.
+///    layer), the fused classifier's chunk of logits, dW and dh (classifier_bytes,
+///    runtime/core/classifier_memory.h). OOM when the total exceeds memory - reserve.
 /// `engine`: the schedule, batching and planner options the engine would use (EngineChoices; the
 /// overload project(in, cluster, world) in runtime/engine/projection_rules.h resolves them).
 /// Throws std::invalid_argument when replicas is < 1 or does not divide world.

@@ -334,12 +334,6 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_
   return loss;
 }
 
-int64_t classifier_chunk_rows(int64_t Vp) {
-  constexpr int64_t kBudgetBytes = int64_t{256} << 20, kRowMultiple = 64;  // ops.h says why
-  const int64_t rows = kBudgetBytes / (std::max<int64_t>(Vp, 1) * int64_t{4}) / kRowMultiple * kRowMultiple;
-  return std::max(rows, kRowMultiple);
-}
-
 namespace {
 
 // The operands and outputs of classifier_loss's chunk pass. hm [N, C] and Wm [Vp, C] are in the

@@ -5,6 +5,7 @@
 #pragma once
 #include <vector>
 
+#include "runtime/core/classifier_memory.h"  // classifier_chunk_rows: the chunking rule
 #include "runtime/tensor.h"
 
 namespace mfsdp {
@@ -128,16 +129,6 @@ std::vector<float> attention_max_logits(const Tensor& qkv, int64_t n_head);
 /// Columns vocab_size..Vp-1 are padding and never receive probability. Returns a scalar:
 /// sum of per-token losses / divisor (divisor <= 0 means N, i.e. the mean).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size, double divisor = 0);
-
-/// Rows per chunk of classifier_loss over a padded vocabulary of Vp columns: the largest multiple
-/// of 64 whose f32 logits (rows * Vp * 4 bytes) fit in 256 MiB, and at least 64 (a vocabulary
-/// above 1M columns then passes the budget by 64 rows of it). The budget is set by the dW GEMM:
-/// each chunk adds dlogits^T h (K = chunk rows) into the f32 dW, reading and writing Vp * C * 8
-/// bytes for 2 * Vp * C * K flops, K / 4 flops per byte, which stays compute-bound on a GPU only
-/// when K / 4 exceeds its flop-to-bandwidth ratio (about 200 for bf16 on H100/H200): K >= ~800.
-/// GPT-2 (Vp = 50304): 1280 rows (245.6 MiB); Llama-2 (32000): 2048; Llama-3 (128256): 512; a
-/// character vocabulary (Vp = 128): 524288, so any batch is one chunk.
-int64_t classifier_chunk_rows(int64_t Vp);
 
 /// The fused classifier: LM head plus softmax cross-entropy, never holding more than one chunk of
 /// logits. h [N, C] (the final norm's output), W [Vp, C] (lm_head or the tied embedding), targets
