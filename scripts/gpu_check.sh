@@ -134,6 +134,7 @@ train() {  # train ATTENTION [--set KEY=VALUE ...]
 }
 export -f train
 # the run alone on the GPU also writes its timeline (steps 2-4): reductions against the backward
+rm -f "$LOGS/trace_fused.json"  # the overlap step must read this run's timeline or none
 run train_fused 60 plain train fused --set logging.trace="$LOGS/trace_fused.json"
 run trace_overlap 10 plain python3 "$ROOT/scripts/trace_overlap.py" "$LOGS/trace_fused.json" --require-overlap
 sed 's/^/    /' "$LOGS/trace_overlap.log" 2>/dev/null

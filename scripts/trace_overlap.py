@@ -97,7 +97,7 @@ def main(argv):
         with open(a.trace) as f:
             events = json.load(f)["traceEvents"]
         ranks = overlap_by_rank(events)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         print(f"trace_overlap.py: {a.trace}: not a logging.trace timeline ({err})", file=sys.stderr)
         return 2
     if a.json:
