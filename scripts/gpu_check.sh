@@ -20,8 +20,9 @@
 #   6. GPT-2 124M, B = 16, T = 1024, bf16, 30 steps with the fused attention (its timeline of steps
 #      2-4 written, and how much of its gradient reductions overlap the backward read from it by
 #      scripts/trace_overlap.py), then 30 unfused and 30 with cuDNN's attention side by side, against
-#      the committed CPU f32 reference (DIR/gpu_train_reference.json); each run prints the attention
-#      kernel it ran;
+#      the committed CPU f32 reference (DIR/gpu_train_reference.json), and beside them a Llama (RMSNorm,
+#      RoPE, SwiGLU, grouped-query attention with heads of 64: cuDNN's) for 30 steps against its own
+#      CPU f32 reference (DIR/gpu_train_reference_llama.json); each run prints the attention kernel it ran;
 #   7. one table of every step.
 # Logs: $OUT/gpu_check when OUT is set, else gpu-check-logs/. Exit 0 only when a GPU is visible and
 # every step ran and passed: a test that skips (exit 77) while nvidia-smi sees a GPU is a failure.
@@ -120,33 +121,39 @@ run bench_model_cuda 30 plain mfsdp-bench-model --device cuda --dtype bf16 --att
 run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_gpu.json" --device cuda --cluster "$ROOT/configs/clusters/h100_80gb_8x.json" --calibrate-sizes 256 1024 4096 && mfsdp-project --cluster "$LOGS/calibrated_gpu.json" --worlds 8 --placements matrixfsdp fsdp2'
 
 # ---- 6. GPT-2 124M training against the CPU f32 reference ----
-export REF="$DIR/gpu_train_reference.json"
-train() {  # train ATTENTION [--set KEY=VALUE ...]
-  [ -f "$REF" ] || { echo "no reference losses at $REF (scripts/gpu_train_reference.sh makes them)"; return 2; }
-  local kernel="$1"; shift
-  local sets=()
+export REF="$DIR/gpu_train_reference.json" REF_LLAMA="$DIR/gpu_train_reference_llama.json"
+# train RUN REFERENCE ATTENTION [--set KEY=VALUE ...]: the reference's config and overrides, on the
+# GPU in bf16 with the attention kernel ATTENTION, into $LOGS/RUN
+train() {
+  local run="$1" ref="$2" kernel="$3"; shift 3
+  [ -f "$ref" ] || { echo "no reference losses at $ref (scripts/gpu_train_reference.sh makes them)"; return 2; }
+  local config sets=()
+  config="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["config"])' "$ref")"
   while read -r o; do sets+=(--set "$o"); done < <(python3 -c \
-    'import json,sys; print("\n".join(json.load(open(sys.argv[1]))["overrides"]))' "$REF")
-  rm -rf "$LOGS/train_$kernel"
-  (cd "$ROOT" && mpirun --bind-to none -np 1 mfsdp-train --config configs/gpt2_124m_shakespeare.json "${sets[@]}" \
+    'import json,sys; print("\n".join(json.load(open(sys.argv[1]))["overrides"]))' "$ref")
+  rm -rf "$LOGS/$run"
+  (cd "$ROOT" && mpirun --bind-to none -np 1 mfsdp-train --config "$config" "${sets[@]}" \
      --set runtime.device=cuda --set precision.param_dtype=bf16 --set runtime.attention="$kernel" \
-     --set logging.run_dir="$LOGS/train_$kernel" --threads 2 "$@")
+     --set logging.run_dir="$LOGS/$run" --threads 2 "$@")
 }
 export -f train
 # the run alone on the GPU also writes its timeline (steps 2-4): reductions against the backward
 rm -f "$LOGS/trace_fused.json"  # the overlap step must read this run's timeline or none
-run train_fused 60 plain train fused --set logging.trace="$LOGS/trace_fused.json"
+run train_fused 60 plain train train_fused "$REF" fused --set logging.trace="$LOGS/trace_fused.json"
 run trace_overlap 10 plain python3 "$ROOT/scripts/trace_overlap.py" "$LOGS/trace_fused.json" --require-overlap
 sed 's/^/    /' "$LOGS/trace_overlap.log" 2>/dev/null
-start train_unfused 60 plain train unfused  # side by side: the GPU has room for both
-start train_cudnn 60 plain train cudnn
+start train_unfused 60 plain train train_unfused "$REF" unfused  # side by side: the GPU has room for all three
+start train_cudnn 60 plain train train_cudnn "$REF" cudnn
+start train_llama 60 plain train train_llama "$REF_LLAMA" auto --set logging.peak_tflops=989  # d = 64: cuDNN's
 wait
-for k in fused unfused cudnn; do  # the kernel each run resolved (the trainer's start-up line)
+for k in fused unfused cudnn llama; do  # the kernel each run resolved (the trainer's start-up line)
   echo "train_$k: $(grep -o -m1 "attention: [a-z]*" "$LOGS/train_$k.log" 2>/dev/null || echo "attention: not reported")"
 done
 run train_vs_reference 10 plain python3 "$ROOT/scripts/gpu_table.py" "$REF" \
   fused="$LOGS/train_fused/metrics.jsonl" unfused="$LOGS/train_unfused/metrics.jsonl" \
   cudnn="$LOGS/train_cudnn/metrics.jsonl"
+run llama_vs_reference 10 plain python3 "$ROOT/scripts/gpu_table.py" "$REF_LLAMA" \
+  llama="$LOGS/train_llama/metrics.jsonl"
 
 # ---- 7. the table ----
 echo

@@ -18,7 +18,7 @@
 #               files; PMIx's plugins and help files under mpi/pmix (PMIX_PREFIX);
 #   env.sh      to source: the variables above, the launcher and binaries first on PATH, the bundle's
 #               lib/ then the wheels' lib folders (found by asking python3) on LD_LIBRARY_PATH;
-#   bundle_closure.py, provided_libs.txt, gpu_train_reference.json: the closure check and the
+#   bundle_closure.py, provided_libs.txt, gpu_train_reference*.json: the closure check and the
 #               committed CPU f32 reference losses of the training check.
 # The closure is checked before the script ends (exit 1 when open or over the size limit).
 set -euo pipefail
@@ -75,8 +75,10 @@ fi
 
 cp scripts/gpu_provided_libs.txt "$DIR/provided_libs.txt"
 cp scripts/bundle_closure.py "$DIR/"
-cp tests/fixtures/gpu_train_reference.json "$DIR/" 2>/dev/null ||
-  echo "gpu_prepare.sh: note: tests/fixtures/gpu_train_reference.json missing (training check has no reference)"
+for ref in gpu_train_reference.json gpu_train_reference_llama.json; do
+  cp "tests/fixtures/$ref" "$DIR/" 2>/dev/null ||
+    echo "gpu_prepare.sh: note: tests/fixtures/$ref missing (its training check has no reference)"
+done
 python3 scripts/bundle_closure.py fill "$DIR" --provided "$DIR/provided_libs.txt" --refuse "$REFUSE"
 
 cat >"$DIR/env.sh" <<'EOF'

@@ -1,28 +1,45 @@
 #!/usr/bin/env bash
-# Computes the CPU f32 reference losses of the GPU training check and writes
-# tests/fixtures/gpu_train_reference.json (committed; the GPU machine never recomputes them):
+# Computes the CPU f32 reference losses of a GPU training check and writes them under
+# tests/fixtures/ (committed; the GPU machine never recomputes them):
 #
-#   scripts/gpu_train_reference.sh [BIN_DIR]      # default build/bin; about an hour on 2 cores
+#   scripts/gpu_train_reference.sh [gpt2|llama] [BIN_DIR]      # default gpt2 and build/bin
 #
-# The run: GPT-2 124M (configs/gpt2_124m_shakespeare.json) on GPT-2-token Tiny Shakespeare,
-# B = 16, T = 1024, one rank, 30 steps, f32 everywhere, activation recompute (bitwise equal to
-# none; it keeps the CPU run under 9 GiB). The JSON records the overrides, which
-# scripts/gpu_check.sh applies to its GPU runs as they are, so both runs read the same data.
+# gpt2 (tests/fixtures/gpu_train_reference.json, about an hour on 2 cores): GPT-2 124M
+# (configs/gpt2_124m_shakespeare.json) on GPT-2-token Tiny Shakespeare, B = 16, T = 1024, one rank,
+# 30 steps, f32 everywhere, activation recompute (bitwise equal to none; it keeps the CPU run under
+# 9 GiB). llama (tests/fixtures/gpu_train_reference_llama.json, under a minute): the character
+# Llama (configs/llama_shakespeare_char.json) widened to 256 with 4 heads of 64 (the cuDNN
+# attention's head size) and 2 key/value heads, T = 256, B = 16, one rank, 30 steps, f32. The JSON
+# records the overrides, which scripts/gpu_check.sh applies to its GPU runs as they are, so both
+# runs read the same data.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BIN="$(cd "${1:-$ROOT/build/bin}" && pwd)"
-OUT_JSON="$ROOT/tests/fixtures/gpu_train_reference.json"
-CONFIG=configs/gpt2_124m_shakespeare.json
-OVERRIDES=(training.micro_batch_size=16 model.seq_len=1024 training.grad_accum=1 training.steps=30
-           training.eval_interval=0 training.sample_tokens=0 output.export= checkpoint.at_end=false
-           logging.interval=1 data.val=)
+MODEL="${1:-gpt2}"
+BIN="$(cd "${2:-$ROOT/build/bin}" && pwd)"
+COMMON=(training.grad_accum=1 training.steps=30 training.eval_interval=0 training.sample_tokens=0 output.export=
+        checkpoint.at_end=false logging.interval=1 data.val=)
+case "$MODEL" in
+  gpt2)
+    OUT_JSON="$ROOT/tests/fixtures/gpu_train_reference.json"
+    CONFIG=configs/gpt2_124m_shakespeare.json
+    OVERRIDES=(training.micro_batch_size=16 model.seq_len=1024 "${COMMON[@]}")
+    CPU_ONLY=(training.recompute=block) ;;
+  llama)
+    OUT_JSON="$ROOT/tests/fixtures/gpu_train_reference_llama.json"
+    CONFIG=configs/llama_shakespeare_char.json
+    OVERRIDES=(model.n_embd=256 model.intermediate_size=768 model.seq_len=256 training.micro_batch_size=16
+               "${COMMON[@]}")
+    CPU_ONLY=() ;;
+  *) echo "gpu_train_reference.sh: model must be gpt2 or llama, not '$MODEL'"; exit 2 ;;
+esac
 RUN="$(mktemp -d)"
 trap 'rm -rf "$RUN"' EXIT
 sets=()
 for o in "${OVERRIDES[@]}"; do sets+=(--set "$o"); done
 cd "$ROOT"
-"$BIN/mfsdp-train" --config "$CONFIG" "${sets[@]}" --set training.recompute=block \
-  --set logging.run_dir="$RUN/run" --threads "$(nproc)" | tee "$RUN/train.log"
+for o in "${CPU_ONLY[@]}"; do sets+=(--set "$o"); done  # bitwise neutral: not recorded
+"$BIN/mfsdp-train" --config "$CONFIG" "${sets[@]}" --set logging.run_dir="$RUN/run" --threads "$(nproc)" |
+  tee "$RUN/train.log"
 python3 - "$RUN/run/metrics.jsonl" "$OUT_JSON" "$CONFIG" "$(nproc)" "${OVERRIDES[@]}" <<'EOF'
 import json, platform, subprocess, sys
 metrics, out, config, threads, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
