@@ -1,13 +1,11 @@
 #include "runtime/ops.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "runtime/autograd.h"
-#include "runtime/cuda/cudnn_attention.h"
 #include "runtime/kernels.h"
 #include "runtime/ops_common.h"
 

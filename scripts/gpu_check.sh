@@ -120,7 +120,7 @@ run bench_cuda 45 plain mfsdp-bench-cuda --quick
 run bench_model_cuda 30 plain mfsdp-bench-model --device cuda --dtype bf16 --attention auto -B 16 -T 1024 --warmup 2 --steps 5
 run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_gpu.json" --device cuda --cluster "$ROOT/configs/clusters/h100_80gb_8x.json" --calibrate-sizes 256 1024 4096 && mfsdp-project --cluster "$LOGS/calibrated_gpu.json" --worlds 8 --placements matrixfsdp fsdp2'
 
-# ---- 6. GPT-2 124M training against the CPU f32 reference ----
+# ---- 6. GPT-2 124M and a Llama training against their CPU f32 references ----
 export REF="$DIR/gpu_train_reference.json" REF_LLAMA="$DIR/gpu_train_reference_llama.json"
 # train RUN REFERENCE ATTENTION [--set KEY=VALUE ...]: the reference's config and overrides, on the
 # GPU in bf16 with the attention kernel ATTENTION, into $LOGS/RUN
