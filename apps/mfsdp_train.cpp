@@ -6,7 +6,6 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <spdlog/spdlog.h>
 
 #include "apps/train/agreement.h"
@@ -47,6 +46,7 @@ bool parse_command_line(int argc, char** argv, int rank, Args& args, std::string
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {  // --help: every rank gets the same argument, so all leave here
       if (rank == 0) app.exit(e);
+      std::fflush(stdout);  // before MPI_Finalize, which may wait for ranks that did not leave
       return false;
     }
     error = std::string("command line: ") + e.what();
@@ -76,6 +76,9 @@ std::string check_inputs(const Args& args, Communicator& host, TrainConfig& cfg,
   if (error.empty()) {
     try {
       cfg = load_train_config(args.config_path, args.overrides);
+      // Every later start-up collective is bounded by the config's timeout: a rank that left
+      // early (e.g. --help given to it alone) stops the others within it, with a report.
+      host.set_timeout(cfg.sharding.collective_timeout_s, kCollectiveTimeoutKey);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -87,6 +90,7 @@ std::string check_inputs(const Args& args, Communicator& host, TrainConfig& cfg,
   const bool lock = error.empty() && rank == 0 && !args.print_config && !args.eval_only;
   std::string lock_error = lock ? lock_run_dir(cfg) : "";
   if (lock && lock_error.empty()) lock_error = lock_checkpoint_dir(cfg);
+  set_comm_context("the start-up checks");
   lock_error = from_rank0(host, lock_error);
   if (error.empty()) error = lock_error;
   if (error.empty() && !args.print_config) error = preflight_check(cfg, world, args.eval_only);
@@ -176,6 +180,9 @@ int train(const TrainConfig& cfg, int rank, int world, const TrainerOptions& top
 
 int main(int argc, char** argv) {
   const double program_start = now_seconds();
+  // Before MPI and before any thread: every thread inherits the blocked stop signals, and a notice
+  // during start-up is kept (apps/train/preemption.h).
+  start_stop_signal_thread();
   MpiSession mpi(&argc, &argv);
   // Start-up traffic (small host data) goes over the MPI world before the training backend
   // exists, bounded by the default collective timeout until the config says otherwise.
@@ -192,11 +199,7 @@ int main(int argc, char** argv) {
   if (!parse_command_line(argc, argv, rank, args, error)) return 0;
   TrainConfig cfg;
   error = check_inputs(args, *host, cfg, error);
-  std::optional<PreemptionGuard> notice;  // a notice during start-up stops the run after its first step
-  if (error.empty()) {
-    host->set_timeout(cfg.sharding.collective_timeout_s, kCollectiveTimeoutKey);
-    notice.emplace(notice_signal_number(cfg.checkpoint.notice_signal));
-  }
+  if (error.empty()) arm_notice_signal(notice_signal_number(cfg.checkpoint.notice_signal));
   const double t_agree = now_seconds();
   const int stop = agree_to_start(*host, args, error, cfg);
   if (stop >= 0) return stop;

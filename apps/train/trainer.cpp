@@ -67,7 +67,6 @@ class Trainer {
   const TrainConfig& cfg_;
   Communicator& comm_;
   TrainerOptions opts_;
-  PreemptionGuard preemption_;  ///< first: a notice during set-up is kept, not fatal
   const int rank_, world_;  ///< over every replica (HSDP: g = replica * S + shard rank, R * S); else comm_'s
   const int B_, T_, A_;
   const bool lead_;
@@ -96,7 +95,7 @@ class Trainer {
 };
 
 Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts)
-    : cfg_(cfg), comm_(comm), opts_(opts), preemption_(notice_signal_number(cfg.checkpoint.notice_signal)),
+    : cfg_(cfg), comm_(comm), opts_(opts),
       rank_(comm.rank() + (opts.replicas ? opts.replicas->rank() * comm.world_size() : 0)),
       world_(comm.world_size() * (opts.replicas ? opts.replicas->world_size() : 1)),
       B_(cfg.training.micro_batch_size), T_(cfg.model.seq_len), A_(cfg.training.grad_accum), lead_(rank_ == 0),
@@ -233,7 +232,7 @@ bool Trainer::maybe_evaluate(int64_t step, bool last) {
 // A preemption signal on any rank stops every rank at this step boundary (one scalar collective).
 // Returns the largest signal number that arrived on some rank, 0 when none did.
 int Trainer::any_rank_preempted() {
-  double any = comm_.all_reduce_scalar(preemption_.signal(), ReduceOp::max, CommPhase::other);
+  double any = comm_.all_reduce_scalar(stop_signal(), ReduceOp::max, CommPhase::other);
   if (opts_.replicas) any = opts_.replicas->all_reduce_scalar(any, ReduceOp::max, CommPhase::other);
   return static_cast<int>(any);
 }
@@ -442,6 +441,7 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
 }  // namespace
 
 void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts) {
+  arm_notice_signal(notice_signal_number(cfg.checkpoint.notice_signal));
   Trainer trainer(cfg, comm, opts);
   if (opts.eval_only) trainer.evaluate_only();
   else trainer.train();

@@ -77,7 +77,9 @@ struct TrainerOptions {
 /// run directory (metrics.jsonl, summary.json) and the export. The summary's comm_bytes and
 /// peak_bytes cover the training steps (and periodic evaluations, whose traffic is "other"), not
 /// the final evaluation, sampling and export; its tokens/s, MFU and train_seconds exclude evaluation. Throws std::runtime_error when the
-/// loss becomes NaN/Inf (naming the step; nothing is exported) or on I/O failures.
+/// loss becomes NaN/Inf (naming the step; nothing is exported) or on I/O failures. The process's
+/// main() must have called start_stop_signal_thread() (apps/train/preemption.h) first: this arms
+/// checkpoint.notice_signal and polls stop_signal() at every step boundary.
 void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts);
 
 }  // namespace mfsdp

@@ -20,6 +20,15 @@ usage: test_preempt_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_trai
                wait for the checkpoint's files ... + 1 s per 8 MiB"), not sharding.collective_timeout_s
   slow_sample  rank 0 takes 3 s more for the end-of-run sample than sharding.collective_timeout_s
                (1 s): exit 0 with the sample printed and summary.json
+  phases       every rank sends itself SIGUSR1 every 0.5 ms from inside one phase of step 2 on
+               (--notice-during: start-up, forward, backward, optimizer step, validation, a
+               checkpoint save), on a model whose matmuls run oneDNN's JIT GEMM kernels: exit 75
+               after the expected step, a checkpoint that mfsdp-ckpt verify accepts, and a resume
+               to step 6 bitwise equal to an uninterrupted run (export bytes, state fingerprint);
+               at -np 2 for every phase, at -np 1 for two
+  second_signal  one process (no mpirun): a repeated notice changes nothing and SIGTERM after it
+               exits at once with 143 and a line saying so; SIGUSR2, not this run's notice, ends
+               the process by its default action
 Exit 0 on success, 1 on failure.
 """
 import json
@@ -30,7 +39,7 @@ import subprocess
 import sys
 import time
 
-from cli_common import ENV, TINY, check, run_case, start_training
+from cli_common import ENV, TINY, check, read, run_case, start_training
 
 BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1"]
 
@@ -159,6 +168,83 @@ def case_slow_sample(bin_dir, tmp):
     check("[sample fault] rank 0 sleeps 3" in out and "---- sample:" in out, f"the sample was not slowed: {out[-800:]}")
     check(time.time() - t0 > 3, "the run did not wait for the slow sample")
     finished(run, out, p.returncode, 2, "slow sample")
+
+
+# A model whose matmuls and Newton-Schulz bands (256 rows and more) run oneDNN's JIT f32 GEMM.
+WIDE = ['model={"n_layer": 2, "n_head": 4, "n_embd": 256}', "training.steps=6", "training.eval_interval=2",
+        "training.eval_tokens=2048"]
+# --notice-during PHASE -> the step after which the run stops (a notice during the save of step 2
+# is seen at the boundary of step 3)
+PHASE_STOP = {"startup": 1, "forward": 2, "backward": 2, "optimizer": 2, "eval": 2, "save": 3}
+
+
+def trainer_cmd(binary, np, sets):
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", binary, "--config", TINY, "--threads", "1"]
+    for s in BASE + WIDE + list(sets):
+        cmd += ["--set", s]
+    return cmd
+
+
+def verify(bin_dir, ckpt, what):
+    v = subprocess.run([os.path.join(bin_dir, "mfsdp-ckpt"), "verify", ckpt], env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    check(v.returncode == 0, f"{what}: {ckpt} does not verify: {v.stdout[-600:]}{v.stderr[-600:]}")
+
+
+def finished_run(bin_dir, np, run, what, sets=()):
+    """mfsdp-train to step 6 in `run` (resuming what is there) with an export; its summary."""
+    p = subprocess.run(trainer_cmd(os.path.join(bin_dir, "mfsdp-train"), np,
+                                   [f"logging.run_dir={run}", "training.resume=auto",
+                                    f"output.export={run}.safetensors", *sets]),
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    check(p.returncode == 0, f"{what}: exit {p.returncode}: {out[-1500:]}")
+    if p.returncode != 0:
+        return None
+    with open(os.path.join(run, "summary.json")) as f:
+        return json.load(f)["state_fingerprint"], read(run + ".safetensors")
+
+
+def case_phases(bin_dir, tmp):
+    for np, phases in [(2, list(PHASE_STOP)), (1, ["optimizer", "save"])]:
+        reference = finished_run(bin_dir, np, os.path.join(tmp, f"reference_np{np}"), f"uninterrupted run at -np {np}")
+        for phase in phases:
+            what = f"a notice during {phase} at -np {np}"
+            run = os.path.join(tmp, f"{phase}_np{np}")
+            sets = [f"logging.run_dir={run}"] + (["checkpoint.interval=2"] if phase == "save" else [])
+            p = subprocess.run(trainer_cmd(sys.argv[3], np, sets) + ["--notice-during", phase], env=ENV,
+                               capture_output=True, text=True, timeout=300)
+            out = p.stdout + p.stderr
+            stop = PHASE_STOP[phase]
+            check(p.returncode == 75, f"{what}: exit {p.returncode}, expected 75: {out[-2000:]}")
+            check(f"SIGUSR1 received: stopping after step {stop}" in out, f"{what}: did not stop after step {stop}: "
+                                                                          f"{out[-1500:]}")
+            check(phase == "startup" or "storm from now on" in out, f"{what}: no notice was sent")
+            verify(bin_dir, os.path.join(run, "checkpoints", f"step_{stop:08d}"), what)
+            resumed = finished_run(bin_dir, np, run, f"{what}: the resume")
+            check(reference is None or resumed == reference,
+                  f"{what}: the resumed run differs from the uninterrupted one (state fingerprint, export bytes)")
+
+
+def case_second_signal(bin_dir, tmp):
+    cmd = [sys.argv[3], "--config", TINY, "--threads", "1", "--slow-step", "2"]
+    for s in BASE + ["training.steps=40"]:
+        cmd += ["--set", s]
+    # a repeated notice, then SIGTERM
+    p, out = start_training(cmd + ["--set", f"logging.run_dir={os.path.join(tmp, 'term')}"], r"step +1/40")
+    for sig in (signal.SIGUSR1, signal.SIGUSR1, signal.SIGTERM):
+        time.sleep(0.2)
+        p.send_signal(sig)
+    out += p.communicate(timeout=60)[0]
+    check(p.returncode == 143, f"SIGTERM after a notice: exit {p.returncode}, expected 143: {out[-1000:]}")
+    check("SIGTERM while a stop was pending (SIGUSR1): exiting now" in out, f"SIGTERM after a notice: no report: "
+                                                                            f"{out[-1000:]}")
+    # SIGUSR2 is not this run's notice: its default action
+    p, out = start_training(cmd + ["--set", f"logging.run_dir={os.path.join(tmp, 'usr2')}"], r"step +1/40")
+    p.send_signal(signal.SIGUSR2)
+    out += p.communicate(timeout=60)[0]
+    check(p.returncode == -signal.SIGUSR2, f"SIGUSR2 with notice SIGUSR1: exit {p.returncode}, expected death by "
+                                           f"SIGUSR2: {out[-1000:]}")
 
 
 if __name__ == "__main__":
