@@ -6,7 +6,9 @@ usage: test_reliability_cli.py BIN_DIR CASE   with CASE one of
               eval_interval, muon lr, shuffle, vocab, seed, train data): exit 2 on every rank,
               the differing key and each rank's value named, nothing trained
   hang        one rank stopped (SIGSTOP) mid-run: the collective timeout ends the job with a
-              message naming the operation, the phase and the step
+              message naming the operation, the phase and the step; one rank that leaves at
+              start-up (--help given to it alone): the others stop within the config's
+              sharding.collective_timeout_s (3 s), naming the start-up checks
   lock        a second job in a run directory in use is refused; the first finishes
   run_dir     config.json of the user in logging.run_dir, or the config itself there: refused
   full_disk   metrics.jsonl on a full filesystem (a 64 KiB tmpfs): the run fails naming the file;
@@ -91,6 +93,19 @@ def case_lock(bin_dir, tmp):
 
 
 def case_hang(bin_dir, tmp):
+    train = os.path.join(bin_dir, "mfsdp-train")
+    common = ["--config", TINY, "--threads", "1", "--set", "sharding.collective_timeout_s=3"]
+    t0 = time.time()
+    rc, out = run(mpirun(1, train, *common, "--set", f"logging.run_dir={os.path.join(tmp, 'early')}") + [":"] +
+                  ["-np", "1", train, *common, "--help"], timeout=120)
+    elapsed = time.time() - t0
+    check(rc != 0 and "timed out after 3 s (sharding.collective_timeout_s" in out and "at the start-up checks" in out,
+          f"a rank that left at start-up: exit {rc}, no report naming the start-up checks: {out[-1000:]}")
+    check(elapsed < 30, f"a rank that left at start-up: the others took {elapsed:.0f} s to stop (timeout 3 s)")
+    stopped_rank(bin_dir, tmp)
+
+
+def stopped_rank(bin_dir, tmp):
     cmd = mpirun(2, os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--threads", "1",
                  "--set", "training.steps=100000", "--set", "sharding.collective_timeout_s=5",
                  "--set", "logging.interval=1000", "--set", f"logging.run_dir={os.path.join(tmp, 'r')}",
