@@ -161,4 +161,17 @@ double hf_config_num(const json& config, const std::string& key, double fallback
   return config[key].get<double>();
 }
 
+bool hf_config_bool(const json& config, const std::string& key, bool fallback, const std::string& where) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config[key].is_boolean()) throw std::runtime_error(where + ": " + key + " is not true/false: " + config[key].dump());
+  return config[key].get<bool>();
+}
+
+std::string hf_config_string(const json& config, const std::string& key, const std::string& fallback,
+                             const std::string& where) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config[key].is_string()) throw std::runtime_error(where + ": " + key + " is not a string: " + config[key].dump());
+  return config[key].get<std::string>();
+}
+
 }  // namespace mfsdp

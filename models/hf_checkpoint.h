@@ -95,5 +95,10 @@ void check_full_params(const ParamInventory& inv, const NamedTensors& params, co
 int64_t hf_config_int(const nlohmann::json& config, const std::string& key, int64_t fallback, const std::string& where);
 /// The number field `key`, `fallback` when absent or null (same errors).
 double hf_config_num(const nlohmann::json& config, const std::string& key, double fallback, const std::string& where);
+/// The boolean field `key`, `fallback` when absent or null (same errors).
+bool hf_config_bool(const nlohmann::json& config, const std::string& key, bool fallback, const std::string& where);
+/// The string field `key`, `fallback` when absent or null (same errors).
+std::string hf_config_string(const nlohmann::json& config, const std::string& key, const std::string& fallback,
+                             const std::string& where);
 
 }  // namespace mfsdp

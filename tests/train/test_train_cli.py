@@ -11,7 +11,8 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
   world_sizes   -np 1/2/4 with grad_accum 4/2/1, shuffle off and on: bitwise-identical losses,
                 metrics, state fingerprints and exports (cmp)
   export        export -> import -> --eval-only reproduces the final validation loss exactly; NaN
-                init_from weights are refused; a NaN gradient (FAULT_BIN --nan-grad) stops the run
+                init_from weights, and a config.json whose fields change GPT-2's maths, are refused;
+                a NaN gradient (FAULT_BIN --nan-grad) stops the run
   torch         PyTorch loads the export and gets the same validation loss (within 1e-4)
   mixed_precision  bf16 parameters and reduction track the f32 run (val loss within 1%), move half the
                 gather bytes, log the step telemetry; recompute block prints the same losses
@@ -348,6 +349,25 @@ def case_export(bin_dir, tmp):
     # a file that does not match the config is refused before training
     rc, out = train(bin_dir, 2, TINY, f"model.init_from={model}", "model.n_embd=64", expect=2)
     check(rc == 2 and model in out, f"mismatched init_from accepted (rc {rc}): {out[-400:]}")
+    # a from_pretrained directory whose config.json asks for other maths is refused on every rank,
+    # naming the key, the file and the field (models/README.md lists the fields)
+    hf = os.path.join(tmp, "hf")
+    os.makedirs(hf)
+    shutil.copy(model, os.path.join(hf, "model.safetensors"))
+    config = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32, "vocab_size": 65,
+              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "reorder_and_upcast_attn": True}
+    for key, value in (("layer_norm_epsilon", 1e-3), ("scale_attn_weights", False),
+                       ("scale_attn_by_inverse_layer_idx", True), ("activation_function", "gelu"), (None, None)):
+        with open(os.path.join(hf, "config.json"), "w") as f:
+            json.dump({**config, key: value} if key else config, f)
+        rc, out = train(bin_dir, 2, TINY, f"model.init_from={hf}", "training.steps=1",
+                        "training.sample_tokens=0", expect=None)
+        if key is None:  # the same maths (reorder_and_upcast_attn only changes fp16 precision) trains
+            check(rc == 0, f"init_from with GPT-2's own config.json: rc {rc}: {out[-400:]}")
+            continue
+        errors = [x for x in out.splitlines() if "mfsdp-train: error (rank" in x]
+        check(rc == 2 and len(errors) == 2 and all(f"model.init_from: [import_hf_gpt2] {hf}: config.json: {key}" in x
+                                                   for x in errors), f"config.json {key}={value}: rc {rc}: {out[-600:]}")
 
 
 def case_torch(bin_dir, tmp):
