@@ -7,6 +7,9 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
   bad_data      broken shards (magic, version, truncated, too short, token >= vocab) are refused
   configs       every config in configs/ is valid (--print-config)
   bad_outputs   exports over inputs, into directories, tokenizer/vocab mismatch; stale summaries
+  other_runs_outputs  logging.trace / output.export over another run's files, a user's safetensors
+                file or a sharded checkpoint: refused on every rank, nothing changed; the other run
+                resumes and replaces its own export and trace
   e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
   world_sizes   -np 1/2/4 with grad_accum 4/2/1, shuffle off and on: bitwise-identical losses,
                 metrics, state fingerprints and exports (cmp)
@@ -26,7 +29,7 @@ import struct
 import subprocess
 import sys
 
-from cli_common import ENV, ROOT, TINY, check, read_jsonl, run_case, with_run_dir
+from cli_common import ENV, ROOT, TINY, check, read, read_jsonl, run_case, with_run_dir
 
 
 def train(bin_dir, np, config, *sets, expect=0, args=()):
@@ -146,6 +149,56 @@ def case_bad_outputs(bin_dir, tmp):
     if os.path.exists(os.path.join(run, "summary.json")):
         with open(os.path.join(run, "summary.json")) as f:
             check("stale" not in f.read(), "a stale summary.json survived a new run")
+
+
+def tree(d):
+    """Every file under `d` (relative path -> bytes)."""
+    return {os.path.relpath(os.path.join(r, f), d): read(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs}
+
+
+def case_other_runs_outputs(bin_dir, tmp):
+    """logging.trace and output.export replace only a trace / an export that mfsdp-train wrote: another
+    run's files, a user's safetensors file and a sharded checkpoint are refused on every rank (exit 2,
+    the key and the path named), byte for byte unchanged, and the other run still resumes."""
+    quick = ["training.steps=2", "training.sample_tokens=0", "training.eval_interval=0", "checkpoint.interval=1"]
+    base, trace = os.path.join(tmp, "base"), os.path.join(tmp, "trace.json")
+    window = ["logging.trace_start=1", "logging.trace_steps=1"]
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={base}", f"output.export={base}/hf", f"logging.trace={trace}",
+                    *window, *quick)
+    check(rc == 0 and os.path.isfile(os.path.join(base, "hf", "model.safetensors")), f"the other run: rc {rc}: {out[-400:]}")
+    mine = os.path.join(tmp, "mine.safetensors")  # a safetensors file that is no export (a checkpoint's rank file)
+    shutil.copy(os.path.join(base, "checkpoints", "step_00000002", "rank_00000.safetensors"), mine)
+    sharded = os.path.join(tmp, "sharded")  # save_pretrained's sharded layout: shards and their index
+    os.makedirs(sharded)
+    for i in (1, 2):
+        shutil.copy(mine, os.path.join(sharded, f"model-0000{i}-of-00002.safetensors"))
+    with open(os.path.join(sharded, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {}}, f)
+    kept = {d: tree(d) for d in (base, sharded)}
+    kept_mine = read(mine)
+    foreign = "was not written by mfsdp-train as"
+    refusals = [("logging.trace", os.path.join(base, "metrics.jsonl"), f"{foreign} a trace"),
+                ("logging.trace", os.path.join(base, "config.json"), f"{foreign} a trace"),
+                ("output.export", base, f"{os.path.join(base, 'config.json')} {foreign} an export's config.json"),
+                ("output.export", os.path.join(base, "hf", "config.json"), "is a file"),
+                ("output.export", mine, f"{foreign} an export's weights"),
+                ("output.export", sharded, "holds other weights (model-00001-of-00002.safetensors, "
+                                           "model-00002-of-00002.safetensors, model.safetensors.index.json)")]
+    for key, path, needle in refusals:
+        rc, out = train(bin_dir, 2, TINY, f"{key}={path}", *quick, expect=2)
+        for rank in (0, 1):
+            line = next((x for x in out.splitlines() if f"error (rank {rank})" in x), "")
+            check(rc == 2 and f"{key}: {path}" in line and needle in line,
+                  f"{key}={path}: rank {rank}: rc {rc}, expected {needle!r}: {out[-600:]}")
+    check(all(tree(d) == files for d, files in kept.items()) and read(mine) == kept_mine,
+          "a refused run changed a file it did not write")
+    # the other run resumes, and replaces its own export and trace (mfsdp-train wrote them)
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={base}", f"output.export={base}/hf", f"logging.trace={trace}",
+                    "logging.trace_start=3", "training.resume=auto", *quick[1:], "training.steps=3")
+    check(rc == 0 and "resumed" in out.lower() and read(trace).startswith(b'{"displayTimeUnit":"ms","traceEvents":[\n'),
+          f"the other run's resume over its own export and trace: rc {rc}: {out[-600:]}")
+    check(read(os.path.join(base, "hf", "model.safetensors")) != kept[base][os.path.join("hf", "model.safetensors")],
+          "the resumed run did not replace its own export")
 
 
 def case_e2e(bin_dir, tmp):
