@@ -27,6 +27,7 @@
 #include <string>
 
 #include "apps/train/checkpointing.h"
+#include "apps/train/output_files.h"
 #include "apps/train/train_config.h"
 #include "models/gpt_hf.h"
 #include "models/llama_hf.h"
@@ -135,6 +136,7 @@ int export_hf(const std::string& dir, const std::string& out) {
   const auto rel = fs::weakly_canonical(out, ec).lexically_relative(fs::weakly_canonical(dir, ec));
   if (!rel.empty() && *rel.begin() != "..")
     throw CheckpointError(out + " is inside the checkpoint " + dir + "; choose a file outside it");
+  if (const std::string e = foreign_export_files(out, "export path"); !e.empty()) throw CheckpointError(e);
   const CheckpointManifest m = CheckpointManifest::read(dir);
   const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
   check_claimed_sizes(m);

@@ -10,6 +10,8 @@
 namespace mfsdp {
 namespace {
 
+constexpr float kLnEps = static_cast<float>(kGptLayerNormEps);
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -49,7 +51,7 @@ Tensor GPT::block(int layer, const Tensor& x) const {
   auto P = [&](const char* n) -> const Tensor& { return param(p + n); };
   // the norms' and attention's outputs only feed GEMMs: bf16 under bf16 matmuls (the residual stream
   // stays f32)
-  Tensor h = layer_norm(x, P("ln_1.weight"), P("ln_1.bias"), 1e-5f, matmul_dtype());
+  Tensor h = layer_norm(x, P("ln_1.weight"), P("ln_1.bias"), kLnEps, matmul_dtype());
   Tensor qkv = linear(h, P("attn.c_attn.weight"), P("attn.c_attn.bias"));
   if (record_logits_ && grad_mode_enabled()) {  // QK-Clip's statistic of training forwards
     const std::vector<float> mx = attention_max_logits(qkv, cfg_.n_head);
@@ -60,13 +62,13 @@ Tensor GPT::block(int layer, const Tensor& x) const {
   }
   Tensor a = causal_self_attention(qkv, cfg_.n_head, matmul_dtype());
   Tensor x1 = add(x, linear(a, P("attn.c_proj.weight"), P("attn.c_proj.bias")));
-  Tensor h2 = layer_norm(x1, P("ln_2.weight"), P("ln_2.bias"), 1e-5f, matmul_dtype());
+  Tensor h2 = layer_norm(x1, P("ln_2.weight"), P("ln_2.bias"), kLnEps, matmul_dtype());
   return add(x1, gelu_mlp(h2, P("mlp.c_fc.weight"), P("mlp.c_fc.bias"), P("mlp.c_proj.weight"),
                           P("mlp.c_proj.bias")));
 }
 
 Tensor GPT::head_hidden(const Tensor& x) const {
-  Tensor h = layer_norm(x, param("ln_f.weight"), param("ln_f.bias"), 1e-5f, matmul_dtype());
+  Tensor h = layer_norm(x, param("ln_f.weight"), param("ln_f.bias"), kLnEps, matmul_dtype());
   return h.reshape({h.numel() / cfg_.n_embd, cfg_.n_embd});
 }
 

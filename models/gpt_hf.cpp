@@ -1,5 +1,6 @@
 #include "models/gpt_hf.h"
 
+#include <cmath>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -56,7 +57,7 @@ nlohmann::json hf_gpt2_config_json(const GPTConfig& cfg) {
                       {"n_head", cfg.n_head},
                       {"n_inner", nullptr},
                       {"activation_function", "gelu_new"},
-                      {"layer_norm_epsilon", 1e-5},
+                      {"layer_norm_epsilon", kGptLayerNormEps},
                       {"initializer_range", cfg.init_std},
                       {"tie_word_embeddings", cfg.tie_embeddings},
                       {"torch_dtype", "float32"}};
@@ -64,9 +65,37 @@ nlohmann::json hf_gpt2_config_json(const GPTConfig& cfg) {
   return j;
 }
 
+namespace {
+
+// The config.json fields that change GPT-2's maths, checked against what models/gpt.cpp
+// implements. Accepted as they come: dropout probabilities (training noise; runs here train
+// without dropout), reorder_and_upcast_attn (the same function, only a precision choice of
+// transformers' fp16 attention), and fields of other heads or of generation.
+std::string gpt2_maths_mismatch(const nlohmann::json& config, int64_t n_embd, const std::string& where) {
+  const int64_t inner = hf_config_int(config, "n_inner", 4 * n_embd, where);
+  if (inner != 4 * n_embd) return where + ": n_inner " + std::to_string(inner) + " is not 4 * n_embd";
+  const std::string act = hf_config_string(config, "activation_function", "gelu_new", where);
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")  // three names of the tanh GELU
+    return where + ": activation_function \"" + act +
+           "\" (only the tanh GELU is implemented: gelu_new, gelu_pytorch_tanh or gelu_fast)";
+  const double eps = hf_config_num(config, "layer_norm_epsilon", kGptLayerNormEps, where);
+  if (std::fabs(eps - kGptLayerNormEps) > 1e-9 * kGptLayerNormEps)
+    return where + ": layer_norm_epsilon is " + nlohmann::json(eps).dump() + " (only GPT-2's " +
+           nlohmann::json(kGptLayerNormEps).dump() + " is implemented)";
+  if (!hf_config_bool(config, "scale_attn_weights", true, where))
+    return where + ": scale_attn_weights is false (only attention scores scaled by 1/sqrt(head_dim) are implemented)";
+  if (hf_config_bool(config, "scale_attn_by_inverse_layer_idx", false, where))
+    return where + ": scale_attn_by_inverse_layer_idx is true (only the unscaled layers of GPT-2 are implemented)";
+  if (hf_config_bool(config, "add_cross_attention", false, where))
+    return where + ": add_cross_attention is true (only the decoder without cross-attention is implemented)";
+  return "";
+}
+
+}  // namespace
+
 std::string hf_gpt2_config_mismatch(const nlohmann::json& config, const GPTConfig& cfg) {
   const std::string where = "config.json";
-  const std::string type = config.value("model_type", "");
+  const std::string type = hf_config_string(config, "model_type", "", where);
   if (type != "gpt2") return where + ": model_type is \"" + type + "\", model.arch is \"gpt2\"";
   const std::string e = hf_int_mismatch(config,
                                         {{"n_layer", cfg.n_layer, "model.n_layer"},
@@ -78,11 +107,8 @@ std::string hf_gpt2_config_mismatch(const nlohmann::json& config, const GPTConfi
   const int64_t n_pos = hf_config_int(config, "n_positions", 1024, where);
   if (n_pos < cfg.seq_len)
     return where + ": n_positions is " + std::to_string(n_pos) + ", smaller than model.seq_len " + std::to_string(cfg.seq_len);
-  const int64_t inner = hf_config_int(config, "n_inner", 4 * int64_t(cfg.n_embd), where);
-  if (inner != 4 * int64_t(cfg.n_embd)) return where + ": n_inner " + std::to_string(inner) + " is not 4 * n_embd";
-  const std::string act = config.value("activation_function", "gelu_new");
-  if (act != "gelu_new") return where + ": activation_function \"" + act + "\" (only gelu_new, the tanh GELU, is supported)";
-  const bool tied = config.value("tie_word_embeddings", true);
+  if (std::string m = gpt2_maths_mismatch(config, cfg.n_embd, where); !m.empty()) return m;
+  const bool tied = hf_config_bool(config, "tie_word_embeddings", true, where);
   if (tied != cfg.tie_embeddings)
     return where + std::string(": tie_word_embeddings is ") + (tied ? "true" : "false") + " but model.tie_embeddings is " +
            (cfg.tie_embeddings ? "true" : "false");
@@ -131,7 +157,12 @@ NamedTensors import_hf_gpt2(const std::string& path, const GPTConfig& cfg) {
   const HfCheckpoint file(path);
   const std::string who = "[import_hf_gpt2] " + path + ": ";
   if (!file.config().is_null()) {
-    const std::string e = hf_gpt2_config_mismatch(file.config(), cfg);
+    std::string e;
+    try {  // a field of the wrong type throws, naming it
+      e = hf_gpt2_config_mismatch(file.config(), cfg);
+    } catch (const std::runtime_error& x) {
+      e = x.what();
+    }
     if (!e.empty()) throw std::runtime_error(who + e);
   }
   // transformers' save_pretrained prefixes the body with "transformer."; our exports do not.
@@ -185,7 +216,7 @@ GPTConfig read_hf_gpt2_config(const std::string& path) {
     cfg.n_embd = static_cast<int>(hf_config_int(c, "n_embd", 768, who + "config.json"));
     cfg.seq_len = static_cast<int>(hf_config_int(c, "n_positions", 1024, who + "config.json"));
     cfg.vocab_size = static_cast<int>(hf_config_int(c, "vocab_size", 50257, who + "config.json"));
-    cfg.tie_embeddings = c.value("tie_word_embeddings", true);
+    cfg.tie_embeddings = hf_config_bool(c, "tie_word_embeddings", true, who + "config.json");
     return cfg;
   }
   const auto m = file.metadata();

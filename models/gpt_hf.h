@@ -30,9 +30,13 @@ namespace mfsdp {
 nlohmann::json hf_gpt2_config_json(const GPTConfig& cfg);
 
 /// "" when a GPT-2 config.json describes `cfg` (model_type gpt2, n_layer, n_head, n_embd, vocab_size,
-/// n_positions >= seq_len, n_inner null or 4*n_embd, gelu_new, tie_word_embeddings), else a message
-/// naming the first differing field and the model.* key, e.g.
-/// "config.json: n_head is 12 but model.n_head is 4".
+/// n_positions >= seq_len, tie_word_embeddings) and the maths models/gpt.cpp implements (n_inner
+/// null or 4*n_embd; activation_function gelu_new, gelu_pytorch_tanh or gelu_fast, the tanh GELU;
+/// layer_norm_epsilon 1e-5; scale_attn_weights true; scale_attn_by_inverse_layer_idx and
+/// add_cross_attention false), else a message naming the first differing field (and the model.*
+/// key where there is one), e.g. "config.json: n_head is 12 but model.n_head is 4",
+/// "config.json: layer_norm_epsilon is 0.001 (only GPT-2's 1e-05 is implemented)". A field of the
+/// wrong JSON type throws std::runtime_error naming it.
 std::string hf_gpt2_config_mismatch(const nlohmann::json& config, const GPTConfig& cfg);
 
 /// Writes `params` (exactly the names of gpt_inventory(cfg), each with the inventory's numel) to

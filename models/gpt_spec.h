@@ -9,6 +9,10 @@ namespace mfsdp {
 
 /// GPT-2 hyperparameters. vocab_size is the tokenizer's vocabulary; the embedding and head are
 /// padded to padded_vocab_size() rows (a multiple of 64), whose extra rows never receive probability.
+/// GPT-2's LayerNorm epsilon: the one value models/gpt.cpp implements (config.json's
+/// layer_norm_epsilon in an export; an import of any other value is refused).
+inline constexpr double kGptLayerNormEps = 1e-5;
+
 struct GPTConfig {
   int n_layer = 4;
   int n_head = 4;

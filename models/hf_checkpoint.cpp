@@ -1,5 +1,6 @@
 #include "models/hf_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -58,6 +59,39 @@ HfExportPaths hf_export_paths(const std::string& path) {
 }
 
 void write_hf_config(const std::string& path, const json& config) { write_file_swap(path, config.dump(2) + "\n"); }
+
+bool is_export_weights(const std::string& weights) {
+  try {
+    const SafetensorsFile f(weights);
+    const auto it = f.metadata().find("mfsdp_layout");
+    return it != f.metadata().end() && it->second.rfind("hf-", 0) == 0;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool is_export_config(const std::string& config, const std::string& weights) {
+  constexpr size_t kMaxRead = size_t{1} << 20;  // our config.json is a few hundred bytes
+  const std::string text = read_input_file(config, "", kMaxRead, false);
+  if (json_nesting_depth(text) > kMaxJsonDepth) return false;
+  const json j = json::parse(text, nullptr, false);
+  return j.is_object() && j.contains("model_type") && j.dump(2) + "\n" == text && is_export_weights(weights);
+}
+
+std::vector<std::string> hf_other_weight_files(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool safetensors = (ends_with(name, ".safetensors") && name != "model.safetensors") ||
+                             ends_with(name, ".safetensors.index.json");
+    const bool torch =
+        name.rfind("pytorch_model", 0) == 0 && (ends_with(name, ".bin") || ends_with(name, ".bin.index.json"));
+    if (name[0] != '.' && (safetensors || torch)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 HfCheckpoint::HfCheckpoint(const std::string& path) : path_(path) {
   const fs::path p(path);
@@ -159,6 +193,19 @@ double hf_config_num(const json& config, const std::string& key, double fallback
   if (!config.contains(key) || config[key].is_null()) return fallback;
   if (!config[key].is_number()) throw std::runtime_error(where + ": " + key + " is not a number: " + config[key].dump());
   return config[key].get<double>();
+}
+
+bool hf_config_bool(const json& config, const std::string& key, bool fallback, const std::string& where) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config[key].is_boolean()) throw std::runtime_error(where + ": " + key + " is not true/false: " + config[key].dump());
+  return config[key].get<bool>();
+}
+
+std::string hf_config_string(const json& config, const std::string& key, const std::string& fallback,
+                             const std::string& where) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config[key].is_string()) throw std::runtime_error(where + ": " + key + " is not a string: " + config[key].dump());
+  return config[key].get<std::string>();
 }
 
 }  // namespace mfsdp

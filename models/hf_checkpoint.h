@@ -39,6 +39,21 @@ struct HfExportPaths {
 };
 HfExportPaths hf_export_paths(const std::string& path);
 
+/// Whether the existing file `weights` is the weights file of an export of this project: a
+/// safetensors file whose metadata names an export layout ("mfsdp_layout": "hf-gpt2", "hf-llama").
+/// False for any other file, or one that cannot be read as safetensors.
+bool is_export_weights(const std::string& weights);
+/// Whether the existing file `config` is the config.json of an export of this project: the
+/// canonical JSON write_hf_config writes of an object with "model_type", beside a `weights` file
+/// that is_export_weights (an export is replaced only as a whole). Throws std::runtime_error
+/// naming the file when it cannot be read.
+bool is_export_config(const std::string& config, const std::string& weights);
+/// The files of directory `dir`, besides model.safetensors, that a Hugging Face loader may take as
+/// a model's weights: other `*.safetensors` files (the shards `model-0000i-of-0000n.safetensors`),
+/// `*.safetensors.index.json`, and `pytorch_model*.bin` with its `.bin.index.json`. Names only,
+/// sorted; empty when `dir` is no directory.
+std::vector<std::string> hf_other_weight_files(const std::string& dir);
+
 /// Writes `config` as pretty JSON to `path` (atomically: a temporary renamed into place).
 /// Throws std::runtime_error naming the file on I/O failure.
 void write_hf_config(const std::string& path, const nlohmann::json& config);
@@ -95,5 +110,10 @@ void check_full_params(const ParamInventory& inv, const NamedTensors& params, co
 int64_t hf_config_int(const nlohmann::json& config, const std::string& key, int64_t fallback, const std::string& where);
 /// The number field `key`, `fallback` when absent or null (same errors).
 double hf_config_num(const nlohmann::json& config, const std::string& key, double fallback, const std::string& where);
+/// The boolean field `key`, `fallback` when absent or null (same errors).
+bool hf_config_bool(const nlohmann::json& config, const std::string& key, bool fallback, const std::string& where);
+/// The string field `key`, `fallback` when absent or null (same errors).
+std::string hf_config_string(const nlohmann::json& config, const std::string& key, const std::string& fallback,
+                             const std::string& where);
 
 }  // namespace mfsdp

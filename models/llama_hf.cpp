@@ -44,7 +44,7 @@ nlohmann::json hf_llama_config_json(const LlamaConfig& cfg) {
 
 std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaConfig& cfg) {
   const std::string where = "config.json";
-  const std::string type = config.value("model_type", "");
+  const std::string type = hf_config_string(config, "model_type", "", where);
   if (type != "llama") return where + ": model_type is \"" + type + "\", model.arch is \"llama\"";
   const int64_t heads = hf_config_int(config, "num_attention_heads", -1, where);
   nlohmann::json c = config;  // num_key_value_heads absent or null: one per attention head
@@ -72,10 +72,10 @@ std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaCo
   }
   if (config.contains("rope_scaling") && !config["rope_scaling"].is_null())
     return where + ": rope_scaling " + config["rope_scaling"].dump() + " is not supported (only the default rope)";
-  if (config.value("hidden_act", "silu") != "silu") return where + ": hidden_act must be \"silu\"";
-  if (config.value("attention_bias", false) || config.value("mlp_bias", false))
+  if (hf_config_string(config, "hidden_act", "silu", where) != "silu") return where + ": hidden_act must be \"silu\"";
+  if (hf_config_bool(config, "attention_bias", false, where) || hf_config_bool(config, "mlp_bias", false, where))
     return where + ": attention_bias / mlp_bias are not supported";
-  const bool tied = config.value("tie_word_embeddings", false);
+  const bool tied = hf_config_bool(config, "tie_word_embeddings", false, where);
   if (tied != cfg.tie_embeddings)
     return where + std::string(": tie_word_embeddings is ") + (tied ? "true" : "false") + " but model.tie_embeddings is " +
            (cfg.tie_embeddings ? "true" : "false");
@@ -107,7 +107,12 @@ NamedTensors import_hf_llama(const std::string& path, const LlamaConfig& cfg) {
   const HfCheckpoint file(path);
   const std::string who = "[import_hf_llama] " + path + ": ";
   if (!file.config().is_null()) {
-    const std::string e = hf_llama_config_mismatch(file.config(), cfg);
+    std::string e;
+    try {  // a field of the wrong type throws, naming it
+      e = hf_llama_config_mismatch(file.config(), cfg);
+    } catch (const std::runtime_error& x) {
+      e = x.what();
+    }
     if (!e.empty()) throw std::runtime_error(who + e);
   }
   NamedTensors out;

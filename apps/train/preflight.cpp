@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "apps/train/model_io.h"
+#include "apps/train/output_files.h"
 #include "apps/train/run_log.h"
 #include "runtime/core/file_checks.h"
 #include "models/hf_checkpoint.h"
@@ -20,6 +21,7 @@
 #include "runtime/core/json_limits.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/trace/trace.h"
 
 namespace mfsdp {
 namespace {
@@ -120,8 +122,8 @@ std::vector<std::pair<std::string, std::string>> files_of_the_run(const TrainCon
 }
 
 // output.export: a path ending in .safetensors is one file; anything else an export directory
-// (model.safetensors + config.json, Hugging Face's from_pretrained layout). It must be writable and
-// never a file the run reads or writes otherwise.
+// (model.safetensors + config.json, Hugging Face's from_pretrained layout). It must be writable,
+// never a file the run reads or writes otherwise, and replace only an earlier export of ours.
 std::string check_export(const TrainConfig& cfg) {
   const HfExportPaths files = hf_export_paths(cfg.output.export_path.resolved);
   const std::filesystem::path out(cfg.output.export_path.resolved);
@@ -156,12 +158,14 @@ std::string check_export(const TrainConfig& cfg) {
   if (!files.config.empty() && std::filesystem::exists(out) && !std::filesystem::is_directory(out))
     return cfg.source + ": output.export: " + out.string() +
            " is a file (a path not ending in .safetensors names an export directory)";
+  if (std::string e = foreign_export_files(out.string(), "output.export"); !e.empty())
+    return cfg.source + ": output.export: " + e;
   std::string e = check_writable_dir(weights.has_parent_path() ? weights.parent_path() : ".", "output.export");
   return e.empty() ? "" : cfg.source + ": " + e;
 }
 
 // logging.trace: a writable file name (its directory is made) that is no file the run reads or
-// writes otherwise.
+// writes otherwise, and no existing file but a trace of mfsdp-train.
 std::string check_trace(const TrainConfig& cfg) {
   const std::filesystem::path out(cfg.logging.trace.resolved);
   std::error_code ec;
@@ -170,7 +174,11 @@ std::string check_trace(const TrainConfig& cfg) {
   for (const auto& [what, path] : files_of_the_run(cfg, "logging.trace"))
     if (!path.empty() && std::filesystem::weakly_canonical(out, ec) == std::filesystem::weakly_canonical(path, ec))
       return cfg.source + ": logging.trace: " + out.string() + " is " + what + " (" + path + "); choose another path";
-  return "";
+  const auto trace_ours = [](const std::filesystem::path& p) {  // a trace an earlier run wrote
+    return read_input_file(p.string(), "", trace::kTraceFileHead.size(), false) == trace::kTraceFileHead;
+  };
+  const std::string e = foreign_outputs({{out, "a trace", trace_ours}}, "logging.trace");
+  return e.empty() ? "" : cfg.source + ": logging.trace: " + e;
 }
 
 // The run directory: writable, and every file the run writes there absent or the trainer's own.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "apps/train/output_files.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/block_cache.h"
@@ -62,24 +63,18 @@ bool written_by_run_log(const std::string& name, const std::string& text) {
 }  // namespace
 
 std::string foreign_run_files(const std::filesystem::path& run_dir, const std::string& input_config) {
-  constexpr size_t kMaxRead = size_t{64} << 20;
+  std::vector<OwnedOutput> files;
   for (const char* name : kRunDirFiles) {
-    const std::filesystem::path path = run_dir / name;
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) continue;
-    if (!input_config.empty() && std::filesystem::equivalent(path, input_config, ec))
-      return path.string() + " is the input config; the run would overwrite it (use another logging.run_dir)";
-    std::string text;
-    try {  // open_input_file: a FIFO or a device is refused by name, never read
-      text = read_input_file(path.string(), "", kMaxRead, false);
-    } catch (const std::exception& e) {
-      return std::string(e.what()) + "; the run would write it (move it or use another logging.run_dir)";
-    }
-    const bool whole = std::string(name) == "metrics.jsonl" || std::filesystem::file_size(path, ec) <= kMaxRead;
-    if (whole && written_by_run_log(name, text)) continue;
-    return path.string() + " was not written by mfsdp-train; refusing to overwrite it (move it or use another logging.run_dir)";
+    const auto ours = [name](const std::filesystem::path& path) {
+      constexpr size_t kMaxRead = size_t{64} << 20;
+      const std::string text = read_input_file(path.string(), "", kMaxRead, false);
+      std::error_code ec;
+      const bool whole = std::string(name) == "metrics.jsonl" || std::filesystem::file_size(path, ec) <= kMaxRead;
+      return whole && written_by_run_log(name, text);
+    };
+    files.push_back({run_dir / name, std::string("a run's ") + name, ours});
   }
-  return "";
+  return foreign_outputs(files, "logging.run_dir", input_config);
 }
 
 RunLog::RunLog(const std::string& run_dir, bool lead) : dir_(run_dir), lead_(lead) {}

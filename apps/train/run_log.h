@@ -26,12 +26,11 @@ nlohmann::json nullable(double x);
 /// The files RunLog writes in a run directory (the one list; preflight checks each).
 inline constexpr const char* kRunDirFiles[] = {"config.json", "metrics.jsonl", "summary.json"};
 
-/// Why the run must not write into `run_dir`: "" when none of kRunDirFiles exists there, or each
-/// that exists is one mfsdp-train wrote (config.json and summary.json: exactly the canonical dump
-/// of their JSON object; metrics.jsonl: empty or starting with one of its records). Otherwise
-/// "<file> was not written by mfsdp-train; refusing to overwrite it ...", "<file> is the input
-/// config ..." (`input_config`, the config file of this run), or "<file> is a FIFO ..." for a
-/// file that is not a regular one (never opened). Reads at most 64 MiB of each file.
+/// Why the run must not write into `run_dir`: foreign_outputs (apps/train/output_files.h, key
+/// logging.run_dir) over kRunDirFiles, each recognised as mfsdp-train's when config.json and
+/// summary.json are exactly the canonical dump of their JSON object and metrics.jsonl is empty or
+/// starts with one of its records. `input_config` is this run's config file. Reads at most 64 MiB
+/// of each file.
 std::string foreign_run_files(const std::filesystem::path& run_dir, const std::string& input_config);
 
 /// Console progress and the run directory's files.

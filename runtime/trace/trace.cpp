@@ -179,7 +179,7 @@ std::string Recorder::end_window(Communicator& host) {
   }
   if (!recvs.empty()) host.send_recv(recvs, CommPhase::other);
   parts[0] = std::move(mine);
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  std::string out(kTraceFileHead);
   for (size_t r = 0; r < parts.size(); ++r) out += (r ? ",\n" : "") + parts[r];
   return out + "\n]}\n";
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -25,6 +26,10 @@ namespace mfsdp::trace {
 enum class Lane : int { schedule = 0, collectives, prefetch, reduce, count };
 /// "schedule", "collectives", "prefetch", "reduce".
 const char* lane_name(Lane lane);
+
+/// The first bytes of every trace file Recorder::end_window returns: how the trainer recognises a
+/// trace it wrote before (logging.trace replaces only such a file).
+inline constexpr std::string_view kTraceFileHead = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
 
 /// The JSON string literal of `s` (quoted, with ", \ and control characters escaped).
 std::string json_string(const std::string& s);

@@ -26,6 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const char* key : {"n_layer", "n_head", "n_embd", "vocab_size", "num_hidden_layers", "hidden_size"})
       (void)mfsdp::hf_config_int(ck.config(), key, 1, "config.json");
     (void)mfsdp::hf_config_num(ck.config(), "rms_norm_eps", 1e-5, "config.json");
+    (void)mfsdp::hf_config_bool(ck.config(), "scale_attn_weights", true, "config.json");
+    (void)mfsdp::hf_config_string(ck.config(), "activation_function", "gelu_new", "config.json");
     (void)ck.names();
   } catch (const std::runtime_error&) {
   }

@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <tuple>
 
 #include "models/gpt_hf.h"
 #include "checkpoint/safetensors.h"
@@ -159,4 +161,47 @@ TEST_CASE("import refuses names or shapes that do not match the config", "[hf_gp
   params = random_params(c128, 6);
   params["transformer.wte.weight"] = {};
   CHECK_THROWS_WITH(export_hf_gpt2(s.file("x"), c128, params), Contains("not in the GPT-2 inventory"));
+}
+
+TEST_CASE("import refuses config.json fields that change GPT-2's maths, naming file and field", "[hf_gpt2]") {
+  Scratch s;
+  GPTConfig cfg;
+  cfg.n_layer = 1;
+  const NamedTensors params = random_params(cfg, 7);
+  const std::string dir = s.file("hf");
+  export_hf_gpt2(dir, cfg, params);
+  const nlohmann::json exported = nlohmann::json::parse(std::ifstream(fs::path(dir) / "config.json"));
+  CHECK(exported.at("layer_norm_epsilon").get<double>() == kGptLayerNormEps);
+  const auto import_with = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json c = exported;
+    c[key] = value;
+    write_hf_config((fs::path(dir) / "config.json").string(), c);
+    return import_hf_gpt2(dir, cfg);
+  };
+  // each field that changes the model, set to a value models/gpt.cpp does not implement
+  const std::vector<std::tuple<std::string, nlohmann::json, std::string>> refused = {
+      {"layer_norm_epsilon", 1e-3, "config.json: layer_norm_epsilon is 0.001 (only GPT-2's 1e-05 is implemented)"},
+      {"scale_attn_weights", false, "config.json: scale_attn_weights is false"},
+      {"scale_attn_by_inverse_layer_idx", true, "config.json: scale_attn_by_inverse_layer_idx is true"},
+      {"add_cross_attention", true, "config.json: add_cross_attention is true"},
+      {"activation_function", "gelu", "config.json: activation_function \"gelu\" (only the tanh GELU"},
+      {"activation_function", "relu", "config.json: activation_function \"relu\""},
+      {"n_inner", 3 * 128, "config.json: n_inner 384 is not 4 * n_embd"},
+      {"scale_attn_weights", "yes", "config.json: scale_attn_weights is not true/false: \"yes\""},
+      {"layer_norm_epsilon", "1e-5", "config.json: layer_norm_epsilon is not a number"},
+  };
+  for (const auto& [key, value, message] : refused) {
+    INFO(key << " = " << value.dump());
+    CHECK_THROWS_WITH(import_with(key, value), Contains("[import_hf_gpt2] " + dir + ": ") && Contains(message));
+  }
+  // what computes the same function is accepted, and imports the same tensors
+  const std::vector<std::pair<std::string, nlohmann::json>> accepted = {
+      {"layer_norm_epsilon", 1e-5},        {"activation_function", "gelu_pytorch_tanh"},
+      {"activation_function", "gelu_fast"}, {"reorder_and_upcast_attn", true},
+      {"scale_attn_weights", true},         {"attn_pdrop", 0.1},
+      {"scale_attn_by_inverse_layer_idx", nullptr}};
+  for (const auto& [key, value] : accepted) {
+    INFO(key << " = " << value.dump());
+    CHECK(import_with(key, value) == params);
+  }
 }

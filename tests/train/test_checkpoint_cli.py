@@ -29,7 +29,8 @@ and CASE one of
              resume (exit 2 on every rank naming the file and model.init_from) and by mfsdp-ckpt
              verify; the unchanged data resumes bitwise equal to the uninterrupted run; a manifest
              without the field (an older build's) resumes with a notice
-  tool       mfsdp-ckpt list / verify / export / diff
+  tool       mfsdp-ckpt list / verify / export / diff; export replaces an earlier export but refuses
+             (exit 2, unchanged) a file that is no export
   full_disk  checkpoints on a full filesystem (a 700 KiB tmpfs; skipped when it cannot be mounted)
   preempt    SIGTERM to mpirun mid-run: a complete checkpoint at the next step boundary, and resuming
              gives the same bytes as an uninterrupted run
@@ -285,6 +286,15 @@ def case_tool(bin_dir, tmp):
     rc, out = ckpt_tool(bin_dir, "export", last, os.path.join(last, "manifest.json"))
     check(rc == 2 and "inside the checkpoint" in out and os.path.getsize(os.path.join(last, "manifest.json")) > 100,
           f"export into the checkpoint itself: {rc} {out}")
+    # an existing file is replaced only when it is an export (the one above); anything else stays as it was
+    rc, out = ckpt_tool(bin_dir, "export", last, out_file)
+    check(rc == 0 and tensors_of(out_file) == tensors_of(ref + ".safetensors"), f"export over an earlier export: {rc} {out}")
+    mine = os.path.join(tmp, "mine.safetensors")
+    shutil.copy(os.path.join(last, "rank_00000.safetensors"), mine)  # safetensors, but no export
+    before = read(mine)
+    rc, out = ckpt_tool(bin_dir, "export", last, mine)
+    check(rc == 2 and f"{mine} was not written by mfsdp-train as an export's weights" in out and read(mine) == before,
+          f"export over a safetensors file that is no export: {rc} {out}")
     rc, out = ckpt_tool(bin_dir, "diff", last, last)
     check(rc == 0 and "identical (bitwise)" in out, f"diff of a checkpoint with itself: {out}")
     rc, out = ckpt_tool(bin_dir, "diff", os.path.join(ck, "step_00000003"), last)

@@ -9,8 +9,9 @@ for ckpt_manifest) and CASE one of
                    replaces them and removes the old shards it no longer writes
   run_dir_files    a user's metrics.jsonl / summary.json (or a FIFO) in logging.run_dir: refused,
                    unchanged; the trainer's own files from an earlier run are replaced
-  fifo             a FIFO (and /dev/zero) as every input kind of every tool: refused naming the path, exit 2,
-                   within seconds (each command runs under a timeout: a hang fails the case)
+  fifo             a FIFO (and /dev/zero) as every input kind of every tool, and as logging.trace and
+                   output.export: refused naming the path, exit 2, within seconds (each command runs
+                   under a timeout: a hang fails the case)
   bounds           every tool's numeric options (and the numbers of a --compare file and of a cluster
                    JSON) out of range: exit 2 naming the option or field (and the file)
   json_out         --json to an unwritable path: exit 2 naming it (mfsdp-bench before measuring);
@@ -23,6 +24,7 @@ Exit 0 on success, 1 on failure.
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -140,6 +142,8 @@ def case_fifo(bin_dir, tmp):
     ckpt = os.path.join(tmp, "ckpt")
     os.makedirs(ckpt)
     os.mkfifo(os.path.join(ckpt, "manifest.json"))
+    fifo_export = os.path.join(tmp, "pipe.safetensors")  # outputs: never opened, never replaced
+    os.mkfifo(fifo_export)
     hf = os.path.join(tmp, "hf")  # a from_pretrained directory whose config.json is a FIFO
     os.makedirs(hf)
     os.mkfifo(os.path.join(hf, "config.json"))
@@ -155,6 +159,8 @@ def case_fifo(bin_dir, tmp):
         ("data.tokenizer_path", [*train, "--set", f"data.tokenizer_path={fifo}"], "FIFO"),
         ("model.init_from file", [*train, "--set", f"model.init_from={fifo}"], "FIFO"),
         ("model.init_from directory", [*train, "--set", f"model.init_from={hf}"], ""),
+        ("logging.trace", [*train, "--set", f"logging.trace={fifo}"], "FIFO"),
+        ("output.export", [*train, "--set", f"output.export={fifo_export}"], "FIFO"),
         ("training.resume", [*train, "--set", f"training.resume={ckpt}"], "manifest.json"),
         ("mfsdp-ckpt verify", [b("mfsdp-ckpt"), "verify", ckpt], "FIFO"),
         ("mfsdp-ckpt export", [b("mfsdp-ckpt"), "export", ckpt, os.path.join(tmp, "x.safetensors")], "FIFO"),
@@ -172,6 +178,8 @@ def case_fifo(bin_dir, tmp):
                  os.path.join(hf, "config.json") if f"model.init_from={hf}" in cmd else
                  os.path.join(ckpt, "manifest.json") if ckpt in cmd or f"training.resume={ckpt}" in cmd else fifo)
         check(named in out, f"{what}: the message does not name {named}: {out[-400:]}")
+    check(stat.S_ISFIFO(os.stat(fifo).st_mode) and stat.S_ISFIFO(os.stat(fifo_export).st_mode),
+          "a FIFO named as logging.trace or output.export was replaced")
 
 
 def case_bounds(bin_dir, tmp):

@@ -7,11 +7,15 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
   bad_data      broken shards (magic, version, truncated, too short, token >= vocab) are refused
   configs       every config in configs/ is valid (--print-config)
   bad_outputs   exports over inputs, into directories, tokenizer/vocab mismatch; stale summaries
+  other_runs_outputs  logging.trace / output.export over another run's files, a user's safetensors
+                file or a sharded checkpoint: refused on every rank, nothing changed; the other run
+                resumes and replaces its own export and trace
   e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
   world_sizes   -np 1/2/4 with grad_accum 4/2/1, shuffle off and on: bitwise-identical losses,
                 metrics, state fingerprints and exports (cmp)
   export        export -> import -> --eval-only reproduces the final validation loss exactly; NaN
-                init_from weights are refused; a NaN gradient (FAULT_BIN --nan-grad) stops the run
+                init_from weights, and a config.json whose fields change GPT-2's maths, are refused;
+                a NaN gradient (FAULT_BIN --nan-grad) stops the run
   torch         PyTorch loads the export and gets the same validation loss (within 1e-4)
   mixed_precision  bf16 parameters and reduction track the f32 run (val loss within 1%), move half the
                 gather bytes, log the step telemetry; recompute block prints the same losses
@@ -25,7 +29,7 @@ import struct
 import subprocess
 import sys
 
-from cli_common import ENV, ROOT, TINY, check, read_jsonl, run_case, with_run_dir
+from cli_common import ENV, ROOT, TINY, check, read, read_jsonl, run_case, with_run_dir
 
 
 def train(bin_dir, np, config, *sets, expect=0, args=()):
@@ -145,6 +149,56 @@ def case_bad_outputs(bin_dir, tmp):
     if os.path.exists(os.path.join(run, "summary.json")):
         with open(os.path.join(run, "summary.json")) as f:
             check("stale" not in f.read(), "a stale summary.json survived a new run")
+
+
+def tree(d):
+    """Every file under `d` (relative path -> bytes)."""
+    return {os.path.relpath(os.path.join(r, f), d): read(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs}
+
+
+def case_other_runs_outputs(bin_dir, tmp):
+    """logging.trace and output.export replace only a trace / an export that mfsdp-train wrote: another
+    run's files, a user's safetensors file and a sharded checkpoint are refused on every rank (exit 2,
+    the key and the path named), byte for byte unchanged, and the other run still resumes."""
+    quick = ["training.steps=2", "training.sample_tokens=0", "training.eval_interval=0", "checkpoint.interval=1"]
+    base, trace = os.path.join(tmp, "base"), os.path.join(tmp, "trace.json")
+    window = ["logging.trace_start=1", "logging.trace_steps=1"]
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={base}", f"output.export={base}/hf", f"logging.trace={trace}",
+                    *window, *quick)
+    check(rc == 0 and os.path.isfile(os.path.join(base, "hf", "model.safetensors")), f"the other run: rc {rc}: {out[-400:]}")
+    mine = os.path.join(tmp, "mine.safetensors")  # a safetensors file that is no export (a checkpoint's rank file)
+    shutil.copy(os.path.join(base, "checkpoints", "step_00000002", "rank_00000.safetensors"), mine)
+    sharded = os.path.join(tmp, "sharded")  # save_pretrained's sharded layout: shards and their index
+    os.makedirs(sharded)
+    for i in (1, 2):
+        shutil.copy(mine, os.path.join(sharded, f"model-0000{i}-of-00002.safetensors"))
+    with open(os.path.join(sharded, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {}}, f)
+    kept = {d: tree(d) for d in (base, sharded)}
+    kept_mine = read(mine)
+    foreign = "was not written by mfsdp-train as"
+    refusals = [("logging.trace", os.path.join(base, "metrics.jsonl"), f"{foreign} a trace"),
+                ("logging.trace", os.path.join(base, "config.json"), f"{foreign} a trace"),
+                ("output.export", base, f"{os.path.join(base, 'config.json')} {foreign} an export's config.json"),
+                ("output.export", os.path.join(base, "hf", "config.json"), "is a file"),
+                ("output.export", mine, f"{foreign} an export's weights"),
+                ("output.export", sharded, "holds other weights (model-00001-of-00002.safetensors, "
+                                           "model-00002-of-00002.safetensors, model.safetensors.index.json)")]
+    for key, path, needle in refusals:
+        rc, out = train(bin_dir, 2, TINY, f"{key}={path}", *quick, expect=2)
+        for rank in (0, 1):
+            line = next((x for x in out.splitlines() if f"error (rank {rank})" in x), "")
+            check(rc == 2 and f"{key}: {path}" in line and needle in line,
+                  f"{key}={path}: rank {rank}: rc {rc}, expected {needle!r}: {out[-600:]}")
+    check(all(tree(d) == files for d, files in kept.items()) and read(mine) == kept_mine,
+          "a refused run changed a file it did not write")
+    # the other run resumes, and replaces its own export and trace (mfsdp-train wrote them)
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={base}", f"output.export={base}/hf", f"logging.trace={trace}",
+                    "logging.trace_start=3", "training.resume=auto", *quick[1:], "training.steps=3")
+    check(rc == 0 and "resumed" in out.lower() and read(trace).startswith(b'{"displayTimeUnit":"ms","traceEvents":[\n'),
+          f"the other run's resume over its own export and trace: rc {rc}: {out[-600:]}")
+    check(read(os.path.join(base, "hf", "model.safetensors")) != kept[base][os.path.join("hf", "model.safetensors")],
+          "the resumed run did not replace its own export")
 
 
 def case_e2e(bin_dir, tmp):
@@ -348,6 +402,25 @@ def case_export(bin_dir, tmp):
     # a file that does not match the config is refused before training
     rc, out = train(bin_dir, 2, TINY, f"model.init_from={model}", "model.n_embd=64", expect=2)
     check(rc == 2 and model in out, f"mismatched init_from accepted (rc {rc}): {out[-400:]}")
+    # a from_pretrained directory whose config.json asks for other maths is refused on every rank,
+    # naming the key, the file and the field (models/README.md lists the fields)
+    hf = os.path.join(tmp, "hf")
+    os.makedirs(hf)
+    shutil.copy(model, os.path.join(hf, "model.safetensors"))
+    config = {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 32, "vocab_size": 65,
+              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "reorder_and_upcast_attn": True}
+    for key, value in (("layer_norm_epsilon", 1e-3), ("scale_attn_weights", False),
+                       ("scale_attn_by_inverse_layer_idx", True), ("activation_function", "gelu"), (None, None)):
+        with open(os.path.join(hf, "config.json"), "w") as f:
+            json.dump({**config, key: value} if key else config, f)
+        rc, out = train(bin_dir, 2, TINY, f"model.init_from={hf}", "training.steps=1",
+                        "training.sample_tokens=0", expect=None)
+        if key is None:  # the same maths (reorder_and_upcast_attn only changes fp16 precision) trains
+            check(rc == 0, f"init_from with GPT-2's own config.json: rc {rc}: {out[-400:]}")
+            continue
+        errors = [x for x in out.splitlines() if "mfsdp-train: error (rank" in x]
+        check(rc == 2 and len(errors) == 2 and all(f"model.init_from: [import_hf_gpt2] {hf}: config.json: {key}" in x
+                                                   for x in errors), f"config.json {key}={value}: rc {rc}: {out[-600:]}")
 
 
 def case_torch(bin_dir, tmp):
