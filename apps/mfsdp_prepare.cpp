@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "apps/cli_common.h"
+#include "runtime/core/utf8.h"
 #include "runtime/data/prepare.h"
 
 #ifndef MFSDP_SOURCE_DIR
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
                          "split the corpus into several runs\n");
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "%s\n", mfsdp::escape_invalid_utf8(e.what()).c_str());  // a file name may hold any bytes
     return 2;
   }
   return 0;

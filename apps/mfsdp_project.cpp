@@ -111,6 +111,20 @@ void check_bench_row(const ProjectionInput& in, int world, double opt_ms, double
   need(step_ms > 0 && std::isfinite(step_ms), "ms.total");
 }
 
+// Field `key` of the object `row` as T; throws "<where>.<key>: missing" or the JSON library's
+// reason ("type must be number, but is string") without its prefix.
+template <class T>
+T bench_field(const json& row, const char* key, const std::string& where) {
+  if (!row.is_object()) throw std::runtime_error(where + ": expected an object, got " + std::string(row.type_name()));
+  const auto it = row.find(key);
+  if (it == row.end()) throw std::runtime_error(where + "." + key + ": missing");
+  try {
+    return it->get<T>();
+  } catch (const json::exception& e) {
+    throw std::runtime_error(where + "." + key + ": " + json_error_text(e.what()));
+  }
+}
+
 // Predictions for each mfsdp-bench result. Returns {largest |log(predicted / measured)| of the
 // times, largest |log| of the placement ratios (time / matrixfsdp's time at the same world size and
 // NS steps, predicted over measured)}: the ratios cancel the machine's speed, which on shared cores
@@ -118,7 +132,14 @@ void check_bench_row(const ProjectionInput& in, int world, double opt_ms, double
 std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench_path, json& out) {
   const std::string text = read_input_file(bench_path, "--compare", size_t{64} << 20);  // regular files only
   if (json_nesting_depth(text) > kMaxJsonDepth) throw std::runtime_error(bench_path + ": nested deeper than 64 levels");
-  const json b = json::parse(text);
+  json b;
+  try {
+    b = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(bench_path + ": invalid JSON: " + json_error_text(e.what()));
+  }
+  if (!b.is_object() || !b.contains("results") || !b["results"].is_array())
+    throw std::runtime_error(bench_path + ": results: expected a list of mfsdp-bench results (mfsdp-bench --json)");
   double worst = 0, worst_ratio = 0;
   std::map<std::string, std::pair<double, double>> base_meas, base_pred;  // (world, ns) -> matrixfsdp (opt, step)
   std::vector<std::tuple<std::string, std::string, double, double, double, double>> rows;
@@ -128,15 +149,16 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
   for (const json& r : b.at("results")) {
     const std::string where = bench_path + ": results[" + std::to_string(row++) + "]";
     ProjectionInput in;
-    in.model = model_preset(r.at("model").get<std::string>(), r.at("layers").get<int>()).profile();
-    in.placement = parse_placement(r.at("placement").get<std::string>());
-    in.ns_steps = r.at("ns_steps");
-    in.dtype = in.ns_dtype = r.at("dtype").get<std::string>();
-    in.batch = r.at("batch");
-    in.seq = r.at("seq");
-    in.replicas = r.value("replicas", 1);
-    const int W = r.at("world");
-    const double om = r.at("ms").at("optimizer"), sm = r.at("ms").at("total");
+    in.model = model_preset(bench_field<std::string>(r, "model", where), bench_field<int>(r, "layers", where)).profile();
+    in.placement = parse_placement(bench_field<std::string>(r, "placement", where));
+    in.ns_steps = bench_field<int>(r, "ns_steps", where);
+    in.dtype = in.ns_dtype = bench_field<std::string>(r, "dtype", where);
+    in.batch = bench_field<int>(r, "batch", where);
+    in.seq = bench_field<int>(r, "seq", where);
+    in.replicas = r.is_object() && r.contains("replicas") ? bench_field<int>(r, "replicas", where) : 1;
+    const int W = bench_field<int>(r, "world", where);
+    const json ms = bench_field<json>(r, "ms", where);
+    const double om = bench_field<double>(ms, "optimizer", where + ".ms"), sm = bench_field<double>(ms, "total", where + ".ms");
     check_bench_row(in, W, om, sm, where);
     const Projection p = project(in, c, W);
     const double ro = p.optimizer_ms / om, rs = p.step_ms / sm;
@@ -304,6 +326,21 @@ int run_compare(const ClusterSpec& c, const ProjectArgs& a, json& out) {
   return std::exp(worst) <= a.tolerance && std::exp(worst_ratio) <= a.ratio_tolerance ? 0 : 1;
 }
 
+/// Refuses a sweep that would print rows for none of its cases, or skip some silently: HSDP's
+/// `replicas` must divide every world size, and a placement other than ddp must remain (ddp has
+/// no shard group to replicate). Throws std::runtime_error naming the options.
+void check_sweep(int replicas, const std::vector<std::string>& placements, const std::vector<int>& worlds) {
+  std::string bad;
+  for (int w : worlds)
+    if (w % replicas != 0) bad += (bad.empty() ? "" : ", ") + std::to_string(w);
+  const std::string r = "--replicate " + std::to_string(replicas);
+  if (!bad.empty())
+    throw std::runtime_error(r + " does not divide the world size " + bad + " (HSDP runs R replicas of world / R ranks);" +
+                             " choose --worlds that R divides, or another --replicate");
+  if (replicas > 1 && std::all_of(placements.begin(), placements.end(), [](const std::string& p) { return p == "ddp"; }))
+    throw std::runtime_error(r + ": ddp has no shard group to replicate; add another placement to --placements");
+}
+
 /// The projection sweep on cluster `c` (and with --paper the published setups), added to `out`.
 /// Returns the exit code (2 when --json cannot be written); throws on a bad preset.
 int run_projection(const ClusterSpec& c, ProjectArgs& a, json& out) {
@@ -312,6 +349,7 @@ int run_projection(const ClusterSpec& c, ProjectArgs& a, json& out) {
   in.overlap_reduce = kToggleNames.parse(a.overlap_reduce, "--overlap-reduce");
   in.batch_orthogonalize = kToggleNames.parse(a.batch_orthogonalize, "--batch-orthogonalize");
   if (!a.fsdp2_ns.empty()) in.baseline.ns = parse_baseline_ns(a.fsdp2_ns);
+  check_sweep(in.replicas, a.placements, a.worlds);
   out["projection"] = sweep(in, a.placements, c, a.worlds);
   if (a.paper_mode) {
     BaselineOptions published = in.baseline;

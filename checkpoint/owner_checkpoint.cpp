@@ -364,8 +364,9 @@ void parse_run_state(const Fields& f, const json& j, CheckpointManifest& m) {
   if (m.optimizer_steps != m.step)  // optimizer_steps is part of the state fingerprint
     f.fail("step", std::to_string(m.step) + " differs from optimizer_steps " + std::to_string(m.optimizer_steps) +
                        " (each training step is one optimizer step)");
-  m.world_size = static_cast<int>(f.i64(j, "world_size", "world_size", 1));
-  if (m.world_size > (1 << 24)) f.fail("world_size", "larger than 2^24");
+  const int64_t world_size = f.i64(j, "world_size", "world_size", 1);  // range-checked before narrowing
+  if (world_size > (1 << 24)) f.fail("world_size", std::to_string(world_size) + " is larger than 2^24");
+  m.world_size = static_cast<int>(world_size);
   m.placement = f.str(j, "placement", "placement");
   try {
     (void)parse_placement(m.placement);

@@ -50,6 +50,7 @@ void write_f32_safetensors(const std::string& path, const std::vector<NamedArray
       views.push_back(TensorView{t.name, "F32", t.shape, t.values.data()});
     }
   }
+  remove_abandoned_temporaries(path);  // those of an earlier export killed while writing
   write_safetensors(path, views, metadata);
 }
 
@@ -58,7 +59,10 @@ HfExportPaths hf_export_paths(const std::string& path) {
   return {(fs::path(path) / "model.safetensors").string(), (fs::path(path) / "config.json").string()};
 }
 
-void write_hf_config(const std::string& path, const json& config) { write_file_swap(path, config.dump(2) + "\n"); }
+void write_hf_config(const std::string& path, const json& config) {
+  remove_abandoned_temporaries(path);
+  write_file_swap(path, config.dump(2) + "\n");
+}
 
 bool is_export_weights(const std::string& weights) {
   try {

@@ -26,7 +26,8 @@ struct NamedArray {
 
 /// Writes `tensors` in order to one safetensors file as F32 or BF16 (round to nearest even),
 /// with `metadata`. Throws SafetensorsError on I/O failure or a value count that does not match
-/// its shape.
+/// its shape. Temporaries of `path` that an earlier writer abandoned (killed mid-export) are
+/// removed first (remove_abandoned_temporaries: writer gone, untouched for 10 minutes).
 void write_f32_safetensors(const std::string& path, const std::vector<NamedArray>& tensors, DType dtype,
                            const std::map<std::string, std::string>& metadata);
 
@@ -54,8 +55,9 @@ bool is_export_config(const std::string& config, const std::string& weights);
 /// sorted; empty when `dir` is no directory.
 std::vector<std::string> hf_other_weight_files(const std::string& dir);
 
-/// Writes `config` as pretty JSON to `path` (atomically: a temporary renamed into place).
-/// Throws std::runtime_error naming the file on I/O failure.
+/// Writes `config` as pretty JSON to `path` (atomically: a temporary renamed into place; the
+/// abandoned temporaries of `path` are removed first, as write_f32_safetensors does). Throws
+/// std::runtime_error naming the file on I/O failure.
 void write_hf_config(const std::string& path, const nlohmann::json& config);
 
 /// A checkpoint opened for reading. `path` is either a directory holding config.json and

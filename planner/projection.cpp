@@ -172,7 +172,8 @@ ClusterSpec ClusterSpec::load(const std::string& path) {
     if (json_nesting_depth(text) > kMaxJsonDepth) throw std::runtime_error("nested deeper than 64 levels");
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": " + e.what());
+    throw std::runtime_error(path + ": " + (dynamic_cast<const nlohmann::json::exception*>(&e) ? "invalid JSON: " : "") +
+                             json_error_text(e.what()));
   }
   if (!j.is_object()) throw std::runtime_error(path + ": not a JSON object");
   const ClusterFields f{j, path};

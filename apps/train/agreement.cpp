@@ -125,7 +125,9 @@ std::map<std::string, std::string> run_facts(const TrainConfig& cfg, std::string
 
 std::string check_agreement(const std::map<std::string, std::string>& facts, Communicator& comm) {
   const int world = comm.world_size();
-  const std::string text = json(facts).dump();
+  // A file name that is not UTF-8 (one a glob matched) must not stop the comparison: such bytes
+  // are replaced, and the names that matter are refused by preflight_check.
+  const std::string text = json(facts).dump(-1, ' ', false, json::error_handler_t::replace);
   const uint64_t mine = XXH3_64bits(text.data(), text.size());
   std::vector<uint64_t> digests(static_cast<size_t>(world));
   comm.all_gather_host(&mine, digests.data(), sizeof(mine), CommPhase::other);

@@ -19,6 +19,8 @@
 #include "models/hf_checkpoint.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "runtime/core/json_limits.h"
+#include "runtime/core/utf8.h"
+#include "runtime/cuda/device_api.h"
 #include "runtime/data/token_shards.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/trace/trace.h"
@@ -46,6 +48,15 @@ void with_key(const std::string& key, const std::function<void()>& check) {
   }
 }
 
+// Every file a data glob matches must have a UTF-8 name: checkpoint manifests and the start-up
+// agreement record the names as JSON. "" when they do, else the first one (bad bytes as \xNN).
+std::string non_utf8_name(const std::string& glob) {
+  if (glob.empty()) return "";
+  for (const std::string& f : expand_glob(glob))
+    if (!is_valid_utf8(f)) return glob + " matches " + escape_invalid_utf8(f) + ", whose name is not valid UTF-8 (rename the file)";
+  return "";
+}
+
 // The input files: shards, tokenizer, model.init_from.
 std::string check_inputs(const TrainConfig& cfg, const TrainableModel& model, int64_t global_tokens) {
   with_key("data.train", [&] {
@@ -56,6 +67,8 @@ std::string check_inputs(const TrainConfig& cfg, const TrainableModel& model, in
     with_key("data.val", [&] {
       validate_shards(cfg.data.val.resolved, cfg.model.vocab_size, cfg.model.seq_len + 1, "one sequence (seq_len + 1)");
     });
+  for (const auto& [key, glob] : {std::pair{"data.train", cfg.data.train.resolved}, std::pair{"data.val", cfg.data.val.resolved}})
+    if (std::string e = non_utf8_name(glob); !e.empty()) return cfg.source + ": " + key + ": " + e;
   if (!cfg.data.tokenizer.empty()) {
     std::unique_ptr<Tokenizer> tok;
     with_key("data.tokenizer_path", [&] { tok = Tokenizer::load(cfg.data.tokenizer, cfg.data.tokenizer_path.resolved); });
@@ -190,6 +203,21 @@ std::string check_run_dir(const TrainConfig& cfg) {
   return e.empty() ? "" : cfg.source + ": logging.run_dir: " + e;
 }
 
+// runtime.device cuda needs a CUDA build and a visible GPU. Without them it is a config error,
+// found on every rank before any communicator selects a device.
+std::string check_device(const TrainConfig& cfg) {
+  if (cfg.runtime.device != Device::CUDA) return "";
+  const std::string what = cfg.source + ": runtime.device: cuda" +
+                           (cfg.sharding.backend == CommBackend::nccl ? "" : std::string(" (sharding.backend ") +
+                                                                              comm_backend_name(cfg.sharding.backend) + ")");
+  if (!cuda::built())
+    return what + ", but this build has no CUDA (configure with -DMFSDP_CUDA=ON), or set runtime.device cpu";
+  if (cuda::device_count() == 0)
+    return what + ", but this process sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES), or set "
+                  "runtime.device cpu";
+  return "";
+}
+
 }  // namespace
 
 std::string lock_run_dir(const TrainConfig& cfg) {
@@ -211,6 +239,7 @@ std::string lock_run_dir(const TrainConfig& cfg) {
 
 std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_only) {
   try {
+    if (std::string e = check_device(cfg); !e.empty()) return e;
     if (eval_only && cfg.data.val.resolved.empty()) return cfg.source + ": --eval-only needs data.val (validation shards)";
     if (eval_only && cfg.model.init_from.resolved.empty())
       return cfg.source + ": --eval-only needs model.init_from (the model to evaluate)";

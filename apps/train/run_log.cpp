@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <string_view>
 
 #include "apps/train/output_files.h"
@@ -60,6 +61,31 @@ bool written_by_run_log(const std::string& name, const std::string& text) {
   return !j.is_discarded() && j.is_object() && j.contains(key) && j.dump(2) + "\n" == text;
 }
 
+// A run killed inside a write leaves metrics.jsonl ending in part of a record. Resuming drops
+// that part (it never was a whole record), so the next record starts its own line and every line
+// stays one JSON record; says how many bytes went.
+void drop_partial_last_line(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  if (ec || size == 0) return;
+  std::ifstream in(path, std::ios::binary);
+  int64_t keep = -1;  // bytes up to and including the last newline
+  std::string chunk;
+  for (int64_t end = size; end > 0 && keep < 0;) {
+    const int64_t start = std::max<int64_t>(0, end - (int64_t{1} << 16));
+    chunk.resize(static_cast<size_t>(end - start));
+    in.seekg(start);
+    if (!in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()))) return;  // unreadable: left as it is
+    if (const size_t nl = chunk.rfind('\n'); nl != std::string::npos) keep = start + static_cast<int64_t>(nl) + 1;
+    end = start;
+  }
+  keep = std::max<int64_t>(keep, 0);
+  if (keep == size) return;
+  std::filesystem::resize_file(path, static_cast<uintmax_t>(keep), ec);
+  if (ec) throw std::runtime_error(path.string() + ": cannot drop its cut last line: " + ec.message());
+  spdlog::warn("{}: dropped its last {} bytes, a record cut short by the interrupted run", path.string(), size - keep);
+}
+
 }  // namespace
 
 std::string foreign_run_files(const std::filesystem::path& run_dir, const std::string& input_config) {
@@ -83,6 +109,7 @@ void RunLog::open(const json& config, bool resumed) {
   if (!lead_ || dir_.empty()) return;
   std::filesystem::create_directories(dir_);
   std::filesystem::remove(dir_ / "summary.json");
+  if (resumed) drop_partial_last_line(dir_ / "metrics.jsonl");
   metrics_.open(dir_ / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
   if (!metrics_) throw std::runtime_error((dir_ / "metrics.jsonl").string() + ": cannot open for writing");
   write_file_swap((dir_ / "config.json").string(), config.dump(2) + "\n");

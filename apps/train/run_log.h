@@ -43,7 +43,8 @@ class RunLog {
   const std::filesystem::path& dir() const { return dir_; }
 
   /// Creates the directory, removes a stale summary.json (a summary only describes a finished
-  /// run), opens metrics.jsonl (appending when the run resumes) and writes config.json
+  /// run), opens metrics.jsonl (appending when the run resumes, after dropping a last line that
+  /// an interrupted write cut short) and writes config.json
   /// atomically. Throws std::runtime_error naming the file on I/O failure.
   void open(const nlohmann::json& config, bool resumed);
   /// Appends one record to metrics.jsonl (flushed). Throws when the write fails (disk full).

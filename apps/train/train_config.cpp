@@ -34,7 +34,7 @@ std::string type_name(const json& v) {
 }
 
 std::string shown(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);  // a --set value may hold any bytes
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
@@ -143,6 +143,11 @@ class Checker {
   const json& schema_;
 };
 
+// The smallest epsilon a config may give (model.norm_eps, optimizer.adamw.eps): the kernels add
+// it in f32, where a value below about 1.2e-38 is subnormal or flushed to 0, and 0 / (0 + eps)
+// is then NaN; 1e-30 keeps every quotient it guards finite.
+constexpr double kMinEpsilon = 1e-30;
+
 int64_t as_int(const json& v) { return v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>(); }
 
 // Deep merge of `patch` onto `base` (objects merged, leaves replaced; null is a value, not a delete).
@@ -242,7 +247,12 @@ class Reader {
   bool flag(const std::string& path) const { return at(path).get<bool>(); }
   /// True when the config file or a --set override wrote `path` (not just the default).
   bool given(const std::string& path) const { return origin_.count(path) != 0; }
-  std::string str(const std::string& path) const { return at(path).get<std::string>(); }
+  /// The string at `path`; every string of a config must be UTF-8 (it is echoed as JSON).
+  std::string str(const std::string& path) const {
+    std::string v = at(path).get<std::string>();
+    if (const std::string bad = utf8_problem(v); !bad.empty()) fail(path, bad + "; config strings must be UTF-8");
+    return v;
+  }
   std::string choice(const std::string& path, const std::vector<std::string>& allowed) const {
     const std::string v = str(path);
     if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return v;
@@ -269,6 +279,9 @@ class Reader {
     p.raw = str(path);
     const bool from_file = origin_.count(path) && origin_.at(path) == default_where_;
     p.resolved = resolve(p.raw, from_file ? base_dir : fs::current_path().string());
+    if (const std::string bad = utf8_problem(p.resolved); !bad.empty())
+      fail(path, "resolves to a path that is " + bad + " (the " +
+                     (from_file ? "config file's directory" : "working directory") + " is not UTF-8)");
     return p;
   }
 
@@ -311,8 +324,10 @@ void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {
                                  std::to_string(m.n_embd / m.n_head));
     m.intermediate_size = r.i32("model.intermediate_size", 0, 1 << 20);
     m.intermediate_size = m.llama().intermediate_size;
-    m.norm_eps = r.num("model.norm_eps", 0.0, 1.0, true);
-    m.rope_theta = r.num("model.rope_theta", 0.0, 1e12, true);
+    m.norm_eps = r.num("model.norm_eps", kMinEpsilon, 1.0);
+    // Frequencies theta^(-2i/d) above one radian per position (theta < 1) only alias, and a
+    // theta that f32 rounds to 0 or a subnormal makes them infinite.
+    m.rope_theta = r.num("model.rope_theta", 1.0, 1e12);
   } else {
     m.tie_embeddings = r.flag("model.tie_embeddings");
     const ModelSection d;
@@ -359,7 +374,7 @@ void read_optimizer(const Reader& r, EngineOptions& o) {
   o.adamw.lr = r.num("optimizer.adamw.lr", 0.0, 1e6);
   o.adamw.beta1 = r.num("optimizer.adamw.beta1", 0.0, 1.0, false, true);
   o.adamw.beta2 = r.num("optimizer.adamw.beta2", 0.0, 1.0, false, true);
-  o.adamw.eps = r.num("optimizer.adamw.eps", 0.0, 1.0, true);
+  o.adamw.eps = r.num("optimizer.adamw.eps", kMinEpsilon, 1.0);
   o.adamw.weight_decay = r.num("optimizer.adamw.weight_decay", 0.0, 1e6);
   o.grad_clip = r.num("training.grad_clip", 0.0, 1e12);
   // schedule
@@ -511,38 +526,6 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.checkpoint.notice_signal = r.choice("checkpoint.notice_signal", notice_signal_names());
   check_engine_rules(r, c);
   return c;
-}
-
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  if (fs::is_directory(path)) throw ConfigError(path + ": is a directory, not a config file");
-  if (!fs::exists(path)) throw ConfigError(path + ": cannot open the config file");
-  // A FIFO or a device: refused by name; a config is small, so more than 64 MiB is refused unread.
-  std::stringstream ss(read_input_file<ConfigError>(path, "", size_t{64} << 20));
-  json doc;
-  // JSON allows repeated keys (the last wins); in a config that is always a mistake, so refuse it.
-  std::vector<std::vector<std::string>> keys_seen;  // one list per open object
-  std::string duplicate;
-  auto reject_duplicates = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys_seen.emplace_back();
-    else if (event == json::parse_event_t::object_end && !keys_seen.empty()) keys_seen.pop_back();
-    else if (event == json::parse_event_t::key && !keys_seen.empty() && duplicate.empty()) {
-      const std::string k = parsed.get<std::string>();
-      auto& seen = keys_seen.back();
-      if (std::find(seen.begin(), seen.end(), k) != seen.end()) duplicate = k;
-      seen.push_back(k);
-    }
-    return true;
-  };
-  if (json_nesting_depth(ss.str()) > kMaxJsonDepth)
-    throw ConfigError(path + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  try {
-    doc = json::parse(ss.str(), reject_duplicates, true, /*ignore_comments=*/true);
-  } catch (const json::exception& e) {
-    throw ConfigError(path + ": invalid JSON: " + e.what());
-  }
-  if (!duplicate.empty()) throw ConfigError(path + ": key \"" + duplicate + "\" appears twice in the same object");
-  const fs::path dir = fs::path(path).parent_path();
-  return parse_train_config(doc, path, dir.empty() ? std::string(".") : dir.string(), overrides);
 }
 
 }  // namespace mfsdp

@@ -14,14 +14,16 @@
 #include "planner/shard_plan.h"
 #include "runtime/engine/engine_options.h"
 #include "runtime/engine/resolve.h"
+#include "runtime/core/utf8.h"
 
 namespace mfsdp {
 
 /// A config problem. The message names the file (or the --set override) and the key path, e.g.
 /// "configs/x.json: optimizer.muon.lr: expected a number, got \"fast\"". Apps exit with code 2.
+/// Bytes of the message that are not UTF-8 (from a file name or a --set value) are shown as \xNN.
 class ConfigError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit ConfigError(const std::string& what) : std::runtime_error(escape_invalid_utf8(what)) {}
 };
 
 /// A path as written in the config (`raw`) and resolved (`resolved`): relative paths from the
@@ -170,8 +172,9 @@ struct TrainConfig {
 /// plain string when it is not valid JSON) and checks everything the config alone can tell:
 /// unknown keys (with a did-you-mean), types, ranges and enumerations, the engine's rules
 /// (resolve(), named by config key), n_embd % n_head, the
-/// vocabulary against the shard formats, a missing train glob. Throws ConfigError naming the
-/// file or override and the key path. Files (shards, tokenizer) are not opened.
+/// vocabulary against the shard formats, a missing train glob, and that every string (and every
+/// resolved path) is valid UTF-8. Throws ConfigError naming the file or override and the key
+/// path. Files (shards, tokenizer) are not opened. Defined in config_file.cpp.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 /// The same from an in-memory JSON document (`source` names it in messages; relative paths are

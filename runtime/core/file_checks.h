@@ -11,10 +11,14 @@
 //   and no file of the user's is ever taken for a temporary.
 #pragma once
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <ctime>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mfsdp {
 
@@ -142,6 +147,33 @@ inline bool is_temp_name_of(const std::string& name, const std::string& target) 
                  : i > dash && !((rest[i] >= '0' && rest[i] <= '9') || (rest[i] >= 'a' && rest[i] <= 'f')))
       return false;
   return true;
+}
+
+/// Removes the temporaries that earlier writers of `path` left beside it (is_temp_name_of: a
+/// process killed inside a write-then-swap), but only those that are surely abandoned: their
+/// writer's pid runs no process on this host (kill(pid, 0) fails with ESRCH) and nobody has
+/// written to them for `min_idle_seconds` (a writer on another host sharing the directory keeps
+/// its temporary fresh, and its pid means nothing here). Anything else, and every other name, is
+/// kept. Returns the paths removed. Never throws.
+inline std::vector<std::string> remove_abandoned_temporaries(const std::string& path, double min_idle_seconds = 600) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string target = p.filename().string();
+  const auto head = "." + target + ".tmp-";
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!is_temp_name_of(name, target) || !it->is_regular_file(ec)) continue;
+    const long long pid = std::atoll(name.c_str() + head.size());
+    const bool running = pid <= 0 || pid > INT32_MAX || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH;
+    struct stat st{};
+    if (running || ::lstat(it->path().c_str(), &st) != 0) continue;
+    if (static_cast<double>(::time(nullptr) - st.st_mtime) < min_idle_seconds) continue;
+    if (fs::remove(it->path(), ec)) removed.push_back(it->path().string());
+  }
+  return removed;
 }
 
 /// Creates a temporary file beside `path`, "<dir>/.<name>.tmp-<pid>-<random>", with O_EXCL (no

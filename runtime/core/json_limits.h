@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include "runtime/core/utf8.h"
+
 namespace mfsdp {
 
 /// Deepest nesting of [ and { outside strings. JSON libraries recurse per level when they build,
@@ -36,6 +38,15 @@ constexpr int kMaxJsonDepth = 64;
 /// A value for an error message: at most `n` characters, with "..." when cut.
 inline std::string clip_for_message(std::string_view s, size_t n = 80) {
   return s.size() > n ? std::string(s.substr(0, n)) + "..." : std::string(s);
+}
+
+/// A JSON library error's reason for a message: `what` without nlohmann's
+/// "[json.exception.<kind>.<id>] " prefix, bytes that are not UTF-8 shown as \xNN, at most 300
+/// characters. E.g. "parse error at line 1, column 5: syntax error while parsing value - ...".
+inline std::string json_error_text(std::string_view what) {
+  if (what.rfind("[json.exception.", 0) == 0)
+    if (const size_t end = what.find("] "); end != std::string_view::npos) what.remove_prefix(end + 2);
+  return clip_for_message(escape_invalid_utf8(what), 300);
 }
 
 }  // namespace mfsdp

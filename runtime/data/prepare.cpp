@@ -20,6 +20,7 @@
 #include "runtime/core/cpu_affinity.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
+#include "runtime/core/utf8.h"
 #include "runtime/data/tokenizer.h"
 
 namespace mfsdp {
@@ -69,23 +70,6 @@ std::vector<std::string> list_files(const std::vector<std::string>& inputs) {
 // name, never read). DataError "[mfsdp-prepare] ..." naming the path.
 std::string read_all(const std::string& path) {
   return read_input_file<DataError>(path, "[mfsdp-prepare]");
-}
-
-// Offset of the first invalid UTF-8 sequence, or npos.
-size_t invalid_utf8_at(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  for (size_t i = 0, n = s.size(); i < n;) {
-    const unsigned c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
-    if (len == 0 || i + len > n) return i;
-    for (size_t k = 1; k < len; ++k)
-      if ((p[i + k] & 0xC0) != 0x80) return i;
-    if ((c == 0xE0 && p[i + 1] < 0xA0) || (c == 0xED && p[i + 1] >= 0xA0) || (c == 0xF0 && p[i + 1] < 0x90) ||
-        (c == 0xF4 && p[i + 1] >= 0x90))
-      return i;  // overlong, surrogate or above U+10FFFF
-    i += len;
-  }
-  return std::string::npos;
 }
 
 // Reads the inputs in order and hands out documents in batches of about kBatchBytes.
@@ -140,7 +124,7 @@ class DocReader {
       try {
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
-        fail(at + ": invalid JSON: " + e.what());
+        fail(at + ": invalid JSON: " + json_error_text(e.what()));
       }
       if (!j.is_object()) fail(at + ": expected a JSON object");
       auto field = j.find(opt_.jsonl_field);
@@ -228,6 +212,13 @@ namespace {
 
 void check_options(const PrepareOptions& opt) {
   if (opt.output_prefix.empty()) fail("no output prefix");
+  // The outputs are <prefix>_train.bin ...: a prefix that ends in a directory ("data/", ".") would
+  // write "data/_train.bin", so it is refused with the name it needs.
+  const fs::path prefix(opt.output_prefix);
+  if (const std::string stem = prefix.filename().string(); stem.empty() || stem == "." || stem == "..")
+    fail("output prefix " + opt.output_prefix + " names a directory; the outputs are <prefix>_train.bin and " +
+         "<prefix>_val.bin, so add a name: -o " + (prefix / "corpus").lexically_normal().string() + " writes " +
+         (prefix / "corpus_train.bin").lexically_normal().string());
   if (opt.threads < 1 || opt.threads > kMaxCpuThreads)
     fail("threads must be in 1.." + std::to_string(kMaxCpuThreads) + ", got " + std::to_string(opt.threads));
   if (opt.shard_tokens < 0 || opt.shard_tokens > INT32_MAX)
@@ -459,7 +450,7 @@ std::string char_meta(const std::vector<std::string>& itos, const PrepareOptions
   meta["itos"] = itos;
   std::string sources;
   for (const auto& in : opt.inputs) sources += (sources.empty() ? "" : ", ") + fs::path(in).filename().string();
-  meta["source"] = sources;
+  meta["source"] = escape_invalid_utf8(sources);  // JSON holds UTF-8 only; a file name may hold any bytes
   meta["split"] = opt.val_tokens >= 0 ? (opt.val_from_start ? "first " : "last ") + std::to_string(nval) + " tokens val"
                   : opt.val_from_start
                       ? "first " + percent(opt.val_fraction) + " val, last " + percent(1.0 - opt.val_fraction) + " train"

@@ -34,7 +34,7 @@ struct PrepareOptions {
   /// (a JSON object with "model") or a char meta JSON (an object with "itos": a fixed vocabulary).
   std::string tokenizer = "gpt2";
   std::string gpt2_dir;               ///< directory with encoder.json and vocab.bpe (tokenizer "gpt2")
-  std::string output_prefix;          ///< P in P_train.bin; its directory is created
+  std::string output_prefix;          ///< P in P_train.bin; its directory is created; must end in a name (not "dir/")
   std::string format = "auto";        ///< "auto" (".jsonl" files are JSONL), "text" or "jsonl"
   std::string jsonl_field = "text";   ///< the JSONL field holding the document text
   std::string doc_separator;          ///< split text files into documents after each occurrence ("" = no)

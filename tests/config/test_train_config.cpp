@@ -7,9 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/train/train_config.h"
+#include "tests/scratch_dir.h"
 
 using namespace mfsdp;
 using Catch::Matchers::Contains;
+using Catch::Matchers::Equals;
 using Catch::Matchers::StartsWith;
 namespace fs = std::filesystem;
 
@@ -124,7 +126,7 @@ TEST_CASE("range checks name the key", "[config]") {
   CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"grad_accum": 0}})"),
                     Contains("mem.json: training.grad_accum: must be >= 1, got 0"));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "optimizer": {"adamw": {"eps": 0}}})"),
-                    Contains("optimizer.adamw.eps: must be > 0, got 0"));
+                    Contains("optimizer.adamw.eps: must be >= 1e-30, got 0"));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "optimizer": {"muon": {"momentum": 1.0}}})"),
                     Contains("optimizer.muon.momentum: must be < 1, got 1"));
   CHECK_THROWS_WITH(parse("{" + train + R"(, "schedule": {"floor": 2}})"), Contains("schedule.floor: must be <= 1, got 2"));
@@ -206,7 +208,7 @@ TEST_CASE("model.arch llama: defaults, derived widths, errors naming the key", "
   CHECK_THROWS_WITH(parse(R"({"arch": "mamba"})"), Contains("model.arch: unknown value \"mamba\""));
   CHECK_THROWS_WITH(parse(R"({"arch": "llama", "n_head": 4, "n_kv_head": 3})"), Contains("model.n_kv_head: must divide"));
   CHECK_THROWS_WITH(parse(R"({"arch": "llama", "n_head": 4, "n_embd": 12})"), Contains("must be even for rotary"));
-  CHECK_THROWS_WITH(parse(R"({"arch": "llama", "norm_eps": 0})"), Contains("model.norm_eps: must be > 0"));
+  CHECK_THROWS_WITH(parse(R"({"arch": "llama", "norm_eps": 0})"), Contains("model.norm_eps: must be >= 1e-30"));
   CHECK_THROWS_WITH(parse(R"({"n_kv_head": 2})"), Contains("model.n_kv_head: only applies to model.arch \"llama\""));
   CHECK_THROWS_WITH(parse(R"({"rope_theta": 500000})"), Contains("model.rope_theta: only applies"));
   // the effective config of a llama run loads back unchanged
@@ -442,4 +444,78 @@ TEST_CASE("a config file is read as a bounded regular file", "[config]") {
   CHECK_THROWS_WITH(load_train_config(big, {}), Contains(big) && Contains("1099511627776 bytes, larger than the 67108864"));
   CHECK_THROWS_WITH(load_train_config("/dev/zero", {}), Contains("/dev/zero is a character device"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("reals the f32 kernels divide by or exponentiate are bounded away from 0", "[config]") {
+  auto parse = [](const std::string& extra) {
+    return parse_train_config(nlohmann::json::parse(R"({"data": {"train": "x.bin"})" + extra + "}"), "mem.json", ".");
+  };
+  const std::string llama = R"(, "model": {"arch": "llama", )";
+  // (the JSON fragment, the message): f32 rounds 1e-320 to 0, which would divide 0 by 0 (NaN) or
+  // stop the run inside a kernel naming no key
+  const std::pair<std::string, std::string> refused[] = {
+      {llama + R"("rope_theta": 1e-320})", "mem.json: model.rope_theta: must be >= 1, got 9.99989e-321"},
+      {llama + R"("rope_theta": 0.5})", "mem.json: model.rope_theta: must be >= 1, got 0.5"},
+      {llama + R"("rope_theta": 0})", "mem.json: model.rope_theta: must be >= 1, got 0"},
+      {llama + R"("norm_eps": 1e-320})", "mem.json: model.norm_eps: must be >= 1e-30, got 9.99989e-321"},
+      {R"(, "optimizer": {"adamw": {"eps": 1e-320}})", "mem.json: optimizer.adamw.eps: must be >= 1e-30, got 9.99989e-321"},
+      {R"(, "optimizer": {"adamw": {"eps": 1e-31}})", "mem.json: optimizer.adamw.eps: must be >= 1e-30, got 1e-31"},
+  };
+  for (const auto& [extra, message] : refused) {
+    INFO(extra);
+    CHECK_THROWS_WITH(parse(extra), Contains(message));
+  }
+  CHECK(parse(R"(, "optimizer": {"adamw": {"eps": 1e-30}})").optim.adamw.eps == 1e-30);
+  CHECK(parse(llama + R"("rope_theta": 1, "norm_eps": 1e-30})").model.rope_theta == 1.0);
+  CHECK_THROWS_WITH(load_train_config(kSrc + "/configs/tiny_test.json", {"optimizer.adamw.eps=1e-320"}),
+                    StartsWith("--set optimizer.adamw.eps=1e-320: optimizer.adamw.eps: must be >= 1e-30"));
+}
+
+namespace {
+// Every leaf of the config schema whose value is a string, as a dotted key path.
+void string_keys(const nlohmann::json& j, const std::string& prefix, std::vector<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string k = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it.value().is_object()) string_keys(it.value(), k, out);
+    else if (it.value().is_string()) out.push_back(k);
+  }
+}
+}  // namespace
+
+TEST_CASE("every config string must be UTF-8: refused naming the key, bytes shown escaped", "[config]") {
+  const std::string cfg = kSrc + "/configs/tiny_test.json";
+  std::vector<std::string> keys;
+  string_keys(TrainConfig{}.to_json(false), "", keys);
+  REQUIRE(keys.size() >= 20);  // every path key, the enumerations, training.resume
+  for (const std::string& key : keys) {
+    INFO(key);
+    CHECK_THROWS_WITH(load_train_config(cfg, {key + "=x/bad\xff"}),
+                      Equals("--set " + key + "=x/bad\\xff: " + key +
+                             ": not valid UTF-8 (byte 0xff at offset 5 of \"x/bad\\xff\"); config strings must be UTF-8"));
+  }
+  // a key, an object and a number given with bad bytes: refused by name, never a JSON library exception
+  CHECK_THROWS_WITH(load_train_config(cfg, {"model.n_layer\xff=2"}), Contains("model.n_layer\\xff: unknown key"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"model={\"n_layer\xff\": 2}"}), Contains("model: expected an object"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"model.n_layer=2\xff"}), Contains("model.n_layer: expected an integer"));
+
+  // the same bytes inside the file: the file, the key, the line and the column
+  testing::ScratchDir scratch("mfsdp_cfg_utf8");
+  const std::string bad = scratch.file("bad.json");
+  std::ofstream(bad) << "{\n  // a comment\n  \"logging\": {\"run_dir\": \"runs/\xff\"},\n  \"data\": {\"train\": \"x.bin\"}\n}\n";
+  CHECK_THROWS_WITH(load_train_config(bad, {}),
+                    Equals(bad + ": logging.run_dir: not valid UTF-8 (line 3, column 32: byte 0xff); config strings must be UTF-8"));
+  std::ofstream(bad) << "{\"data\": {\"tr\xc3\": \"x.bin\"}}";
+  CHECK_THROWS_WITH(load_train_config(bad, {}), Contains(bad + ": data.tr\xef\xbf\xbd: not valid UTF-8 (line 1, column 14: byte 0xc3)"));
+  std::ofstream(bad) << "{\"data\": [1,, \"\xfe\"]}";  // not JSON either: the line, no key
+  CHECK_THROWS_WITH(load_train_config(bad, {}), Equals(bad + ": not valid UTF-8 (line 1, column 16: byte 0xfe); config strings must be UTF-8"));
+  std::ofstream(bad) << "{\"data\": }";  // other JSON errors: the reason, without the library's prefix
+  CHECK_THROWS_WITH(load_train_config(bad, {}), StartsWith(bad + ": invalid JSON: parse error at line 1, column 10"));
+
+  // a relative path in a file whose directory is not UTF-8 resolves to a path that is not
+  const fs::path odd = scratch.dir / "odd\xff";
+  fs::create_directories(odd);
+  std::ofstream((odd / "c.json").string()) << R"({"data": {"train": "x.bin"}})";
+  CHECK_THROWS_WITH(load_train_config((odd / "c.json").string(), {}),
+                    Contains("data.train: resolves to a path that is not valid UTF-8") &&
+                        Contains("(the config file's directory is not UTF-8)") && Contains("odd\\xff"));
 }

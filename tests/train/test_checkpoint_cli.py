@@ -22,8 +22,8 @@ and CASE one of
              run directory; the first finishes and its checkpoints verify; the lock is free after it
   manifest   edited run-state fields: any edit fails the manifest's checksum; re-sealed edits of the
              loader position, the global batch and the step fail their own checks (the step with
-             optimizer_steps: the state fingerprint); exit 2 on every rank, and mfsdp-ckpt verify
-             refuses each one too
+             optimizer_steps: the state fingerprint), a world size beyond 2^24 (2^40, 2^32 + 2) its
+             own; exit 2 on every rank, and mfsdp-ckpt verify refuses each one too
   data       the manifest records each data file's content fingerprint: two equal-size train
              shards swapped, or one rewritten with other tokens of the same size, are refused on
              resume (exit 2 on every rank naming the file and model.init_from) and by mfsdp-ckpt
@@ -561,6 +561,11 @@ def case_manifest(bin_dir, tmp):
         ("sealed step, other name", "backup", sealed(lambda m: m.__setitem__("step", 3)), "optimizer_steps"),
         ("sealed step and optimizer_steps, other name", "backup",
          sealed(lambda m: [m.__setitem__(k, 3) for k in ("step", "optimizer_steps")]), "fingerprint"),
+        # checked as 64-bit values: 2^32 + 2 would pass as world size 2 once cast to int
+        ("sealed world_size 2^40", "step_00000002", sealed(lambda m: m.__setitem__("world_size", 1 << 40)),
+         "world_size: 1099511627776 is larger than 2^24"),
+        ("sealed world_size 2^32+2", "step_00000002", sealed(lambda m: m.__setitem__("world_size", (1 << 32) + 2)),
+         "world_size: 4294967298 is larger than 2^24"),
     ]
     for name, dir_name, damage, expect in cases:
         d = os.path.join(tmp, re.sub(r"\W+", "_", name), dir_name)

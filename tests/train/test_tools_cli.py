@@ -3,17 +3,22 @@
 
 usage: test_tools_cli.py BIN_DIR CASE [SEAL_BIN]   with SEAL_BIN test_seal_manifest (tests/train/seal_manifest.cpp,
 for ckpt_manifest) and CASE one of
-  prepare_outputs  mfsdp-prepare: an input that is also an output (the `dir -o dir/tok` re-run) and a
+  prepare_outputs  mfsdp-prepare: -o dir/ refused; an input name that is not UTF-8 is escaped in the
+                   char meta; a malformed JSONL line named cleanly; an input that is also an output (the `dir -o dir/tok` re-run) and a
                    foreign file named like an output are refused before anything is touched, even
                    with --overwrite; a failed --overwrite run leaves the old outputs; a good one
                    replaces them and removes the old shards it no longer writes
   run_dir_files    a user's metrics.jsonl / summary.json (or a FIFO) in logging.run_dir: refused,
-                   unchanged; the trainer's own files from an earlier run are replaced
+                   unchanged; the trainer's own files from an earlier run are replaced; a resume drops a
+                   cut last line of metrics.jsonl, so every line is one JSON record
   fifo             a FIFO (and /dev/zero) as every input kind of every tool, and as logging.trace and
                    output.export: refused naming the path, exit 2, within seconds (each command runs
                    under a timeout: a hang fails the case)
   bounds           every tool's numeric options (and the numbers of a --compare file and of a cluster
-                   JSON) out of range: exit 2 naming the option or field (and the file)
+                   JSON) out of range: exit 2 naming the option or field (and the file); a --compare
+                   file that is malformed, and --replicate not dividing a --worlds size, too
+  export_temps     an export removes the temporaries a killed export left (writer gone, untouched 10 min), and
+                   keeps those of a live or recent writer, the user's own files and other files' temporaries
   json_out         --json to an unwritable path: exit 2 naming it (mfsdp-bench before measuring);
                    a good path gets complete JSON
   ckpt_manifest    a (sealed) manifest whose tensor claims 1 TiB: mfsdp-ckpt export and diff refuse it
@@ -36,7 +41,8 @@ DATA = os.path.join(ROOT, "data")
 def run(cmd, timeout=120):
     """(exit code, output); a command still running after `timeout` seconds is a hang: -999."""
     try:
-        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, errors="replace", timeout=timeout,
+                           stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         return -999, f"HUNG after {timeout}s: {cmd}: {e.stdout or ''}{e.stderr or ''}"
     return p.returncode, p.stdout + p.stderr
@@ -103,6 +109,24 @@ def case_prepare_outputs(bin_dir, tmp):
     rc, out = run([prep, os.path.join(corpus, "b.txt"), "-o", os.path.join(outdir, "p"), "-q", "--overwrite"])
     names = sorted(snapshot(outdir))
     check(rc == 0 and names == ["p_train.bin", "p_val.bin"], f"--overwrite result: {rc} {names} {out}")
+    # a prefix that ends in a directory is refused naming the fix, nothing written
+    for prefix in (outdir + "/", os.path.join(outdir, "."), "."):
+        rc, out = run([prep, os.path.join(corpus, "a.txt"), "-o", prefix, "-q"])
+        check(rc == 2 and f"output prefix {prefix} names a directory" in out and "corpus_train.bin" in out,
+              f"-o {prefix}: exit {rc}: {out[-300:]}")
+    check(sorted(snapshot(outdir)) == names and not os.path.exists("_train.bin"), "a refused -o dir/ wrote a file")
+    # an input whose name is not UTF-8: the char meta JSON names it with the byte escaped
+    odd = os.path.join(tmp, "odd")
+    put(os.path.join(odd, "caf\udce9.txt"), "All: speak, speak.\n" * 40)
+    rc, out = run([prep, os.path.join(odd, "caf\udce9.txt"), "-o", os.path.join(odd, "tok"), "--tokenizer", "char", "-q"])
+    meta = json.load(open(os.path.join(odd, "tok_meta.json"))) if rc == 0 else {}
+    check(rc == 0 and meta.get("source") == "caf\\xe9.txt", f"input name not UTF-8: exit {rc}: {meta.get('source')} {out[-300:]}")
+    # a malformed JSONL line: the file, the line and the reason, not the JSON library's exception text
+    jsonl = os.path.join(tmp, "docs.jsonl")
+    put(jsonl, '{"text": "fine"}\n{"text": "cut\n')
+    rc, out = run([prep, jsonl, "-o", os.path.join(tmp, "j", "p"), "-q"])
+    check(rc == 2 and f"{jsonl}:2: invalid JSON: parse error at line 1" in out and "json.exception" not in out,
+          f"malformed JSONL line: exit {rc}: {out[-300:]}")
 
 
 def case_run_dir_files(bin_dir, tmp):
@@ -132,6 +156,53 @@ def case_run_dir_files(bin_dir, tmp):
         check(rc == 0, f"run {attempt} into its own run directory: {rc} {out[-500:]}")
     types = [json.loads(x)["type"] for x in open(os.path.join(own, "metrics.jsonl")).read().splitlines()]
     check(types.count("train") == 2, f"metrics.jsonl after two fresh runs holds the second run only: {types}")
+    # a run killed inside a metrics.jsonl write left a cut last line: the resumed run drops it, so every
+    # line is one JSON record, and says so
+    cut = os.path.join(tmp, "cut")
+    rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={cut}", "--set", "checkpoint.at_end=true",
+                         "--set", "logging.interval=1"))
+    check(rc == 0, f"run to resume: {rc} {out[-500:]}")
+    metrics = os.path.join(cut, "metrics.jsonl")
+    whole = open(metrics).read()
+    with open(metrics, "a") as f:
+        f.write('{"type": "train", "step": 3, "lo')
+    rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={cut}", "--set", "training.resume=auto",
+                         "--set", "training.steps=4", "--set", "logging.interval=1"))
+    text = open(metrics).read()
+    try:
+        records = [json.loads(x) for x in text.splitlines()]
+    except ValueError as e:
+        records = [f"not JSON: {e}"]
+    steps = [r.get("step") for r in records if isinstance(r, dict) and r.get("type") == "train"]
+    check(rc == 0 and text.startswith(whole) and steps == [1, 2, 3, 4], f"resume after a cut line: {rc} {steps} {text[-300:]}")
+    check("dropped its last 32 bytes" in out, f"the dropped bytes are not reported: {out[-400:]}")
+
+
+def case_export_temps(bin_dir, tmp):
+    train = os.path.join(bin_dir, "mfsdp-train")
+    export = os.path.join(tmp, "export")
+    os.makedirs(export)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that runs no process now
+    old = 3600
+    files = {  # name -> (age in seconds, kept?)
+        f".model.safetensors.tmp-{gone.pid}-0123456789abcdef": (old, False),   # abandoned: removed
+        f".config.json.tmp-{gone.pid}-fedcba9876543210": (old, False),         # abandoned: removed
+        f".model.safetensors.tmp-{os.getpid()}-0000000000000001": (old, True),  # its writer runs
+        f".model.safetensors.tmp-{gone.pid}-0000000000000002": (0, True),       # written just now (another node?)
+        "model.safetensors.tmp": (old, True),                                    # the user's own file
+        f".notes.txt.tmp-{gone.pid}-0000000000000003": (old, True),             # another file's name
+    }
+    for name, (age, _) in files.items():
+        path = os.path.join(export, name)
+        put(path, "partial")
+        os.utime(path, (os.path.getmtime(path) - age, os.path.getmtime(path) - age))
+    rc, out = run(mpirun(2, train, "--config", TINY, "--set", "training.steps=2", "--set", "training.sample_tokens=0",
+                         "--set", "training.eval_interval=0", "--set", "checkpoint.at_end=false",
+                         "--set", f"logging.run_dir={os.path.join(tmp, 'run')}", "--set", f"output.export={export}"))
+    left = sorted(os.listdir(export))
+    expected = sorted(["model.safetensors", "config.json"] + [n for n, (_, kept) in files.items() if kept])
+    check(rc == 0 and left == expected, f"export over stale temporaries: exit {rc}: left {left}, expected {expected} {out[-300:]}")
 
 
 def case_fifo(bin_dir, tmp):
@@ -229,6 +300,29 @@ def case_bounds(bin_dir, tmp):
         rc, out = run([b("mfsdp-project"), *cluster, "--compare", bench])
         check(rc == 2 and f"results[0].{field}: out of range" in out, f"--compare with {field} {value}: exit {rc}: {out[-300:]}")
 
+
+    # a --compare file that is not JSON, or whose fields have other types: the file and the field, never the
+    # JSON library's exception text
+    for name, text, expect in (("not_json", '{"results": [', "invalid JSON: parse error at line 1"),
+                               ("no_results", '{"rows": []}', "results: expected a list of mfsdp-bench results"),
+                               ("model_number", json.dumps({"results": [dict(row, model=7)]}),
+                                "results[0].model: type must be string, but is number"),
+                               ("no_ms", json.dumps({"results": [{k: v for k, v in row.items() if k != "ms"}]}),
+                                "results[0].ms: missing")):
+        bench = os.path.join(tmp, f"bench_{name}.json")
+        put(bench, text)
+        rc, out = run([b("mfsdp-project"), *cluster, "--compare", bench])
+        check(rc == 2 and f"{bench}: {expect}" in out and "json.exception" not in out,
+              f"--compare {name}: exit {rc}: {out[-300:]}")
+    # HSDP replicas must divide every world size of the sweep (no silently empty table)
+    for args, expect in ((["--replicate", "3"], "--replicate 3 does not divide the world size 8, 16, 32, 64, 128, 256, 512"),
+                         (["--replicate", "3", "--worlds", "6", "8"], "--replicate 3 does not divide the world size 8 "),
+                         (["--replicate", "2", "--placements", "ddp", "--worlds", "8"], "--replicate 2: ddp has no shard group")):
+        rc, out = run([b("mfsdp-project"), *cluster, *args])
+        check(rc == 2 and expect in out and "step_ms" not in out, f"mfsdp-project {' '.join(args)}: exit {rc}: {out[-300:]}")
+    rc, out = run([b("mfsdp-project"), *cluster, "--replicate", "3", "--worlds", "6", "12"])
+    rows = [x for x in out.splitlines() if x.split()[:1] in (["6"], ["12"]) and "ratio" not in x]
+    check(rc == 0 and len(rows) == 6, f"--replicate 3 --worlds 6 12: exit {rc}, {len(rows)} rows (3 placements x 2): {out[-400:]}")
 
     # every number of a cluster JSON is bounded: exit 2 naming the file and the field
     base = json.load(open(os.path.join(ROOT, "configs", "clusters", "a100_80gb_8x.json")))

@@ -3,7 +3,8 @@
 
 usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_faults binary
 (tests/train/train_with_faults.cpp) and CASE one of
-  bad_configs   every malformed config fails with its message and exit code 2 on every rank
+  bad_configs   every malformed config fails with its message and exit code 2 on every rank; config
+                strings and data file names that are not UTF-8, and runtime.device cuda without a GPU, too
   bad_data      broken shards (magic, version, truncated, too short, token >= vocab) are refused
   configs       every config in configs/ is valid (--print-config)
   bad_outputs   exports over inputs, into directories, tokenizer/vocab mismatch; stale summaries
@@ -59,6 +60,7 @@ def case_bad_configs(bin_dir, tmp):
         check(msg in out, f"{name}: message {msg!r} not in output:\n{out[-600:]}")
         check("(rank 0)" in out and "(rank 1)" in out, f"{name}: not reported on every rank:\n{out[-600:]}")
         check(name in out, f"{name}: the file name is not in the message")
+    check_utf8_rule(bin_dir, tmp)
     # a bad --set override and a bad command line
     rc, out = train(bin_dir, 2, TINY, "training.steps=-1", expect=2)
     check(rc == 2 and "training.steps" in out, f"--set training.steps=-1: rc {rc}: {out[-300:]}")
@@ -72,6 +74,39 @@ def case_bad_configs(bin_dir, tmp):
     check(p.returncode == 2 and "--bind-to none" in out and "slot:PE=2" in out and "(CPUs " in out,
           f"--threads 2 on a rank bound to one core: rc {p.returncode}: {out[-400:]}")
     check(not os.path.exists(os.path.join(tmp, "threads", "metrics.jsonl")), "a run started despite the thread error")
+
+
+def check_utf8_rule(bin_dir, tmp):
+    """Every config string must be UTF-8 (JSON carries the config between ranks and into
+    manifests): each path key, an enumeration and training.resume given a byte 0xff are refused on
+    both ranks with exit 2 naming the key, nothing is created; so is --print-config; so is a data
+    glob matching a file whose name is not UTF-8."""
+    bad = os.path.join(tmp, "bad\udcff")  # surrogateescape: the byte 0xff in the argument
+    for key in ("logging.run_dir", "data.train", "data.val", "data.tokenizer_path", "model.init_from",
+                "output.export", "checkpoint.dir", "logging.trace", "training.resume", "sharding.placement"):
+        rc, out = train(bin_dir, 2, TINY, f"{key}={bad}", expect=2)
+        lines = [x for x in out.splitlines() if x.startswith("mfsdp-train: error")]
+        check(rc == 2 and len(lines) == 2 and all(f"--set {key}={tmp}/bad\\xff: {key}: not valid UTF-8 (byte 0xff" in x
+                                                 for x in lines), f"{key} not UTF-8: exit {rc}: {lines} {out[-400:]}")
+        check(not [n for n in os.listdir(tmp) if n.startswith("bad")], f"{key} not UTF-8: something was created")
+    p = subprocess.run([os.path.join(bin_dir, "mfsdp-train"), "--config", TINY, "--print-config",
+                        "--set", f"output.export={bad}"], env=ENV, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and "output.export: not valid UTF-8" in p.stderr and p.stdout == "",
+          f"--print-config with output.export not UTF-8: exit {p.returncode}: {p.stdout[-200:]} {p.stderr[-300:]}")
+    data = os.path.join(tmp, "utf8_data")
+    os.makedirs(data)
+    shutil.copy(os.path.join(ROOT, "data", "tiny_shakespeare_char_train.bin"), os.path.join(data, "tr\udcff.bin"))
+    rc, out = train(bin_dir, 2, TINY, f"data.train={data}/*.bin", expect=2)
+    lines = [x for x in out.splitlines() if x.startswith("mfsdp-train: error")]
+    check(rc == 2 and len(lines) == 2 and all(f"data.train: {data}/*.bin matches {data}/tr\\xff.bin, whose name is not "
+                                             "valid UTF-8" in x and TINY in x for x in lines),
+          f"a data file name that is not UTF-8: exit {rc}: {lines} {out[-400:]}")
+    # runtime.device cuda without a GPU (or in a build without CUDA) is a config error, not a failure
+    if shutil.which("nvidia-smi") is None:
+        rc, out = train(bin_dir, 2, TINY, "runtime.device=cuda", expect=2)
+        lines = [x for x in out.splitlines() if x.startswith("mfsdp-train: error")]
+        check(rc == 2 and len(lines) == 2 and all(f"{TINY}: runtime.device: cuda, but " in x for x in lines),
+              f"runtime.device cuda without a GPU: exit {rc}: {lines} {out[-400:]}")
 
 
 def write_shard(path, tokens, magic=20240520, version=1, ntok=None, truncate=0):
