@@ -68,7 +68,7 @@ GemmRates probe_cpu_gemm_rates(GemmShape shape) {
   return cache.emplace(key, measure(s)).first->second;
 }
 
-bool bf16_pays(const GemmRates& r) { return r.bf16 >= kBf16Margin * r.f32; }
+bool bf16_pays(const GemmRates& r) { return r.f32 > 0 && r.bf16 >= kBf16Margin * r.f32; }
 
 std::string describe_rates(const GemmRates& r) {
   char buf[96];

@@ -31,7 +31,7 @@ GemmShape probe_shape(GemmShape shape, double max_flops = 2e8);
 /// Cached per process by (shape, thread count). Throws what the kernels throw.
 GemmRates probe_cpu_gemm_rates(GemmShape shape);
 
-/// Whether `auto` runs bf16 products on rates `r`: r.bf16 >= kBf16Margin * r.f32.
+/// Whether `auto` runs bf16 products on rates `r`: r.f32 > 0 and r.bf16 >= kBf16Margin * r.f32.
 bool bf16_pays(const GemmRates& r);
 
 /// "bf16 A GFLOP/s vs f32 B GFLOP/s" for log lines (rates rounded to whole GFLOP/s).
