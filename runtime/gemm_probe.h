@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/core/gemm_rates.h"
+
 namespace mfsdp {
 
 /// One GEMM shape: C[M,N] = A[M,K] B[K,N] (2*M*N*K FLOPs).
@@ -12,27 +14,19 @@ struct GemmShape {
   int64_t M = 0, N = 0, K = 0;
 };
 
-/// GEMM rates in GFLOP/s (1e9 FLOP/s): f32 operands (Kernels::gemm) and bf16 operands with f32
-/// accumulation (Kernels::gemm_bf16: oneDNN on AVX512-BF16/AMX, else widened to f32).
-struct GemmRates {
-  double f32 = 0, bf16 = 0;
-};
-
-/// bf16 products must beat f32 by this factor for `auto` to pick them: the GEMM rate leaves out
-/// the operand conversions a bf16 step adds, so a near tie goes to f32.
-inline constexpr double kBf16Margin = 1.15;
+/// Dense bf16 tensor-core peak of an H100 / H200 SXM (NVIDIA's datasheets: 989 TFLOP/s without
+/// sparsity): the MFU denominator of one CUDA rank when none is given.
+inline constexpr double kCudaPeakTflops = 989.0;
 
 /// `shape` scaled down (its largest dimension halved, never below 64) until it costs at most
 /// `max_flops`, so that a probe of a large model's shape stays short. Dimensions < 1 become 1.
 GemmShape probe_shape(GemmShape shape, double max_flops = 2e8);
 
 /// Measures both rates of this process's CPU backend at probe_shape(shape) and cpu_threads():
-/// one warm-up call and the best of two timed calls per dtype (about 10-40 ms on 1-2 cores).
+/// one warm-up call per dtype, then the best of 3-16 alternating timed calls each, about 40 ms in
+/// all (longer only where 3 calls take longer).
 /// Cached per process by (shape, thread count). Throws what the kernels throw.
 GemmRates probe_cpu_gemm_rates(GemmShape shape);
-
-/// Whether `auto` runs bf16 products on rates `r`: r.f32 > 0 and r.bf16 >= kBf16Margin * r.f32.
-bool bf16_pays(const GemmRates& r);
 
 /// "bf16 A GFLOP/s vs f32 B GFLOP/s" for log lines (rates rounded to whole GFLOP/s).
 std::string describe_rates(const GemmRates& r);

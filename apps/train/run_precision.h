@@ -12,10 +12,6 @@
 
 namespace mfsdp {
 
-/// The MFU denominator of one CUDA rank when logging.peak_tflops is unset: an H200's dense bf16
-/// datasheet peak, TFLOP/s.
-inline constexpr double kCudaPeakTflops = 989.0;
-
 /// What a run computes in and what it was measured at.
 struct RunPrecision {
   DType matmul = DType::f32;  ///< the matmuls' dtype (EngineOptions::matmuls())

@@ -149,7 +149,7 @@ struct LoggingSection {
   int64_t interval = 10;
   /// Peak FLOP/s of one rank's device in TFLOP/s, the denominator of MFU. Unset (null): CPU ranks
   /// use their measured GEMM rate of the run's matmul dtype (runtime/gemm_probe.h), CUDA ranks
-  /// kCudaPeakTflops (apps/train/run_precision.h).
+  /// kCudaPeakTflops (runtime/gemm_probe.h).
   std::optional<double> peak_tflops;
   ConfigPath run_dir{"runs/latest", ""};
   /// "" = off; else the Chrome-trace / Perfetto JSON file rank 0 writes with every rank's
