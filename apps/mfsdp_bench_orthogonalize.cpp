@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "optim/ns_probe.h"
 #include "optim/orthogonalize.h"
 #include "planner/cost_model.h"
 #include "runtime/core/dtype.h"
@@ -108,9 +109,9 @@ int main(int argc, char** argv) {
       const std::string name = std::string(orthogonalizer_name(m)) + " bf16";
       std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f\n", static_cast<long>(r), static_cast<long>(c),
                   name.c_str(), best_bf16 * 1e3, gflop, gflop / best_bf16);
-      // ns_dtype auto: the dtype the start-up probe (X X^T of this shape) picks, timed again
-      const GemmRates probe = probe_cpu_gemm_rates({std::min(r, c), std::min(r, c), std::max(r, c)});
-      const NsDType pick = bf16_pays(probe) ? NsDType::bf16 : NsDType::f32;
+      // ns_dtype auto: the dtype the start-up probe (one step at this shape) picks, timed again
+      const GemmRates probe = probe_orthogonalizer_rates(r, c, m);
+      const NsDType pick = bf16_pays(probe, kBf16StepMargin) ? NsDType::bf16 : NsDType::f32;
       const double best_auto = best_seconds(reps, [&] { orthogonalize_cpu(g.data(), out.data(), r, c, 5, m, pick); });
       const std::string auto_name = std::string(orthogonalizer_name(m)) + " auto=" + ns_dtype_name(pick);
       std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f   (probe: %s)\n", static_cast<long>(r), static_cast<long>(c),

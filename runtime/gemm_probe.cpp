@@ -18,37 +18,37 @@ namespace {
 double flops(const GemmShape& s) { return 2.0 * static_cast<double>(s.M) * static_cast<double>(s.N) * static_cast<double>(s.K); }
 
 /// Seconds of one call of `f`.
-template <class F>
-double seconds(F&& f) {
+double seconds(const std::function<void()>& f) {
   const double t0 = now_seconds();
   f();
   return std::max(now_seconds() - t0, 1e-9);
 }
 
-/// Each dtype's best call: both warmed up once (which also builds oneDNN's primitives), then timed
-/// in alternation, so that a pause of the process (other jobs on the cores) slows both alike and
-/// the best of several calls drops it: at least 3 and at most 16 pairs, stopping after kBudget.
 GemmRates measure(const GemmShape& s) {
-  constexpr double kBudget = 0.04;  // seconds of timed pairs per shape
   Kernels& k = kernels(Device::CPU);
   const size_t a = static_cast<size_t>(s.M * s.K), b = static_cast<size_t>(s.K * s.N), c = static_cast<size_t>(s.M * s.N);
   std::vector<float> A(a, 0.01f), B(b, 0.02f), C(c);
   // bf16 0.01 and 0.02 (0x3C24, 0x3CA4): finite operands, so no special-value slow path is timed.
   const std::vector<uint16_t> A16(a, 0x3C24), B16(b, 0x3CA4);
-  auto f32 = [&] { k.gemm(false, false, s.M, s.N, s.K, 1.f, A.data(), B.data(), 0.f, C.data()); };
-  auto b16 = [&] { k.gemm_bf16(false, false, s.M, s.N, s.K, 1.f, A16.data(), B16.data(), 0.f, C.data()); };
-  f32();
-  b16();
-  double best_f32 = 1e30, best_b16 = 1e30;
-  const double t0 = now_seconds();
-  for (int i = 0; i < 16 && (i < 3 || now_seconds() - t0 < kBudget); ++i) {
-    best_f32 = std::min(best_f32, seconds(f32));
-    best_b16 = std::min(best_b16, seconds(b16));
-  }
-  return {flops(s) / 1e9 / best_f32, flops(s) / 1e9 / best_b16};
+  return time_f32_bf16(
+      flops(s), [&] { k.gemm(false, false, s.M, s.N, s.K, 1.f, A.data(), B.data(), 0.f, C.data()); },
+      [&] { k.gemm_bf16(false, false, s.M, s.N, s.K, 1.f, A16.data(), B16.data(), 0.f, C.data()); });
 }
 
 }  // namespace
+
+GemmRates time_f32_bf16(double flops, const std::function<void()>& f32, const std::function<void()>& bf16,
+                        double budget_s) {
+  f32();  // warm-up: first-touch pages, oneDNN's primitives
+  bf16();
+  double best_f32 = 1e30, best_b16 = 1e30;
+  const double t0 = now_seconds();
+  for (int i = 0; i < 16 && (i < 3 || now_seconds() - t0 < budget_s); ++i) {
+    best_f32 = std::min(best_f32, seconds(f32));
+    best_b16 = std::min(best_b16, seconds(bf16));
+  }
+  return {flops / 1e9 / best_f32, flops / 1e9 / best_b16};
+}
 
 GemmShape probe_shape(GemmShape s, double max_flops) {
   s.M = std::max<int64_t>(s.M, 1), s.N = std::max<int64_t>(s.N, 1), s.K = std::max<int64_t>(s.K, 1);

@@ -3,6 +3,7 @@
 // CPU's measured behaviour rather than from a table of CPU names.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "runtime/core/gemm_rates.h"
@@ -27,6 +28,12 @@ GemmShape probe_shape(GemmShape shape, double max_flops = 2e8);
 /// all (longer only where 3 calls take longer).
 /// Cached per process by (shape, thread count). Throws what the kernels throw.
 GemmRates probe_cpu_gemm_rates(GemmShape shape);
+
+/// The rates of two implementations of the same `flops` of work, f32 and bf16: each warmed up once,
+/// then timed in alternation (a pause of the process slows both alike, and the best call of each
+/// drops it), at least 3 and at most 16 pairs, stopping once `budget_s` seconds of pairs have run.
+GemmRates time_f32_bf16(double flops, const std::function<void()>& f32, const std::function<void()>& bf16,
+                        double budget_s = 0.04);
 
 /// "bf16 A GFLOP/s vs f32 B GFLOP/s" for log lines (rates rounded to whole GFLOP/s).
 std::string describe_rates(const GemmRates& r);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <limits>
 
+#include "optim/ns_probe.h"
 #include "runtime/kernels.h"
 
 namespace mfsdp {
@@ -15,8 +16,9 @@ int64_t mlp_width(const TrainConfig& cfg) {
   return 4 * static_cast<int64_t>(cfg.model.n_embd);
 }
 
-/// The dtype `asked` runs in on `device` with summed rates `r` (param: `param`).
-DType decide_one(DTypeChoice asked, DType param, Device device, bool probed, const GemmRates& r) {
+/// The dtype `asked` runs in on `device` with summed rates `r` (param: `param`; auto: bf16_pays at
+/// `margin`).
+DType decide_one(DTypeChoice asked, DType param, Device device, bool probed, const GemmRates& r, double margin) {
   switch (asked) {
     case DTypeChoice::param: return param;
     case DTypeChoice::f32: return DType::f32;
@@ -24,7 +26,7 @@ DType decide_one(DTypeChoice asked, DType param, Device device, bool probed, con
     case DTypeChoice::auto_: break;
   }
   if (device == Device::CUDA) return DType::bf16;
-  return probed && bf16_pays(r) ? DType::bf16 : DType::f32;
+  return probed && bf16_pays(r, margin) ? DType::bf16 : DType::f32;
 }
 
 void add_notice(RunPrecision& p, const char* key, const GemmRates& r) {
@@ -46,10 +48,10 @@ RunPrecision decide_precision(const TrainConfig& cfg, Device device, int world, 
   RunPrecision p;
   p.probed = probed && device == Device::CPU;
   if (p.probed) p.matmul_rates = matmul_rates, p.ns_rates = ns_rates;
-  p.matmul = decide_one(cfg.precision.matmul, cfg.optim.param_dtype, device, p.probed, matmul_rates);
+  p.matmul = decide_one(cfg.precision.matmul, cfg.optim.param_dtype, device, p.probed, matmul_rates, kBf16Margin);
   const bool gram = cfg.optim.muon.orthogonalizer == Orthogonalizer::gram_newton_schulz;
   const DType ns = gram && cfg.precision.ns == DTypeChoice::auto_
-                       ? DType::f32 : decide_one(cfg.precision.ns, DType::f32, device, p.probed, ns_rates);
+                       ? DType::f32 : decide_one(cfg.precision.ns, DType::f32, device, p.probed, ns_rates, kBf16StepMargin);
   p.ns = ns == DType::bf16 ? NsDType::bf16 : NsDType::f32;
   if (device == Device::CPU) {
     const bool explicit_matmul = cfg.precision.matmul == DTypeChoice::bf16 ||
@@ -89,13 +91,20 @@ RunPrecision resolve_precision(TrainConfig& cfg, Communicator& comm, Communicato
   const int world = comm.world_size() * (replicas ? replicas->world_size() : 1);
   GemmRates mm, ns;
   const bool probe = device == Device::CPU;
-  if (probe) {
+  if (probe) {  // what each probe serves depends on the config alone, so every rank takes the same
     auto summed = [&](const GemmRates& mine) {
       const GemmRates group = sum_over_ranks(mine, comm);
       return replicas ? sum_over_ranks(group, *replicas) : group;
     };
-    mm = summed(probe_cpu_gemm_rates(matmul_probe_shape(cfg)));
-    ns = summed(probe_cpu_gemm_rates(ns_probe_shape(cfg)));
+    const DTypeChoice m = cfg.precision.matmul;
+    if (!cfg.logging.peak_tflops || m == DTypeChoice::auto_ || m == DTypeChoice::bf16 ||
+        (m == DTypeChoice::param && cfg.optim.param_dtype == DType::bf16))
+      mm = summed(probe_cpu_gemm_rates(matmul_probe_shape(cfg)));
+    const Orthogonalizer method = cfg.optim.muon.orthogonalizer;
+    if (cfg.precision.ns != DTypeChoice::f32 && method != Orthogonalizer::gram_newton_schulz) {
+      const GemmShape s = ns_probe_shape(cfg);
+      ns = summed(probe_orthogonalizer_rates(s.M, s.K, method));
+    }
   }
   RunPrecision p = decide_precision(cfg, device, world, probe, mm, ns);
   if (p.matmul != cfg.optim.param_dtype) cfg.optim.matmul_dtype = p.matmul;
@@ -109,9 +118,10 @@ std::string describe_precision(const RunPrecision& p, const TrainConfig& cfg) {
                               "(optimizer.muon.ns_dtype {})",
                               dtype_name(p.matmul), kMatmulChoiceNames.name(cfg.precision.matmul), ns_dtype_name(p.ns),
                               kNsChoiceNames.name(cfg.precision.ns));
-  if (p.probed)
-    s += fmt::format(" | GEMM probe, summed over ranks at {} thread(s) each: matmul shape {}, NS shape {}",
-                     cpu_threads(), describe_rates(p.matmul_rates), describe_rates(p.ns_rates));
+  if (p.matmul_rates.f32 > 0)
+    s += fmt::format(" | GEMM probe (summed over ranks, {} thread(s) each): {}", cpu_threads(),
+                     describe_rates(p.matmul_rates));
+  if (p.ns_rates.f32 > 0) s += fmt::format(" | Newton-Schulz step probe: {}", describe_rates(p.ns_rates));
   return s + " | MFU denominator: " + p.peak_source;
 }
 

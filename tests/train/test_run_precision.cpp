@@ -39,6 +39,11 @@ TEST_CASE("auto picks bf16 only where the probe says it pays", "[precision]") {
   p = decide_precision(c, Device::CPU, 1, true, kNearTie, kBf16Faster);
   CHECK(p.matmul == DType::f32);
   CHECK(p.ns == NsDType::bf16);
+  // the step probe times conversions too: measured faster is enough (AVX2's widened NS products)
+  p = decide_precision(c, Device::CPU, 1, true, kNearTie, kNearTie);
+  CHECK(p.matmul == DType::f32);
+  CHECK(p.ns == NsDType::bf16);
+  CHECK(decide_precision(c, Device::CPU, 1, true, kNearTie, {270, 250}).ns == NsDType::f32);
   // without a probe CPU auto stays f32; CUDA auto is bf16 without one
   CHECK(decide_precision(c, Device::CPU, 1, false, {}, {}).matmul == DType::f32);
   CHECK(decide_precision(c, Device::CUDA, 1, false, {}, {}).matmul == DType::bf16);
@@ -118,5 +123,6 @@ TEST_CASE("probe shapes follow the run and stay small", "[precision][probe]") {
   CHECK(s.M >= 64);
   CHECK(bf16_pays({100, 115}));
   CHECK(!bf16_pays({100, 114}));
+  CHECK(bf16_pays({100, 101}, kBf16StepMargin));
   CHECK(!bf16_pays({0, 0}));
 }

@@ -368,7 +368,9 @@ def case_mixed_precision(bin_dir, tmp):
     check(rec[0] == bf16[0], "recompute + overlap printed other loss lines than the plain bf16 run")
     check(rec[1]["state_fingerprint"] == bf16[1]["state_fingerprint"], "recompute + overlap changed the final state")
     check("reduce overlap: off" in bf16[3] and "reduce overlap: on" in rec[3], "reduce overlap banner missing")
-    check("precision: parameters and matmuls bf16, gradient reduction bf16" in bf16[3], "precision banner missing")
+    check("precision: parameters bf16, matmuls bf16 (" in bf16[3] and ", gradient reduction bf16" in bf16[3],
+          "precision banner missing")
+    check("MFU denominator: measured bf16 GEMM rate" in bf16[3], "the measured MFU denominator is not named")
     check("(bf16 matmuls " in bf16[3], "the CPU's bf16 matmul path (oneDNN or widened to f32) is not named")
     fused = runs["f32_fused"]
     check("attention: unfused" in f32[3] and "attention: fused" in fused[3], "attention kernel banner missing")
