@@ -1,6 +1,6 @@
 // mfsdp-bench-model: one-rank forward + backward + AdamW step time of a GPT on a CPU rank or one CUDA
 // device (--device), with f32 or bf16 matmuls (--dtype bf16: bf16 operands, f32 accumulation, as
-// precision.param_dtype = bf16 runs them). Prints the median step time and its phases over the
+// precision.matmul_dtype = bf16 runs them; auto: as precision.matmul_dtype auto decides). Prints the median step time and its phases over the
 // measured steps, the achieved TFLOP/s, tokens/s, MFU against --peak-tflops, and the peak memory
 // of the measured steps (training FLOPs = GPTConfig::flops_per_token(T) x B x T, PaLM appendix B).
 // --attention picks the attention kernel as runtime.attention does (auto: resolve_attention's
@@ -20,6 +20,7 @@
 #include "runtime/autograd.h"
 #include "runtime/cpu_gemm_bf16.h"
 #include "runtime/cuda/device_api.h"
+#include "runtime/gemm_probe.h"
 #include "runtime/memory.h"
 #include "runtime/kernels.h"
 #include "runtime/ops.h"
@@ -33,7 +34,8 @@ struct ModelBenchArgs {
   GPTConfig cfg;
   int B = 4, T = 64, warmup = 2, steps = 5, threads = 0;
   std::string dtype = "f32", device = "cpu", attention = "auto";
-  double peak_tflops = 0.0;  // 0: the device's default (kCudaPeakTflops on CUDA, none on CPU)
+  double peak_tflops = 0.0;  // 0: the device's default (kCudaPeakTflops on CUDA, the probed rate on CPU)
+  GemmRates probed;          // CPU: the GEMM probe at the run's shape (runtime/gemm_probe.h)
   ModelBenchArgs() {
     cfg.n_layer = 12;
     cfg.n_head = 12;
@@ -42,10 +44,6 @@ struct ModelBenchArgs {
     cfg.vocab_size = 50257;
   }
 };
-
-/// Dense bf16 tensor-core peak of an H100 / H200 SXM (NVIDIA's datasheets: 989 TFLOP/s without
-/// sparsity), the default denominator of the MFU on CUDA.
-constexpr double kCudaPeakTflops = 989.0;
 
 /// Declares every option of mfsdp-bench-model on `app`, bound to the fields of `a`.
 void add_model_bench_options(CLI::App& app, ModelBenchArgs& a) {
@@ -63,15 +61,19 @@ void add_model_bench_options(CLI::App& app, ModelBenchArgs& a) {
   app.add_option("--threads", a.threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, cli::kMaxThreads));
-  app.add_option("--dtype", a.dtype, "matmul operand dtype: f32 or bf16")->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--dtype", a.dtype,
+                 "matmul operand dtype: f32, bf16 or auto (as precision.matmul_dtype: the faster by the GEMM probe "
+                 "on CPU, bf16 on CUDA)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "auto"}));
   app.add_option("--device", a.device, "cpu (one CPU rank) or cuda (CUDA device 0)")->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--attention", a.attention, "attention kernel: auto, cudnn, fused or unfused (as runtime.attention)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cudnn", "fused", "unfused"}));
   app.add_option("--peak-tflops", a.peak_tflops,
-                 "peak TFLOP/s for the MFU (0 = 989, the dense bf16 peak of an H100/H200, on CUDA; no MFU on CPU)")
+                 "peak TFLOP/s for the MFU (0 = 989, the dense bf16 peak of an H100/H200, on CUDA; the probed GEMM "
+                 "rate of the matmul dtype on CPU)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
 }
@@ -162,6 +164,11 @@ int main(int argc, char** argv) {
   }
   if (args.threads > 0) set_cpu_threads(args.threads);
   const bool on_cuda = args.device == "cuda";
+  if (!on_cuda) {  // the probe precision.matmul_dtype auto decides from, at this run's MLP shape
+    args.probed = probe_cpu_gemm_rates({int64_t(args.B) * args.T, 4 * int64_t(args.cfg.n_embd), args.cfg.n_embd});
+    std::printf("GEMM probe at %d threads: %s\n", cpu_threads(), describe_rates(args.probed).c_str());
+  }
+  if (args.dtype == "auto") args.dtype = on_cuda || bf16_pays(args.probed) ? "bf16" : "f32";
   if (on_cuda && !cuda::available()) {
     std::fprintf(stderr, "mfsdp-bench-model: --device cuda: %s\n",
                  cuda::built() ? "no CUDA device is visible" : "this build has no CUDA (configure with MFSDP_CUDA=ON)");
@@ -182,12 +189,13 @@ int main(int argc, char** argv) {
   const int B = args.B, T = args.T;
   const double med = median(t.total);
   const double tflops = args.cfg.flops_per_token(T) * B * T / (med * 1e-3) / 1e12;
-  const double peak = args.peak_tflops > 0 ? args.peak_tflops : on_cuda ? kCudaPeakTflops : 0.0;
+  const double probed = (args.dtype == "bf16" ? args.probed.bf16 : args.probed.f32) / 1e3;
+  const double peak = args.peak_tflops > 0 ? args.peak_tflops : on_cuda ? kCudaPeakTflops : probed;
   const Device dev = on_cuda ? Device::CUDA : Device::CPU;
   std::printf("\nmedian over %d steps: %.1f ms/step (forward %.1f, backward %.1f, adamw %.1f), %.3f TFLOP/s, "
               "%.0f tokens/s",
               args.steps, med, median(t.fwd), median(t.bwd), median(t.upd), tflops, B * T / (med * 1e-3));
-  if (peak > 0) std::printf(", MFU %.1f%% of %.0f TFLOP/s", 100.0 * tflops / peak, peak);
+  if (peak > 0) std::printf(", MFU %.1f%% of %.3g TFLOP/s", 100.0 * tflops / peak, peak);
   std::printf(", peak memory %.1f MiB\n", MemoryTracker::instance().peak_total(dev) / 1048576.0);
   return 0;
 }

@@ -1,6 +1,7 @@
 // Benchmark (not a test): ms per call of each orthogonalizer at 5 steps on GPT-2 124M's Muon
 // shapes, at the OpenMP thread count of the environment (OMP_NUM_THREADS), next to the plain GEMM
-// rate of the same products (f32 SGEMM and the bf16 GEMM, the CPU backend's kernels) in this run.
+// rate of the same products (f32 SGEMM and the bf16 GEMM, the CPU backend's kernels) in this run,
+// and ns_dtype auto (the dtype the start-up GEMM probe picks for the shape).
 // usage: mfsdp-bench-orthogonalize [REPS] [--tiny]   (--tiny: one 32x48 call per method, for ctest)
 #include <omp.h>
 
@@ -14,10 +15,12 @@
 #include <utility>
 #include <vector>
 
+#include "optim/ns_probe.h"
 #include "optim/orthogonalize.h"
 #include "planner/cost_model.h"
 #include "runtime/core/dtype.h"
 #include "runtime/cpu_gemm_bf16.h"
+#include "runtime/gemm_probe.h"
 #include "runtime/kernels.h"
 
 using namespace mfsdp;
@@ -106,6 +109,13 @@ int main(int argc, char** argv) {
       const std::string name = std::string(orthogonalizer_name(m)) + " bf16";
       std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f\n", static_cast<long>(r), static_cast<long>(c),
                   name.c_str(), best_bf16 * 1e3, gflop, gflop / best_bf16);
+      // ns_dtype auto: the dtype the start-up probe (one step at this shape) picks, timed again
+      const GemmRates probe = probe_orthogonalizer_rates(r, c, m);
+      const NsDType pick = bf16_pays(probe, kBf16StepMargin) ? NsDType::bf16 : NsDType::f32;
+      const double best_auto = best_seconds(reps, [&] { orthogonalize_cpu(g.data(), out.data(), r, c, 5, m, pick); });
+      const std::string auto_name = std::string(orthogonalizer_name(m)) + " auto=" + ns_dtype_name(pick);
+      std::printf("%4ldx%-7ld %-20s %10.2f %10.3f %8.1f   (probe: %s)\n", static_cast<long>(r), static_cast<long>(c),
+                  auto_name.c_str(), best_auto * 1e3, gflop, gflop / best_auto, describe_rates(probe).c_str());
     }
   }
   return 0;

@@ -1,6 +1,6 @@
 // mfsdp-project: cluster projection of step time and per-rank memory (planner/projection.h).
 //   mfsdp-project --cluster configs/clusters/a100_80gb_8x.json --model llama-7b [--placements ...]
-//                 [--worlds 8 16 ... 512] [--replicate R] [--ns-steps 5] [--dtype bf16] [--json out.json]
+//                 [--worlds 8 16 ... 512] [--replicate R] [--ns-steps 5] [--dtype auto] [--json out.json]
 //   mfsdp-project --cluster C --paper            the paper's setups next to its figures, largest fits
 //   mpirun -np 2 mfsdp-project --calibrate this_machine.json      measure this machine's constants
 //   mfsdp-project --calibrate gpu.json --device cuda [--cluster base.json] [--calibrate-sizes 256 1024 ...]
@@ -205,18 +205,21 @@ struct ProjectArgs {
 /// schedule) on `app`, bound to `a.in` and `a.fsdp2_ns`.
 void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
   ProjectionInput& in = a.in;
+  in.dtype = in.ns_dtype = "auto";  // resolved per cluster in run_projection
   app.add_option("--replicate", in.replicas, "HSDP replicas R")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxReplicas));
   app.add_option("--ns-steps", in.ns_steps, "Newton-Schulz iterations")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxNsSteps));
-  app.add_option("--dtype", in.dtype, "compute/communication dtype: bf16 | f32")
+  app.add_option("--dtype", in.dtype,
+                 "compute/communication dtype: bf16 | f32 | auto (bf16 on GPU clusters; on a calibrated CPU "
+                 "cluster the faster of its measured GEMM rates)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "f32"}));
-  app.add_option("--ns-dtype", in.ns_dtype, "Newton-Schulz dtype: bf16 | f32")
+      ->check(CLI::IsMember({"bf16", "f32", "auto"}));
+  app.add_option("--ns-dtype", in.ns_dtype, "Newton-Schulz dtype: bf16 | f32 | auto (as --dtype)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "f32"}));
+      ->check(CLI::IsMember({"bf16", "f32", "auto"}));
   app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
   app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
   app.add_flag("--checkpointing", in.activation_checkpointing, "activation checkpointing");
@@ -346,6 +349,8 @@ void check_sweep(int replicas, const std::vector<std::string>& placements, const
 int run_projection(const ClusterSpec& c, ProjectArgs& a, json& out) {
   ProjectionInput& in = a.in;
   in.model = model_preset(a.model, a.layers).profile();
+  in.dtype = resolve_projection_dtype(in.dtype, c);  // the rate of the dtype that will run
+  in.ns_dtype = resolve_projection_dtype(in.ns_dtype, c);
   in.overlap_reduce = kToggleNames.parse(a.overlap_reduce, "--overlap-reduce");
   in.batch_orthogonalize = kToggleNames.parse(a.batch_orthogonalize, "--batch-orthogonalize");
   if (!a.fsdp2_ns.empty()) in.baseline.ns = parse_baseline_ns(a.fsdp2_ns);

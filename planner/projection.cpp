@@ -10,6 +10,7 @@
 #include "planner/cost_model.h"
 #include "runtime/core/classifier_memory.h"
 #include "runtime/core/file_checks.h"
+#include "runtime/core/gemm_rates.h"
 #include "runtime/core/json_limits.h"
 #include "planner/planner.h"
 #include "planner/projection_terms.h"
@@ -230,6 +231,13 @@ int baseline_dtensor_ops(int64_t rows, int64_t cols, int steps) {
   // update add_, the adjusted-lr scale (9); a tall matrix's two transposes; per iteration the Gram
   // matmul, the transpose it reads and two addmm (4).
   return 9 + (rows > cols ? 2 : 0) + 4 * std::max(0, steps);
+}
+
+std::string resolve_projection_dtype(const std::string& asked, const ClusterSpec& c) {
+  if (asked != "auto") return asked;
+  if (c.gpu()) return "bf16";
+  const double bf16 = c.gemm_tflops_bf16 > 0 ? c.gemm_tflops_bf16 : c.gemm_tflops_f32;  // 0: the f32 rate
+  return bf16_pays({c.gemm_tflops_f32, bf16}) ? "bf16" : "f32";
 }
 
 std::string BaselineOptions::describe(const std::string& ns_dtype, int ns_steps_default) const {

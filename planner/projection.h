@@ -101,6 +101,11 @@ struct BaselineOptions {
   std::string describe(const std::string& ns_dtype, int ns_steps_default) const;
 };
 
+/// The dtype `asked` ("bf16", "f32" or "auto") runs in on cluster `c`: auto is bf16 on a GPU
+/// cluster and, on a calibrated CPU one, bf16 only where its gemm_tflops_bf16 pays over
+/// gemm_tflops_f32 (runtime/core/gemm_rates.h bf16_pays, the trainer's rule), else f32.
+std::string resolve_projection_dtype(const std::string& asked, const ClusterSpec& c);
+
 /// What to project.
 struct ProjectionInput {
   ModelProfile model;

@@ -22,7 +22,8 @@ using json = nlohmann::json;
 namespace {
 
 // Leaves whose default is null: their type cannot be read from the defaults.
-const std::map<std::string, std::string> kNullableNumber = {{"training.target_val_loss", "a number or null"}};
+const std::map<std::string, std::string> kNullableNumber = {{"training.target_val_loss", "a number or null"},
+                                                            {"logging.peak_tflops", "a number or null"}};
 
 std::string type_name(const json& v) {
   if (v.is_null()) return "null";
@@ -356,7 +357,7 @@ void read_data(const Reader& r, const std::string& base_dir, int64_t vocab_size,
 }
 
 // optimizer.* and training.grad_clip (EngineOptions), with the checks that span both sections.
-void read_optimizer(const Reader& r, EngineOptions& o) {
+void read_optimizer(const Reader& r, EngineOptions& o, PrecisionSection& precision) {
   o.muon.lr = r.num("optimizer.muon.lr", 0.0, 1e6);
   o.muon.momentum = r.num("optimizer.muon.momentum", 0.0, 1.0, false, true);
   o.muon.nesterov = r.flag("optimizer.muon.nesterov");
@@ -365,7 +366,9 @@ void read_optimizer(const Reader& r, EngineOptions& o) {
   o.muon.scale_rule = r.choice("optimizer.muon.scale_rule", kMuonScaleRuleNames);
   o.muon.split_qkv = r.flag("optimizer.muon.split_qkv");
   o.muon.orthogonalizer = r.choice("optimizer.muon.orthogonalizer", kOrthogonalizerNames);
-  o.muon.ns_dtype = r.choice("optimizer.muon.ns_dtype", kNsDTypeNames);
+  // auto is resolved at start-up (apps/train/run_precision.h); until then the rules see f32
+  precision.ns = r.choice("optimizer.muon.ns_dtype", kNsChoiceNames);
+  o.muon.ns_dtype = precision.ns == DTypeChoice::bf16 ? NsDType::bf16 : NsDType::f32;
   o.muon.variant = r.choice("optimizer.muon.variant", kMuonVariantNames);
   o.muon.beta2 = r.num("optimizer.muon.beta2", 0.0, 1.0, false, true);
   o.muon.split_heads = r.flag("optimizer.muon.split_heads");  // head_dim comes from the model
@@ -480,13 +483,16 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.source = source;
   read_model(r, base_dir, c.model);
   read_data(r, base_dir, c.model.vocab_size, c.data);
-  read_optimizer(r, c.optim);
+  read_optimizer(r, c.optim, c.precision);
   // sharding
   c.sharding.placement = r.choice("sharding.placement", kPlacementNames);
   read_device(r, c);
   c.optim.attention = r.choice("runtime.attention", kAttentionNames);
   c.optim.param_dtype = r.choice("precision.param_dtype", kPrecisionNames);
   c.optim.reduce_dtype = r.choice("precision.reduce_dtype", kPrecisionNames);
+  c.precision.matmul = r.choice("precision.matmul_dtype", kMatmulChoiceNames);
+  if (c.precision.matmul == DTypeChoice::f32 || c.precision.matmul == DTypeChoice::bf16)
+    c.optim.matmul_dtype = c.precision.matmul == DTypeChoice::bf16 ? DType::bf16 : DType::f32;
   c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
   const int prefetch_depth = r.i32("sharding.prefetch_depth", -1, 64);  // -1: the device default
   if (prefetch_depth >= 0) c.optim.prefetch_depth = prefetch_depth;
@@ -512,7 +518,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.optim.recompute_units = r.choice("training.recompute", kRecomputeNames);
   // logging, output
   c.logging.interval = r.i64("logging.interval", 1);
-  c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);
+  if (!r.at("logging.peak_tflops").is_null()) c.logging.peak_tflops = r.num("logging.peak_tflops", 0.0, 1e9, true);
   c.logging.run_dir = r.path_value("logging.run_dir", base_dir);
   c.logging.trace = r.path_value("logging.trace", base_dir);
   c.logging.trace_start = r.i64("logging.trace_start", 1, int64_t(1) << 40);

@@ -14,6 +14,7 @@
 #include "planner/shard_plan.h"
 #include "runtime/engine/engine_options.h"
 #include "runtime/engine/resolve.h"
+#include "runtime/core/name_table.h"
 #include "runtime/core/utf8.h"
 
 namespace mfsdp {
@@ -124,11 +125,32 @@ struct CheckpointSection {
   std::string root(const std::string& run_dir) const;
 };
 
+/// What the config asks for a compute precision (precision.matmul_dtype, optimizer.muon.ns_dtype):
+/// param (matmuls only: as precision.param_dtype), auto (the faster of bf16 and f32 products by the
+/// start-up GEMM probe on CPU ranks; bf16 on CUDA), f32 or bf16. Resolved at start-up into
+/// EngineOptions (apps/train/run_precision.h).
+enum class DTypeChoice { param, auto_, f32, bf16 };
+/// "param", "auto", "f32", "bf16" (precision.matmul_dtype).
+inline constexpr NameTable<DTypeChoice, 4> kMatmulChoiceNames{{{{DTypeChoice::param, "param"},
+                                                                {DTypeChoice::auto_, "auto"},
+                                                                {DTypeChoice::f32, "f32"},
+                                                                {DTypeChoice::bf16, "bf16"}}}};
+/// "auto", "f32", "bf16" (optimizer.muon.ns_dtype).
+inline constexpr NameTable<DTypeChoice, 3> kNsChoiceNames{
+    {{{DTypeChoice::auto_, "auto"}, {DTypeChoice::f32, "f32"}, {DTypeChoice::bf16, "bf16"}}}};
+
+/// The precisions as asked; the resolved ones live in TrainConfig::optim.
+struct PrecisionSection {
+  DTypeChoice matmul = DTypeChoice::param;  ///< precision.matmul_dtype
+  DTypeChoice ns = DTypeChoice::f32;        ///< optimizer.muon.ns_dtype
+};
+
 struct LoggingSection {
   int64_t interval = 10;
-  /// Peak FLOP/s of one rank's device in TFLOP/s, the denominator of MFU (CPU default: one core
-  /// of this project's reference machine, ~0.17 TFLOP/s fp32; an A100 is 312 bf16, an H200 989).
-  double peak_tflops = 0.17;
+  /// Peak FLOP/s of one rank's device in TFLOP/s, the denominator of MFU. Unset (null): CPU ranks
+  /// use their measured GEMM rate of the run's matmul dtype (runtime/gemm_probe.h), CUDA ranks
+  /// kCudaPeakTflops (runtime/gemm_probe.h).
+  std::optional<double> peak_tflops;
   ConfigPath run_dir{"runs/latest", ""};
   /// "" = off; else the Chrome-trace / Perfetto JSON file rank 0 writes with every rank's
   /// timeline of steps trace_start .. trace_start + trace_steps - 1 (1-based, as in the logs;
@@ -155,6 +177,7 @@ struct TrainConfig {
   /// The parser checks them with resolve() (runtime/engine/resolve.h) for runtime.device,
   /// sharding.placement and sharding.replicate, and maps a rejected field back to its key.
   EngineOptions optim;
+  PrecisionSection precision;
   RuntimeSection runtime;
   ShardingSection sharding;
   TrainingSection training;

@@ -29,7 +29,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                             {"scale_rule", muon_scale_rule_name(mu.scale_rule)},
                             {"split_qkv", mu.split_qkv},
                             {"orthogonalizer", orthogonalizer_name(mu.orthogonalizer)},
-                            {"ns_dtype", ns_dtype_name(mu.ns_dtype)},
+                            {"ns_dtype", kNsChoiceNames.name(precision.ns)},
                             {"variant", muon_variant_name(mu.variant)},
                             {"beta2", mu.beta2},
                             {"split_heads", mu.split_heads},
@@ -45,7 +45,9 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"floor", optim.schedule.floor},
                    {"decay_fraction", optim.schedule.decay_fraction}};
   j["runtime"] = {{"device", device_name(runtime.device)}, {"attention", kAttentionNames.name(optim.attention)}};
-  j["precision"] = {{"param_dtype", dtype_name(optim.param_dtype)}, {"reduce_dtype", dtype_name(optim.reduce_dtype)}};
+  j["precision"] = {{"param_dtype", dtype_name(optim.param_dtype)},
+                    {"reduce_dtype", dtype_name(optim.reduce_dtype)},
+                    {"matmul_dtype", kMatmulChoiceNames.name(precision.matmul)}};
   j["sharding"] = {{"placement", placement_name(sharding.placement)},
                    {"backend", comm_backend_name(sharding.backend)},
                    {"replicate", sharding.replicate},
@@ -67,7 +69,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"sample_tokens", training.sample_tokens},
                    {"recompute", kRecomputeNames.name(optim.recompute_units)},
                    {"resume", training.resume}};
-  j["logging"] = {{"interval", logging.interval},       {"peak_tflops", logging.peak_tflops},
+  j["logging"] = {{"interval", logging.interval},       {"peak_tflops", logging.peak_tflops ? json(*logging.peak_tflops) : json(nullptr)},
                   {"run_dir", p(logging.run_dir)},        {"trace", p(logging.trace)},
                   {"trace_start", logging.trace_start}, {"trace_steps", logging.trace_steps}};
   j["output"] = {{"export", p(output.export_path)}};

@@ -15,6 +15,7 @@
 #include "apps/train/model_io.h"
 #include "apps/train/preemption.h"
 #include "apps/train/run_log.h"
+#include "apps/train/run_precision.h"
 #include "apps/train/trace_window.h"
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
@@ -47,7 +48,7 @@ double evaluate(ShardedEngine& engine, const EvalSplit& split, int B, int T) {
 
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts);
+  Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts, const RunPrecision& precision);
   void evaluate_only();
   void train();
 
@@ -65,6 +66,7 @@ class Trainer {
                      double peak_total);
 
   const TrainConfig& cfg_;
+  const RunPrecision precision_;
   Communicator& comm_;
   TrainerOptions opts_;
   const int rank_, world_;  ///< over every replica (HSDP: g = replica * S + shard rank, R * S); else comm_'s
@@ -94,8 +96,8 @@ class Trainer {
   ProgressWindow window_;
 };
 
-Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts)
-    : cfg_(cfg), comm_(comm), opts_(opts),
+Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts, const RunPrecision& precision)
+    : cfg_(cfg), precision_(precision), comm_(comm), opts_(opts),
       rank_(comm.rank() + (opts.replicas ? opts.replicas->rank() * comm.world_size() : 0)),
       world_(comm.world_size() * (opts.replicas ? opts.replicas->world_size() : 1)),
       B_(cfg.training.micro_batch_size), T_(cfg.model.seq_len), A_(cfg.training.grad_accum), lead_(rank_ == 0),
@@ -123,13 +125,16 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
                  device_name(comm.device()),
                  st.muon_params, st.muon_numel / 1e6, st.adamw_params, st.adamw_numel / 1e6, st.flops_ratio(),
                  st.bytes_ratio(), st.empty_segments);
-    spdlog::info("precision: parameters and matmuls {}, gradient reduction {}, master weights and optimizer state "
-                 "f32{} | activation recompute: {} | attention: {} | reduce overlap: {}",
-                 dtype_name(cfg.optim.param_dtype), dtype_name(cfg.optim.reduce_dtype),
-                 cfg.optim.param_dtype == DType::bf16 && comm.device() == Device::CPU
+    spdlog::info("precision: parameters {}, matmuls {}{}, gradient reduction {}, master weights and optimizer state "
+                 "f32 | activation recompute: {} | attention: {} | reduce overlap: {}",
+                 dtype_name(cfg.optim.param_dtype), dtype_name(cfg.optim.matmuls()),
+                 cfg.optim.matmuls() == DType::bf16 && comm.device() == Device::CPU
                      ? fmt::format(" ({})", cpu_gemm_bf16_path()) : "",
+                 dtype_name(cfg.optim.reduce_dtype),
                  kRecomputeNames.name(cfg.optim.recompute_units),
                  attention_kernel_name(engine_.attention()), engine_.overlap_reduce() ? "on" : "off");
+    spdlog::info("{}", describe_precision(precision_, cfg));
+    for (const std::string& n : precision_.notices) spdlog::info("{}", n);
     spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {} | "
                  "CPU threads per rank {} (rank 0 may run on CPUs {})",
                  world_, opts.agreement_seconds,
@@ -270,7 +275,7 @@ double Trainer::run_eval(int64_t step, const EvalSplit& split) {
 void Trainer::log_progress(int64_t step, const StepStats& s) {
   const double now = now_seconds(), dt = now - window_.t_start;
   const double tok_s = window_.tokens / std::max(dt, 1e-9);
-  const double mfu = model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * world_);
+  const double mfu = model_flops_utilization(model_->flops_per_token(), tok_s, precision_.peak_tflops_total);
   const double avg_step = (now - t_train_) / steps_done_;
   const double loss = window_.loss_sum / window_.steps;
   if (lead_) {
@@ -416,7 +421,7 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
       {"train_seconds", train_seconds},
       {"eval_seconds", eval_seconds_},
       {"tokens_per_second", tok_s},
-      {"mfu", model_->flops_per_token() * tok_s / (cfg_.logging.peak_tflops * 1e12 * world_)},
+      {"mfu", model_flops_utilization(model_->flops_per_token(), tok_s, precision_.peak_tflops_total)},
       {"final_train_loss", nullable(final_train_loss_)},
       {"final_val_loss", nullable(last_val_)},
       {"best_val_loss", nullable(best_val_)},
@@ -440,9 +445,11 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
 
 }  // namespace
 
-void run_training(const TrainConfig& cfg, Communicator& comm, const TrainerOptions& opts) {
-  arm_notice_signal(notice_signal_number(cfg.checkpoint.notice_signal));
-  Trainer trainer(cfg, comm, opts);
+void run_training(const TrainConfig& asked, Communicator& comm, const TrainerOptions& opts) {
+  arm_notice_signal(notice_signal_number(asked.checkpoint.notice_signal));
+  TrainConfig cfg = asked;  // auto precisions resolved, the same on every rank
+  const RunPrecision precision = resolve_precision(cfg, comm, opts.replicas);
+  Trainer trainer(cfg, comm, opts, precision);
   if (opts.eval_only) trainer.evaluate_only();
   else trainer.train();
 }

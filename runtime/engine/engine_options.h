@@ -36,11 +36,17 @@ struct EngineOptions {
   bool overlap_backward = false;
   /// Mixed precision, PyTorch FSDP's MixedPrecision split: `param_dtype` is the dtype of the
   /// gathered parameters (bf16: all-gathers move bf16 and parameters hold bf16-rounded values)
-  /// and of the matmuls (ops.h matmul_dtype: bf16 operands, f32 accumulation); `reduce_dtype` is
+  /// and, unless matmul_dtype says otherwise, of the matmuls (ops.h matmul_dtype: bf16 operands,
+  /// f32 accumulation); `reduce_dtype` is
   /// the dtype of gradient contributions on the wire (owners add them in f32). Master shards,
   /// gradients on owners and optimizer state stay f32. param_dtype bf16 needs a sharded placement.
   DType param_dtype = DType::f32;
   DType reduce_dtype = DType::f32;
+  /// The dtype of the matmuls when it differs from param_dtype (f32 or bf16; unset: param_dtype).
+  /// bf16 parameters with f32 matmuls keep the halved gathers where bf16 GEMMs are slower.
+  std::optional<DType> matmul_dtype;
+  /// The dtype the matmuls run in: matmul_dtype, else param_dtype.
+  DType matmuls() const { return matmul_dtype.value_or(param_dtype); }
   /// Activation recompute per FSDP unit (named "block"; off is "none", kRecomputeNames): the forward keeps
   /// only each unit's input; the backward re-runs the unit's forward before differentiating it.
   /// Bitwise equal to recompute off; the last unit (the loss head) is never recomputed.

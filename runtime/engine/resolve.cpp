@@ -32,6 +32,8 @@ void check_placement(const EngineOptions& o, Placement placement, int replicas) 
           ref(OptionField::overlap_backward) + " is not supported with " + ref(OptionField::replicas) + " > 1");
   for (auto [dt, field] : {std::pair{o.param_dtype, OptionField::param_dtype}, std::pair{o.reduce_dtype, OptionField::reduce_dtype}})
     require(dt == DType::f32 || dt == DType::bf16, field, std::string("must be f32 or bf16, got ") + dtype_name(dt));
+  require(o.matmuls() == DType::f32 || o.matmuls() == DType::bf16, OptionField::param_dtype,
+          std::string("matmuls must be f32 or bf16, got ") + dtype_name(o.matmuls()));
   require(o.param_dtype == DType::f32 || !placement_traits(placement).resident, OptionField::param_dtype,
           "bf16 needs a sharded placement (matrixfsdp or fsdp2); " + ref(OptionField::placement) + " " +
               placement_name(placement) + " keeps f32 parameters resident on every rank");
@@ -137,7 +139,7 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   r.batch_orthogonalize = toggle_value(in.batch_orthogonalize, cuda);
   // a replica chain and ddp's all-reduce block whatever the switch says
   r.overlap_reduce = toggle_value(in.overlap_reduce, cuda) && replicas == 1 && !r.traits.all_reduce_gradients;
-  r.attention = resolve_attention(in.attention, device, in.param_dtype, model.attention_head_size,
+  r.attention = resolve_attention(in.attention, device, in.matmuls(), model.attention_head_size,
                                   cuda_cudnn::built());
   r.options.prefetch_depth = r.prefetch_depth;
   const auto fixed = [](bool on) { return on ? Toggle::on : Toggle::off; };

@@ -215,7 +215,7 @@ std::vector<RowScale> ShardedEngine::qk_clip_scales(StepStats& st) {
 
 Tensor ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
   MemCategoryScope act(MemCategory::activations);
-  MatmulDTypeScope matmuls(opts_.param_dtype);
+  MatmulDTypeScope matmuls(opts_.matmuls());
   AttentionKernelScope attention(resolved_.attention);
   const int U = units_.size();
   // a recomputed unit keeps only its input from the forward (out[u] is in[u + 1]'s storage)
@@ -318,7 +318,7 @@ void ShardedEngine::init_parameters(uint64_t seed) {
 }
 
 void ShardedEngine::with_full_model(const std::function<void()>& fn) {
-  MatmulDTypeScope matmuls(opts_.param_dtype);
+  MatmulDTypeScope matmuls(opts_.matmuls());
   AttentionKernelScope attention(resolved_.attention == AttentionKernel::cudnn ? AttentionKernel::fused
                                                                                 : resolved_.attention);
   units_.with_all_gathered(fn, CommPhase::other, opts_.param_dtype);
@@ -336,7 +336,7 @@ std::map<std::string, std::vector<float>> ShardedEngine::full_parameters() {
 std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroBatch>& batches) {
   NoGradGuard no_grad;
   MemCategoryScope act(MemCategory::activations);
-  MatmulDTypeScope matmuls(opts_.param_dtype);
+  MatmulDTypeScope matmuls(opts_.matmuls());
   AttentionKernelScope attention(resolved_.attention);
   const int U = units_.size();
   ExactSum loss_sum;

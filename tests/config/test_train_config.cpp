@@ -290,6 +290,48 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   CHECK_THROWS_WITH(parse("{" + train + "}", {"sharding.nccl_blocking=3"}), Contains("sharding.nccl_blocking"));
 }
 
+TEST_CASE("precision.matmul_dtype, optimizer.muon.ns_dtype auto and logging.peak_tflops null", "[config][precision]") {
+  auto parse = [](const std::vector<std::string>& overrides) {
+    return parse_train_config(nlohmann::json::parse(R"({"data": {"train": "x.bin"}})"), "p.json", ".", overrides);
+  };
+  // defaults: matmuls follow param_dtype, NS f32, MFU against the measured peak (null)
+  const TrainConfig d = parse({});
+  CHECK(d.precision.matmul == DTypeChoice::param);
+  CHECK(d.precision.ns == DTypeChoice::f32);
+  CHECK(!d.optim.matmul_dtype.has_value());
+  CHECK(d.optim.matmuls() == DType::f32);
+  CHECK(parse({"precision.param_dtype=bf16"}).optim.matmuls() == DType::bf16);
+  CHECK(!d.logging.peak_tflops.has_value());
+  CHECK(d.to_json()["precision"]["matmul_dtype"] == "param");
+  CHECK(d.to_json()["optimizer"]["muon"]["ns_dtype"] == "f32");
+  CHECK(d.to_json()["logging"]["peak_tflops"].is_null());
+  // explicit values; bf16 parameters with f32 products
+  const TrainConfig split = parse({"precision.param_dtype=bf16", "precision.matmul_dtype=f32"});
+  CHECK(split.optim.param_dtype == DType::bf16);
+  CHECK(split.optim.matmuls() == DType::f32);
+  CHECK(parse({"precision.matmul_dtype=bf16"}).optim.matmuls() == DType::bf16);
+  // auto: the rules see f32 until start-up resolves it; the file keeps "auto"
+  const TrainConfig a = parse({"precision.matmul_dtype=auto", "optimizer.muon.ns_dtype=auto"});
+  CHECK(a.precision.matmul == DTypeChoice::auto_);
+  CHECK(a.precision.ns == DTypeChoice::auto_);
+  CHECK(a.optim.muon.ns_dtype == NsDType::f32);
+  CHECK(a.to_json()["precision"]["matmul_dtype"] == "auto");
+  CHECK(a.to_json()["optimizer"]["muon"]["ns_dtype"] == "auto");
+  CHECK(parse_train_config(a.to_json(), "p.json", ".").precision.ns == DTypeChoice::auto_);
+  // auto with gram_newton_schulz is accepted (it resolves to f32); bf16 is not
+  CHECK_NOTHROW(parse({"optimizer.muon.ns_dtype=auto", "optimizer.muon.orthogonalizer=gram_newton_schulz"}));
+  CHECK_THROWS_WITH(parse({"optimizer.muon.ns_dtype=bf16", "optimizer.muon.orthogonalizer=gram_newton_schulz"}),
+                    Contains("optimizer.muon.ns_dtype"));
+  // peak_tflops: a positive number or null
+  CHECK(*parse({"logging.peak_tflops=989"}).logging.peak_tflops == 989.0);
+  CHECK(!parse({"logging.peak_tflops=null"}).logging.peak_tflops.has_value());
+  CHECK_THROWS_WITH(parse({"logging.peak_tflops=0"}), Contains("logging.peak_tflops: must be > 0"));
+  CHECK_THROWS_WITH(parse({"logging.peak_tflops=\"fast\""}), Contains("logging.peak_tflops: expected a number or null"));
+  // bad values name the file and the key
+  CHECK_THROWS_WITH(parse({"precision.matmul_dtype=fp16"}), Contains("precision.matmul_dtype=fp16: precision.matmul_dtype: unknown value \"fp16\""));
+  CHECK_THROWS_WITH(parse({"optimizer.muon.ns_dtype=param"}), Contains("optimizer.muon.ns_dtype: unknown value \"param\""));
+}
+
 TEST_CASE("sharding.prefetch_depth and prefetch_limit_bytes", "[config][gpu]") {
   auto parse = [](const std::vector<std::string>& overrides) {
     return parse_train_config(nlohmann::json::parse(R"({"data": {"train": "x.bin"}})"), "p.json", ".", overrides);

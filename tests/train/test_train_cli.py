@@ -18,6 +18,8 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
                 init_from weights, and a config.json whose fields change GPT-2's maths, are refused;
                 a NaN gradient (FAULT_BIN --nan-grad) stops the run
   torch         PyTorch loads the export and gets the same validation loss (within 1e-4)
+  precision_auto   matmul_dtype / ns_dtype auto at -np 2 resolve alike on every rank and equal the
+                   explicit -np 1 run bitwise
   mixed_precision  bf16 parameters and reduction track the f32 run (val loss within 1%), move half the
                 gather bytes, log the step telemetry; recompute block prints the same losses
 Exit 0 on success, 1 on failure, 77 when skipped.
@@ -333,6 +335,46 @@ def case_world_sizes_bf16(bin_dir, tmp):
     check(seen[(2, "f32")][1] != seen[(2, "bf16")][1], "ns_dtype bf16 left the state equal to f32's")
 
 
+def case_precision_auto(bin_dir, tmp):
+    """precision.matmul_dtype and optimizer.muon.ns_dtype auto at -np 2: the start-up line names the
+    dtypes the ranks resolved (from probe rates summed over the ranks, so every rank runs the same),
+    config.json keeps "auto", and the run is bitwise the -np 1 x grad_accum 2 run that asks for
+    those dtypes explicitly."""
+    common = ("training.micro_batch_size=2", "training.steps=3", "training.eval_interval=3",
+              "training.sample_tokens=0")
+    run = os.path.join(tmp, "auto")
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={run}", "precision.matmul_dtype=auto",
+                    "optimizer.muon.ns_dtype=auto", "training.grad_accum=1", *common, args=("--threads", "1"))
+    check(rc == 0, "auto at -np 2 failed")
+    if rc:
+        return
+    m = re.search(r"compute precision: matmuls (f32|bf16) \(precision\.matmul_dtype auto\), "
+                  r"Newton-Schulz (f32|bf16) \(optimizer\.muon\.ns_dtype auto\)", out)
+    check(m is not None, "the start-up line does not name the resolved dtypes")
+    check("GEMM probe" in out and "Newton-Schulz step probe" in out and "MFU denominator: measured" in out,
+          "the probe rates or the MFU denominator are not on the start-up line")
+    if m is None:
+        return
+    with open(os.path.join(run, "config.json")) as f:
+        cfg = json.load(f)
+    check(cfg["precision"]["matmul_dtype"] == "auto" and cfg["optimizer"]["muon"]["ns_dtype"] == "auto",
+          "config.json does not keep auto")
+    with open(os.path.join(run, "summary.json")) as f:
+        fp2 = json.load(f)["state_fingerprint"]
+    run1 = os.path.join(tmp, "explicit")
+    rc, out1 = train(bin_dir, 1, TINY, f"logging.run_dir={run1}", f"precision.matmul_dtype={m.group(1)}",
+                     f"optimizer.muon.ns_dtype={m.group(2)}", "training.grad_accum=2", *common,
+                     args=("--threads", "1"))
+    check(rc == 0, "the explicit -np 1 run failed")
+    if rc:
+        return
+    with open(os.path.join(run1, "summary.json")) as f:
+        fp1 = json.load(f)["state_fingerprint"]
+    print(f"auto -> matmuls {m.group(1)}, NS {m.group(2)}: -np 2 {fp2}, -np 1 explicit {fp1}")
+    check(LOSS_LINE.findall(out) == LOSS_LINE.findall(out1), "auto -np 2 printed other loss lines than -np 1")
+    check(fp1 == fp2, f"auto -np 2 state_fingerprint {fp2} != explicit -np 1 {fp1}")
+
+
 def case_mixed_precision(bin_dir, tmp):
     """The same 40 steps at world 2 in f32, in f32 with fused attention, in bf16 (parameters and
     reduction) and in bf16 with activation recompute, prefetching and the gradient reduction
@@ -368,7 +410,9 @@ def case_mixed_precision(bin_dir, tmp):
     check(rec[0] == bf16[0], "recompute + overlap printed other loss lines than the plain bf16 run")
     check(rec[1]["state_fingerprint"] == bf16[1]["state_fingerprint"], "recompute + overlap changed the final state")
     check("reduce overlap: off" in bf16[3] and "reduce overlap: on" in rec[3], "reduce overlap banner missing")
-    check("precision: parameters and matmuls bf16, gradient reduction bf16" in bf16[3], "precision banner missing")
+    check("precision: parameters bf16, matmuls bf16 (" in bf16[3] and ", gradient reduction bf16" in bf16[3],
+          "precision banner missing")
+    check("MFU denominator: measured bf16 GEMM rate" in bf16[3], "the measured MFU denominator is not named")
     check("(bf16 matmuls " in bf16[3], "the CPU's bf16 matmul path (oneDNN or widened to f32) is not named")
     fused = runs["f32_fused"]
     check("attention: unfused" in f32[3] and "attention: fused" in fused[3], "attention kernel banner missing")
