@@ -8,6 +8,7 @@
 # WARMUP=1, PLACEMENTS="matrixfsdp fsdp2 zero1 ddp", WORLDS="2 4", TOLERANCE=5 (times),
 # RATIO_TOLERANCE=2 (placement / matrixfsdp ratios), PYTHON=/usr/bin/python3 (with matplotlib), RUN_DIR (a training
 # run directory to plot, optional), REUSE=1 (keep this_machine.json and bench_w*.json already in OUT_DIR).
+# Without matplotlib for PYTHON, scripts/setup.sh --plots --no-build installs Debian's first.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
@@ -22,6 +23,7 @@ bin="$build/bin"
 for exe in mfsdp-bench mfsdp-project; do
   [ -x "$bin/$exe" ] || { echo "reproduce_paper.sh: $bin/$exe not built" >&2; exit 2; }
 done
+"$PYTHON" -c 'import matplotlib' 2>/dev/null || bash "$root/scripts/setup.sh" --plots --no-build
 mkdir -p "$out"
 
 reuse() { [ "${REUSE:-0}" = 1 ] && [ -s "$1" ]; }

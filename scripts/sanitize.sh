@@ -5,7 +5,7 @@
 # it. Usage: scripts/sanitize.sh [ctest arguments, e.g. -R engine]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --no-build
+bash scripts/setup.sh --tests --no-build
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMFSDP_CUDA=OFF -DMFSDP_SANITIZE=address,undefined \
   >build-asan-configure.log 2>&1 || { cat build-asan-configure.log; exit 1; }
 echo "sanitize.sh: building (log in build-asan.log)"

@@ -435,10 +435,13 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
       {"state_fingerprint", fingerprint},
       {"config", cfg_.to_json()},
   });
-  spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | final val loss {:.4f} | "
-               "best val {:.4f} | opt-step bytes {} | peak memory/rank {} | state fingerprint {}",
-               steps_done_, tokens_seen_ - start_tokens_, human_seconds(wall), tok_s, final_train_loss_, last_val_,
-               best_val_, human_bytes(comm_bytes["opt_step"].get<double>()), human_bytes(peak_bytes["total"].get<double>()),
+  // Without data.val there is no validation loss to print (summary.json has null for both).
+  const std::string val_text = val_full_ ? fmt::format("final val loss {:.4f} | best val {:.4f}", last_val_, best_val_)
+                                         : std::string("no validation split (data.val is empty)");
+  spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | {} | "
+               "opt-step bytes {} | peak memory/rank {} | state fingerprint {}",
+               steps_done_, tokens_seen_ - start_tokens_, human_seconds(wall), tok_s, final_train_loss_, val_text,
+               human_bytes(comm_bytes["opt_step"].get<double>()), human_bytes(peak_bytes["total"].get<double>()),
                fingerprint);
   if (!log_.dir().empty()) spdlog::info("run directory: {}", log_.dir().string());
 }

@@ -11,7 +11,8 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
   other_runs_outputs  logging.trace / output.export over another run's files, a user's safetensors
                 file or a sharded checkpoint: refused on every rank, nothing changed; the other run
                 resumes and replaces its own export and trace
-  e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0
+  e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0;
+                without data.val the done line says there is no validation split
   world_sizes   -np 1/2/4 with grad_accum 4/2/1, shuffle off and on: bitwise-identical losses,
                 metrics, state fingerprints and exports (cmp)
   export        export -> import -> --eval-only reproduces the final validation loss exactly; NaN
@@ -265,6 +266,18 @@ def case_e2e(bin_dir, tmp):
     check(s.get("comm_bytes", {}).get("grad_reduce", 0) > 0, "no gradient reduction traffic counted")
     check(s.get("tokens") == 20 * 2 * 4 * 32, f"tokens {s.get('tokens')}")
     check("sample" in out, "no text sample printed")
+    check("final val loss " in out and "best val " in out, f"no validation losses on the done line:\n{out[-600:]}")
+    # Without data.val the done line says so instead of printing NaN losses; summary.json has nulls.
+    run = os.path.join(tmp, "no_val")
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={run}", "data.val=", "training.steps=2",
+                    "training.sample_tokens=0")
+    check(rc == 0, f"training without data.val failed with {rc}")
+    done = [line for line in out.splitlines() if "done: " in line]
+    check(len(done) == 1 and "no validation split (data.val is empty)" in done[0] and "nan" not in done[0].lower(),
+          f"done line without data.val: {done}")
+    if rc == 0:
+        s = json.loads(read(os.path.join(run, "summary.json")))
+        check(s["final_val_loss"] is None and s["best_val_loss"] is None, "summary.json: validation losses not null")
 
 
 LOSS_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+) \| lr (\S+) \| grad norm (\S+)")
