@@ -156,6 +156,7 @@ int train(const TrainConfig& cfg, int rank, int world, const TrainerOptions& top
         throw InputError("sharding.replicate = " + std::to_string(cfg.sharding.replicate) +
                          " does not divide the world size " + std::to_string(world));
       HsdpGroups groups = make_hsdp_groups(cfg.sharding.backend, cfg.sharding.replicate, copts, cuda_opts);
+      if (rank == 0) spdlog::info("HSDP layout: {}", groups.layout);
       TrainerOptions hsdp = topts;
       hsdp.replicas = groups.replica.get();
       run_training(cfg, *groups.shard, hsdp);
@@ -207,6 +208,8 @@ int main(int argc, char** argv) {
   topts.eval_only = args.eval_only;
   topts.program_start = program_start;
   topts.agreement_seconds = now_seconds() - t_agree;
+  topts.topology = world_node_topology();  // every rank is known to be running: a blocking collective is safe
+  if (rank == 0) spdlog::info("topology: {}", topts.topology.describe());
   // Ranks sharing this machine split its cores.
   set_cpu_threads(args.threads > 0 ? args.threads : default_cpu_threads(host->local_size()));
   return train(cfg, rank, world, topts);

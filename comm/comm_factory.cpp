@@ -2,12 +2,15 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include "comm/mpi_backends.h"
+#include "comm/node_topology.h"
+#include "comm/peer_probe.h"
 
 namespace mfsdp {
 
@@ -35,6 +38,7 @@ std::unique_ptr<Communicator> make_host_communicator(CommOptions opts) {
 void abort_job(int exit_code) {
   std::fflush(stdout);
   std::fflush(stderr);
+  detail::end_process_after_grace(exit_code);
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::abort();  // not reached: MPI_Abort ends the process
 }
@@ -72,6 +76,26 @@ std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, 
   return out;
 }
 
+namespace {
+// The layout note of HsdpGroups: whether each shard group stays on one node.
+std::string hsdp_layout_note(const NodeTopology& topo, const std::vector<int>& replica_of, int replicas) {
+  for (int q = 0; q < replicas; ++q) {
+    std::vector<int> members;
+    for (size_t r = 0; r < replica_of.size(); ++r)
+      if (replica_of[r] == q) members.push_back(static_cast<int>(r));
+    const std::vector<int> nodes = topo.nodes_of(members);
+    if (nodes.size() < 2) continue;
+    std::string names;
+    for (int n : nodes) names += (names.empty() ? "" : ", ") + topo.node_names[static_cast<size_t>(n)];
+    return "shard group " + std::to_string(q) + " spans nodes " + names +
+           ": its gathers and reductions cross node links (the standard layout is one replica per node, "
+           "sharding.replicate = " + std::to_string(topo.nodes()) + ", with the same number of ranks on every node)";
+  }
+  return topo.nodes() > 1 ? "each shard group on one node, replicas across " + std::to_string(topo.nodes()) + " nodes"
+                          : "one node";
+}
+}  // namespace
+
 HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts, CudaCommOptions cuda) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -80,10 +104,19 @@ HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts, CudaC
     throw std::invalid_argument("[make_hsdp_groups] replicas = " + std::to_string(replicas) +
                                 " must be >= 1 and divide the world size " + std::to_string(world));
   const int S = world / replicas;
+  const NodeTopology topo = world_node_topology();
+  const std::vector<int> per = topo.ranks_per_node();
+  const bool by_node = topo.nodes() == replicas && std::all_of(per.begin(), per.end(), [S](int n) { return n == S; });
+  std::vector<int> replica_of(static_cast<size_t>(world)), shard_of(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    replica_of[r] = by_node ? topo.node_of_rank[r] : r / S;
+    shard_of[r] = by_node ? topo.local_rank_of_rank[r] : r % S;
+  }
   HsdpGroups g;
   g.replicas = replicas;
-  g.shard = make_split_communicator(b, rank / S, rank % S, opts, cuda);
-  g.replica = make_split_communicator(b, rank % S, rank / S, opts, cuda);
+  g.shard = make_split_communicator(b, replica_of[rank], shard_of[rank], opts, cuda);
+  g.replica = make_split_communicator(b, shard_of[rank], replica_of[rank], opts, cuda);
+  g.layout = hsdp_layout_note(topo, replica_of, replicas);
   return g;
 }
 

@@ -93,18 +93,24 @@ std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts 
 std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, int key, CommOptions opts = {},
                                                       CudaCommOptions cuda = {});
 
-/// The two groups of HSDP (replicate x shard) over a world of W = R * S processes: world rank
-/// g = q * S + s is shard rank s of replica q. `shard` holds the S ranks of replica q (rank s),
-/// `replica` the R ranks with shard rank s (rank q). Collective over the world.
+/// The two groups of HSDP (replicate x shard) over a world of W = R * S processes: `shard` holds
+/// the S ranks of replica q (this process is its rank s), `replica` the R ranks with shard rank s
+/// (rank q). Collective over the world.
 struct HsdpGroups {
   std::unique_ptr<Communicator> shard, replica;
   int replicas = 1;  ///< R
+  /// How the groups lie on the nodes, for the start-up log: "each shard group on one node" or
+  /// the first shard group that spans nodes and the layout that would avoid it.
+  std::string layout;
 };
 
 /// Splits the world into `replicas` replicas of world/replicas shard ranks (two
-/// make_split_communicator calls). Throws std::invalid_argument when replicas < 1 or does not
-/// divide the world size. Both groups use the device the process selected from its world
-/// node-local rank (select_device_for_process), so they agree on the GPU whatever the layout.
+/// make_split_communicator calls). The standard layout shards within a node and replicates
+/// across nodes: when R equals the node count and every node runs S ranks, replica q is node q
+/// and shard rank s its node-local rank s, whatever order the launcher numbered the ranks in.
+/// Otherwise world rank q * S + s is shard rank s of replica q. Throws std::invalid_argument when
+/// replicas < 1 or does not divide the world size. Both groups use the device the process
+/// selected from its world node-local rank (select_device_for_process), so they agree on the GPU.
 HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts = {}, CudaCommOptions cuda = {});
 
 }  // namespace mfsdp

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "comm/comm_detail.h"
+#include "comm/peer_probe.h"
 #include "comm/communicator.h"
 
 namespace mfsdp {
@@ -189,10 +190,14 @@ std::string comm_context_text() { return comm_context(); }
 
 void comm_fatal(MPI_Comm comm, int rank, const CallInfo& call, const std::string& what) {
   const std::string& ctx = comm_context();
-  std::fprintf(stderr, "[comm] rank %d: %s in %s%s%s; aborting the job\n", rank, what.c_str(),
-               call.describe().c_str(), ctx.empty() ? "" : " at ", ctx.c_str());
+  PeerProbe* probe = PeerProbe::find(comm);  // which peers still answer, named by node
+  const std::string node = probe ? " on " + probe->my_node() : "";
+  const std::string peers = probe ? "; " + probe->probe(kPeerProbeSeconds) : "";
+  std::fprintf(stderr, "[comm] rank %d%s: %s in %s%s%s%s; aborting the job\n", rank, node.c_str(), what.c_str(),
+               call.describe().c_str(), ctx.empty() ? "" : " at ", ctx.c_str(), peers.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
+  end_process_after_grace(3);
   MPI_Abort(comm == MPI_COMM_NULL ? MPI_COMM_WORLD : comm, 3);
   std::abort();  // not reached
 }
@@ -267,6 +272,7 @@ void wait_requests(int n, MPI_Request* reqs, double timeout_seconds, MPI_Comm co
   for (int done = 0;;) {
     mpi_check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), comm, rank, call, "MPI_Testall");
     if (done) return;
+    PeerProbe::answer_pings();  // a peer whose collective failed asks who is alive
     if (MPI_Wtime() - t0 > timeout_seconds)
       comm_fatal(comm, rank, call, timeout_text(timeout_seconds, timeout_name));
     sched_yield();

@@ -10,6 +10,7 @@
 
 #include "comm/comm_detail.h"
 #include "comm/comm_factory.h"
+#include "comm/node_topology.h"
 
 namespace mfsdp {
 namespace {
@@ -17,26 +18,15 @@ namespace {
 std::mutex g_mu;
 ProcessDevice g_selected;  // device -1 until select_device_for_process succeeds
 
-// This process's rank among the world's processes on its node, and how many there are.
-void node_local_rank(int& local_rank, int& local_size) {
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) throw std::runtime_error("[select_device_for_process] MPI is not initialised");
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) != MPI_SUCCESS)
-    throw std::runtime_error("[select_device_for_process] MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-}
-
 }  // namespace
 
 ProcessDevice select_device_for_process() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_selected.device >= 0) return g_selected;
   ProcessDevice d;
-  node_local_rank(d.local_rank, d.local_size);
+  const NodeTopology topology = world_node_topology();  // the node-local rank picks the GPU
+  d.local_rank = topology.local_rank;
+  d.local_size = topology.local_size;
   if (cudaGetDeviceCount(&d.device_count) != cudaSuccess) d.device_count = 0;
   if (d.device_count == 0)
     throw std::runtime_error("[select_device_for_process] no CUDA device is visible (local rank " +

@@ -60,6 +60,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions opts) : opts_(opts) 
   MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_size(node, &local_size_);
   MPI_Comm_free(&node);
+  probe_ = std::make_unique<detail::PeerProbe>(comm_);
 }
 
 void MpiCommunicator::set_timeout(double seconds, const std::string& name) {
@@ -72,6 +73,7 @@ void MpiCommunicator::set_timeout(double seconds, const std::string& name) {
 MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
+  probe_.reset();
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 

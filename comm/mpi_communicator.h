@@ -2,11 +2,13 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
 #include <vector>
 
 #include "comm/comm_detail.h"
 #include "comm/communicator.h"
 #include "comm/mpi_backends.h"
+#include "comm/peer_probe.h"
 
 namespace mfsdp {
 
@@ -97,6 +99,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<unsigned char> stage_;
   std::vector<std::vector<unsigned char>> spare_stages_;  ///< staging of finished started reductions, reused
   std::vector<float> acc_;
+  std::unique_ptr<detail::PeerProbe> probe_;  ///< names the peers that still answer when a call fails
 };
 
 }  // namespace mfsdp

@@ -9,6 +9,7 @@
 #include "apps/train/train_config.h"
 #include "apps/train/preflight.h"
 #include "comm/communicator.h"
+#include "comm/node_topology.h"
 #include "runtime/engine/unit_model.h"
 
 namespace mfsdp {
@@ -55,6 +56,8 @@ struct TrainerOptions {
   bool eval_only = false;  ///< only print the validation loss of the (init_from) model
   double program_start = 0;  ///< steady-clock seconds at process start (wall time includes start-up)
   double agreement_seconds = 0;  ///< time the start-up agreement took (reported in the log)
+  /// The world's nodes (summary.json's nodes, ranks_per_node and node_names); one node by default.
+  NodeTopology topology;
   /// HSDP (sharding.replicate > 1): the replica group of this rank (comm/comm_factory.h
   /// make_hsdp_groups); run_training's `comm` is then the shard group. nullptr otherwise.
   Communicator* replicas = nullptr;

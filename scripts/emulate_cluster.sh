@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# A small cluster emulated on this machine: N nodes, each a network namespace with its own hostname
+# and /dev/shm (UTS and mount namespaces held open by one holder process per node), joined by a
+# bridge in a switch namespace, every node's link shaped by `tc tbf` in both directions. Open MPI
+# starts across them through its real multi-host path: a hostfile, one daemon per node started
+# by an rsh agent that enters the node, TCP between nodes, shared memory within a node.
+#
+#   emulate_cluster.sh up N [--slots K] [--link-rate RATE]   N nodes, K rank slots each (default 1),
+#                                                            links at RATE (default 1gbit)
+#   emulate_cluster.sh run [-- ] ARGS...                     mpirun on node 0 with the cluster's
+#                                                            hostfile, agent and interfaces, then ARGS
+#   emulate_cluster.sh exec I [--] CMD...                    CMD on node I
+#   emulate_cluster.sh link I down|up|RATE                   fault injection on node I's link
+#   emulate_cluster.sh kill I [SIGNAL]                       signals every process of node I (default KILL)
+#   emulate_cluster.sh status                                nodes, addresses, links
+#   emulate_cluster.sh down                                  removes everything `up` made
+#
+# Only addresses inside the namespaces it creates are used (10.213.47.0/24); the host's own network
+# is not touched. `up` removes a previous cluster first, and a failed `up` removes what it made.
+# Where namespaces or tc are not permitted (not root, no CAP_SYS_ADMIN, no sch_tbf), it stops
+# with one line and exit code 77. Needs root, iproute2 (ip, tc) and util-linux (unshare, nsenter).
+set -euo pipefail
+
+STATE=${MFSDP_EMULATE_DIR:-/run/mfsdp-emulated-cluster}
+PREFIX=mfsdp-emu
+SUBNET=10.213.47
+SWITCH=${PREFIX}-switch
+SELF=$(readlink -f "${BASH_SOURCE[0]}")
+
+die() { echo "emulate_cluster: $*" >&2; exit 1; }
+not_permitted() { echo "emulate_cluster: not permitted here: $* (needs root with network namespaces and tc)" >&2; exit 77; }
+node_ns() { echo "${PREFIX}-node$1"; }
+nodes() { cat "$STATE/nodes" 2>/dev/null || echo 0; }
+holder_pid() { cat "$STATE/node$1.pid" 2>/dev/null || die "no node $1 (is the cluster up? 'emulate_cluster.sh up N')"; }
+check_node() {
+  [[ "$1" =~ ^[0-9]+$ ]] || die "node index '$1' is not a number"
+  (( $1 < $(nodes) )) || die "node $1 does not exist (the cluster has $(nodes) nodes)"
+}
+# A tc rate in bits per second, e.g. 1gbit, 200mbit, 1mbit; refuses anything else.
+check_rate() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$ ]] || die "link rate '$1' is not like 1gbit, 200mbit or 1mbit"; }
+# tbf's bucket: 10 ms of traffic at the rate, at least 32 KiB (several MTUs), so shaping is smooth
+# at the kernel's timer resolution; packets queue up to 200 ms before they are dropped.
+shape() {  # shape NETNS DEV RATE
+  local bits
+  bits=$(awk -v r="$3" 'BEGIN{ n=r+0; u=r; sub(/^[0-9.]+/,"",u);
+    m = (u=="kbit")?1e3:(u=="mbit")?1e6:(u=="gbit")?1e9:1; printf "%d", n*m }')
+  local burst=$(( bits / 800 )); (( burst < 32768 )) && burst=32768
+  ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst "$burst" latency 200ms
+}
+
+cmd_down() {
+  local n i
+  n=$(nodes)
+  for (( i = 0; i < n; i++ )); do
+    ip netns pids "$(node_ns "$i")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  done
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}-" || true); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns delete "$ns" 2>/dev/null || true
+  done
+  rm -rf "$STATE"
+}
+
+# The node-entering agent Open MPI calls as `AGENT HOST CMD...` (like ssh): it enters HOST's
+# namespaces and runs CMD with sh -c, as sshd would.
+write_agent() {
+  cat > "$STATE/agent" <<EOF
+#!/bin/sh
+host="\$1"; shift
+case "\$host" in node[0-9]*) ;; *) echo "emulate_cluster agent: unknown host \$host" >&2; exit 255;; esac
+pid=\$(cat "$STATE/\$host.pid") || exit 255
+exec nsenter -t "\$pid" -n -u -m -- sh -c "\$*"
+EOF
+  chmod +x "$STATE/agent"
+}
+
+start_node() {  # start_node I SLOTS RATE
+  local i=$1 ns; ns=$(node_ns "$1")
+  ip netns add "$ns"
+  ip link add eth0 netns "$ns" type veth peer name "n$i" netns "$SWITCH"
+  ip -n "$SWITCH" link set "n$i" master br0 up
+  ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev eth0
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set eth0 up
+  # TCP gives up on an unanswered send after 5 retransmissions (about 13 s) instead of Linux's 15
+  # (about 15 minutes): mpirun notices a node cut off while it was sending to it.
+  ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5
+  shape "$ns" eth0 "$3"
+  shape "$SWITCH" "n$i" "$3"
+  echo "$SUBNET.$((i + 1)) node$i" >> "$STATE/hosts"
+  echo "node$i slots=$2" >> "$STATE/hostfile"
+}
+
+# One holder process per node keeps its UTS and mount namespaces: hostname nodeI, a private
+# /dev/shm and the cluster's /etc/hosts.
+start_holder() {
+  local i=$1
+  setsid ip netns exec "$(node_ns "$i")" unshare --uts --mount --propagation private -- sh -c \
+    "hostname node$i && mount -t tmpfs -o size=4g tmpfs /dev/shm && mount --bind '$STATE/hosts' /etc/hosts && exec sleep infinity" \
+    </dev/null >/dev/null 2>"$STATE/node$i.err" &
+  echo $! > "$STATE/node$i.pid"
+}
+
+wait_holders() {
+  local n=$1 i t
+  for (( t = 0; t < 100; t++ )); do
+    local ready=1
+    for (( i = 0; i < n; i++ )); do
+      [[ "$(nsenter -t "$(holder_pid "$i")" -u hostname 2>/dev/null)" == "node$i" ]] || ready=0
+    done
+    (( ready )) && return 0
+    sleep 0.05
+  done
+  cat "$STATE"/node*.err >&2
+  die "the node namespaces did not come up"
+}
+
+cmd_up() {
+  local n=${1:-}; shift || true
+  local slots=1 rate=1gbit
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: emulate_cluster.sh up N [--slots K] [--link-rate RATE] (N >= 1 nodes)"
+  (( n <= 64 )) || die "at most 64 nodes (asked for $n)"
+  while (( $# )); do
+    case "$1" in
+      --slots) slots=${2:-}; shift 2 || die "--slots needs a value";;
+      --link-rate) rate=${2:-}; shift 2 || die "--link-rate needs a value";;
+      *) die "unknown option '$1' for up";;
+    esac
+  done
+  [[ "$slots" =~ ^[1-9][0-9]*$ ]] || die "--slots '$slots' is not a positive integer"
+  check_rate "$rate"
+  (( EUID == 0 )) || not_permitted "not root"
+  for tool in ip tc unshare nsenter mpirun; do command -v "$tool" >/dev/null || die "'$tool' is not installed"; done
+  cmd_down
+  ip netns add "${PREFIX}-probe" 2>/dev/null || not_permitted "'ip netns add' failed"
+  if ! ip netns exec "${PREFIX}-probe" tc qdisc add dev lo root tbf rate 1gbit burst 32768 latency 10ms 2>/dev/null; then
+    ip netns delete "${PREFIX}-probe"; not_permitted "'tc qdisc ... tbf' failed"
+  fi
+  ip netns delete "${PREFIX}-probe"
+  mkdir -p "$STATE"
+  trap 'cmd_down; exit 1' ERR
+  echo "$n" > "$STATE/nodes"
+  echo "127.0.0.1 localhost" > "$STATE/hosts"
+  : > "$STATE/hostfile"
+  ip netns add "$SWITCH"
+  ip -n "$SWITCH" link add br0 type bridge
+  ip -n "$SWITCH" link set br0 up
+  local i
+  for (( i = 0; i < n; i++ )); do start_node "$i" "$slots" "$rate"; done
+  for (( i = 0; i < n; i++ )); do start_holder "$i"; done
+  wait_holders "$n"
+  write_agent
+  echo "$rate" > "$STATE/rate"
+  trap - ERR
+  echo "emulated cluster: $n node(s) x $slots slot(s), links $rate, addresses $SUBNET.1-$n (state in $STATE)"
+}
+
+# mpirun on node 0: the rsh agent enters the other nodes (no tree spawn: node 0 starts every
+# daemon), TCP only on the cluster's subnet, shared memory within a node. TCP keepalive on the
+# launcher's own connections (idle 5 s, then 3 probes 2 s apart) makes mpirun notice a node that
+# stopped answering within about 11 s and end the job, instead of waiting without end.
+cmd_run() {
+  [[ "${1:-}" == "--" ]] && shift
+  local pid; pid=$(holder_pid 0)
+  exec nsenter -t "$pid" -n -u -m --wd="$PWD" -- mpirun --hostfile "$STATE/hostfile" \
+    --mca plm_rsh_agent "$STATE/agent" --mca plm_rsh_no_tree_spawn 1 \
+    --mca oob_tcp_if_include "$SUBNET.0/24" --mca btl_tcp_if_include "$SUBNET.0/24" \
+    --mca btl self,vader,tcp \
+    --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 "$@"
+}
+
+cmd_exec() {
+  local i=${1:-}; shift || true
+  check_node "$i"
+  [[ "${1:-}" == "--" ]] && shift
+  (( $# )) || die "usage: emulate_cluster.sh exec I -- CMD..."
+  exec nsenter -t "$(holder_pid "$i")" -n -u -m --wd="$PWD" -- "$@"
+}
+
+cmd_link() {
+  local i=${1:-} what=${2:-}
+  check_node "$i"
+  case "$what" in
+    down) ip -n "$SWITCH" link set "n$i" down ;;
+    up) ip -n "$SWITCH" link set "n$i" up ;;
+    *) check_rate "$what"; shape "$(node_ns "$i")" eth0 "$what"; shape "$SWITCH" "n$i" "$what" ;;
+  esac
+}
+
+cmd_kill() {
+  local i=${1:-} sig=${2:-KILL} holder
+  check_node "$i"
+  holder=$(holder_pid "$i")
+  ip netns pids "$(node_ns "$i")" | grep -vx "$holder" | xargs -r kill -s "$sig" || true
+}
+
+cmd_status() {
+  local n i; n=$(nodes)
+  (( n > 0 )) || { echo "no emulated cluster (state dir $STATE)"; return 0; }
+  echo "emulated cluster: $n node(s), state in $STATE"
+  for (( i = 0; i < n; i++ )); do
+    local state qd
+    state=$(ip -n "$SWITCH" -o link show "n$i" | grep -o 'state [A-Z]*' || true)
+    qd=$(ip netns exec "$SWITCH" tc qdisc show dev "n$i" | grep -o 'rate [^ ]*' || true)
+    echo "  node$i  $SUBNET.$((i + 1))  link $state $qd  processes $(ip netns pids "$(node_ns "$i")" | wc -l)"
+  done
+}
+
+case "${1:-}" in
+  up) shift; cmd_up "$@" ;;
+  down) cmd_down ;;
+  run) shift; cmd_run "$@" ;;
+  exec) shift; cmd_exec "$@" ;;
+  link) shift; cmd_link "$@" ;;
+  kill) shift; cmd_kill "$@" ;;
+  status) cmd_status ;;
+  *) sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
+esac
