@@ -117,14 +117,19 @@ std::string PeerProbe::probe(double seconds) {
     MPI_Irecv(&pongs[r], 1, MPI_INT, r, kTagPong, probe_comm_, &recvs[r]);
     MPI_Isend(&ping, 1, MPI_INT, r, kTagPing, probe_comm_, &sends[r]);
   }
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  int missing = size_ - 1;
+  const auto start = std::chrono::steady_clock::now();
+  const auto end = start + std::chrono::duration<double>(seconds);
+  int missing = size_ - 1, slowest = -1;
+  double slowest_s = -1;
   while (missing > 0 && std::chrono::steady_clock::now() < end) {
     answer_pings();  // two failing ranks probe each other
     for (int r = 0; r < size_; ++r) {
       if (r == rank_ || answered[r]) continue;
       int done = 0;
-      if (MPI_Test(&recvs[r], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) answered[r] = 1, --missing;
+      if (MPI_Test(&recvs[r], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) continue;
+      answered[r] = 1, --missing;
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (t > slowest_s) slowest_s = t, slowest = r;
     }
     sched_yield();
   }
@@ -132,10 +137,13 @@ std::string PeerProbe::probe(double seconds) {
   for (int r = 0; r < size_; ++r)
     if (r != rank_) (answered[r] ? alive : silent).emplace_back(nodes_[r], world_ranks_[r]);
   // Requests to silent peers are left posted: the process is about to abort.
-  char secs[32];
+  char secs[32], slow[128] = "";
   std::snprintf(secs, sizeof secs, "%g", seconds);
+  if (slowest >= 0)
+    std::snprintf(slow, sizeof slow, "; the slowest, rank %d on %s, after %.3f s", world_ranks_[slowest],
+                  nodes_[slowest].c_str(), slowest_s);
   std::string out = silent.empty() ? std::string("every peer answered a liveness probe within ") + secs + " s (" +
-                                         by_node(alive) + "): a peer is slow or stuck, not gone"
+                                         by_node(alive) + ")" + slow + ": a link or a peer is slow or stuck, not gone"
                                    : std::string("no answer within ") + secs + " s from " + by_node(silent);
   if (!silent.empty()) out += alive.empty() ? "; no peer answered" : "; answered: " + by_node(alive);
   return out;

@@ -27,7 +27,8 @@ class PeerProbe {
 
   /// Pings every other member and waits up to `seconds` for the answers, answering pings
   /// itself meanwhile. Returns e.g. "no answer within 2 s from node1 (ranks 2, 3); answered:
-  /// node0 (rank 1)", ranks being world ranks.
+  /// node0 (rank 1)", ranks being world ranks; when every peer answers, it names the slowest
+  /// answer and its time (a crawling link).
   std::string probe(double seconds);
   /// "node0", this process's host name.
   const std::string& my_node() const { return nodes_[static_cast<size_t>(rank_)]; }

@@ -12,6 +12,7 @@
 #   emulate_cluster.sh exec I [--] CMD...                    CMD on node I
 #   emulate_cluster.sh link I down|up|RATE                   fault injection on node I's link
 #   emulate_cluster.sh kill I [SIGNAL]                       signals every process of node I (default KILL)
+#   emulate_cluster.sh pids I                                the processes running on node I
 #   emulate_cluster.sh status                                nodes, addresses, links
 #   emulate_cluster.sh down                                  removes everything `up` made
 #
@@ -194,6 +195,12 @@ cmd_kill() {
   ip netns pids "$(node_ns "$i")" | grep -vx "$holder" | xargs -r kill -s "$sig" || true
 }
 
+cmd_pids() {
+  local i=${1:-}
+  check_node "$i"
+  ip netns pids "$(node_ns "$i")" | grep -vx "$(holder_pid "$i")" || true
+}
+
 cmd_status() {
   local n i; n=$(nodes)
   (( n > 0 )) || { echo "no emulated cluster (state dir $STATE)"; return 0; }
@@ -213,6 +220,7 @@ case "${1:-}" in
   exec) shift; cmd_exec "$@" ;;
   link) shift; cmd_link "$@" ;;
   kill) shift; cmd_kill "$@" ;;
+  pids) shift; cmd_pids "$@" ;;
   status) cmd_status ;;
-  *) sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
+  *) sed -n '2,21p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
 esac
