@@ -23,6 +23,8 @@ struct BenchArgs {
   std::vector<int> ns_steps{5, 2};
   BenchCase base;
   int layers = 0;
+  int64_t vocab = 0;  ///< 0: the preset's
+  int threads = 0;    ///< CPU threads per rank; 0: the node's cores shared by its ranks
   std::string json_path;
 };
 
@@ -32,6 +34,14 @@ void add_bench_options(CLI::App& app, BenchArgs& a) {
   app.add_option("--layers", a.layers, "override the presets' layer count (0 = keep)")
       ->capture_default_str()
       ->check(CLI::Range(0, cli::kMaxLayers));
+  app.add_option("--vocab", a.vocab, "override the presets' vocabulary size (0 = keep; a small one keeps the embedding "
+                                     "from dominating the gathered bytes)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  app.add_option("--threads", a.threads, "CPU threads per rank (0 = the node's cores shared by its ranks; emulated "
+                                         "nodes share one machine's cores)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   app.add_option("--placements", a.placements, "placements to measure")
       ->capture_default_str()
       ->check(CLI::IsMember(kPlacementNames.names()));
@@ -73,6 +83,7 @@ std::vector<BenchResult> run_bench_cases(std::unique_ptr<Communicator>& world, c
         for (const std::string& p : a.placements) {
           BenchCase c = base;
           c.model = model_preset(m, a.layers);
+          if (a.vocab > 0) c.model.vocab = a.vocab;
           c.ns_steps = ns;
           c.placement = parse_placement(p);
           if (c.replicas > 1 && c.placement == Placement::ddp) continue;
@@ -114,13 +125,16 @@ int main(int argc, char** argv) {
 
   auto world = make_host_communicator();  // the world's layout and the start-up check
   const int W = world->world_size(), rank = world->rank();
-  // An unwritable --json is refused before minutes of measurement (rank 0 writes it).
-  const std::string json_error = rank == 0 ? cli::json_output_problem("mfsdp-bench", args.json_path) : "";
+  // An unwritable --json or a bad --threads is refused before minutes of measurement (rank 0 writes the JSON).
+  std::string json_error = rank == 0 ? cli::json_output_problem("mfsdp-bench", args.json_path) : "";
+  if (json_error.empty() && args.threads > 0)
+    if (const std::string e = check_cpu_threads(args.threads); !e.empty()) json_error = "mfsdp-bench: --threads: " + e;
   if (world->all_reduce_scalar(json_error.empty() ? 0 : 1, ReduceOp::max, CommPhase::other) > 0) {
     if (rank == 0) std::fprintf(stderr, "%s\n", json_error.c_str());
     return 2;
   }
-  set_cpu_threads(default_cpu_threads(world->local_size()));  // ranks sharing a machine split its cores
+  // Ranks sharing a machine split its cores unless --threads says otherwise.
+  set_cpu_threads(args.threads > 0 ? args.threads : default_cpu_threads(world->local_size()));
   const std::vector<BenchResult> results = run_bench_cases(world, args);
   if (rank != 0) return 0;
   return report_bench(results, args, W);
