@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU-scale reproduction of the paper's comparison (a few minutes on 2 cores) and the cluster
 # projection: calibrate this machine, mfsdp-bench at W=2 and W=4, predictions vs measurements,
-# projections on the A100 / H100 cluster files with the paper's figures, plots, and
+# projections on the A100 / H100 cluster files with the paper's figures, the scaling trend on
+# emulated nodes (scripts/bench_cluster.sh, where namespaces are permitted), plots, and
 # results/REPORT.md. Also writes and syntax-checks the multi-node Slurm script.
 #   scripts/reproduce_paper.sh [BUILD_DIR] [OUT_DIR]
 # Sizes (environment): LAYERS=2 (GPT-2 124M widths, fewer layers), NS="5 2", SEQ=64, STEPS=1,
@@ -60,6 +61,15 @@ for c in a100_80gb_8x h100_80gb_8x; do
     --replicate 2 --placements matrixfsdp fsdp2 zero1 --worlds 16 64 256 >> "$out/projection_$c.txt"
 done
 cat "$out/projection_a100_80gb_8x.txt"
+
+echo "== emulated nodes (scripts/bench_cluster.sh; root with network namespaces and tc)"
+cluster_rc=0
+if reuse "$out/cluster/REPORT.md"; then :; else bash "$root/scripts/bench_cluster.sh" "$build" "$out/cluster" || cluster_rc=$?; fi
+case $cluster_rc in
+  0) ;;
+  77) echo "namespaces or tc are not permitted here: no emulated-cluster measurement" ;;
+  *) echo "bench_cluster.sh failed (rc $cluster_rc)"; status=1 ;;
+esac
 
 echo "== plots"
 plots=()
@@ -126,6 +136,10 @@ bash -n "$out/matrixfsdp_bench.sbatch" && grep -q "^#SBATCH --signal=USR1@" "$ou
   echo; echo "## Projection: H100 80 GB, 8 per node"; echo; echo '```'; cat "$out/projection_h100_80gb_8x.txt"; echo '```'
   echo; echo "## Plots"; echo
   for p in "${plots[@]}"; do echo "![$(basename "$p")]($(basename "$p"))"; done
+  if [ -s "$out/cluster/REPORT.md" ]; then
+    echo; sed -e 's/^# /## /' -e 's/^## Pred/### Pred/' -e 's|(ratio_vs_nodes.png)|(cluster/ratio_vs_nodes.png)|' \
+      "$out/cluster/REPORT.md"
+  fi
   echo; echo "## Multi-node"; echo
   echo "matrixfsdp_bench.sbatch (checked with bash -n): one rank per GPU, NCCL environment, srun or mpirun."
   echo "planner/README.md explains where the projection and the paper differ."

@@ -2,7 +2,8 @@
 // Modes: count_mismatch, dtype_mismatch (debug checks on via options), env_ok (matching calls,
 // debug checks via MFSDP_COMM_DEBUG=1), timeout (rank 1 skips a collective; 1 s timeout),
 // set_timeout (a 30 s bound named "first bound" passes a barrier that rank 1 reaches after 2 s;
-// then set_timeout(1, "second bound") and rank 1 skips a barrier).
+// then set_timeout(1, "second bound") and rank 1 skips a barrier), timeout_peer_waiting (rank 1
+// waits in another communicator's barrier instead of sleeping).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -18,7 +19,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   CommOptions opts;
   if (mode == "count_mismatch" || mode == "dtype_mismatch") opts.debug_checks = true;
-  if (mode == "timeout") opts.timeout_seconds = 1.0;
+  if (mode == "timeout" || mode == "timeout_peer_waiting") opts.timeout_seconds = 1.0;
   auto c = make_mpi_communicator(MPI_COMM_WORLD, opts);
   const int me = c->rank();
   std::vector<float> send(16, 1.0f), recv(64, 0.0f);
@@ -49,6 +50,13 @@ int main(int argc, char** argv) {
   } else if (mode == "timeout") {
     if (me == 0) c->all_reduce(send.data(), 16, DType::f32, ReduceOp::sum, CommPhase::opt_step);
     else std::this_thread::sleep_for(std::chrono::seconds(30));
+  } else if (mode == "timeout_peer_waiting") {
+    // Rank 1 waits in a barrier of another communicator: alive, it answers rank 0's probe.
+    CommOptions patient;
+    patient.timeout_seconds = 30;
+    auto other = make_mpi_communicator(MPI_COMM_WORLD, patient);
+    if (me == 0) c->all_reduce(send.data(), 16, DType::f32, ReduceOp::sum, CommPhase::opt_step);
+    else other->barrier();
   } else {
     std::fprintf(stderr, "fault helper: unknown mode '%s'\n", mode.c_str());
     return 2;

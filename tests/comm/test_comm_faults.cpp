@@ -67,9 +67,24 @@ TEST_CASE("comm.faults a collective timeout aborts with rank, op, phase and size
   auto r = run_helper("timeout");
   INFO(r.output);
   CHECK(r.status != 0);
-  CHECK(has(r.output, "[comm] rank 0: timed out after"));
+  CHECK(has(r.output, "[comm] rank 0 on "));
+  CHECK(has(r.output, ": timed out after 1 s"));
   CHECK(has(r.output, "all_reduce(f32, count 16, op sum, phase opt_step)"));
+  // The sleeping rank answers no liveness probe: it is named, with its node.
+  CHECK(has(r.output, "no answer within 2 s from "));
+  CHECK(has(r.output, " (rank 1); no peer answered"));
   CHECK(r.seconds < 25.0);  // the sleeping rank was killed by the abort, not waited for
+}
+
+TEST_CASE("comm.faults a peer waiting in another collective answers the liveness probe", "[comm]") {
+  auto r = run_helper("timeout_peer_waiting");
+  INFO(r.output);
+  CHECK(r.status != 0);
+  CHECK(has(r.output, ": timed out after 1 s"));
+  CHECK(has(r.output, "every peer answered a liveness probe within 2 s ("));
+  CHECK(has(r.output, "the slowest, rank 1 on "));
+  CHECK_FALSE(has(r.output, "no answer within"));
+  CHECK(r.seconds < 25.0);
 }
 
 TEST_CASE("comm.faults set_timeout changes the bound and the name the report gives it", "[comm]") {
@@ -77,7 +92,7 @@ TEST_CASE("comm.faults set_timeout changes the bound and the name the report giv
   INFO(r.output);
   CHECK(r.status != 0);
   CHECK(has(r.output, "fault helper: the 30 s bound held"));
-  CHECK(has(r.output, "[comm] rank 0: timed out after 1 s (second bound; another rank is missing or stuck) in barrier"));
+  CHECK(has(r.output, ": timed out after 1 s (second bound; another rank is missing or stuck) in barrier"));
   CHECK_FALSE(has(r.output, "first bound"));
   CHECK(r.seconds < 25.0);
 }
