@@ -156,7 +156,8 @@ int train(const TrainConfig& cfg, int rank, int world, const TrainerOptions& top
         throw InputError("sharding.replicate = " + std::to_string(cfg.sharding.replicate) +
                          " does not divide the world size " + std::to_string(world));
       HsdpGroups groups = make_hsdp_groups(cfg.sharding.backend, cfg.sharding.replicate, copts, cuda_opts);
-      if (rank == 0) spdlog::info("HSDP layout: {}", groups.layout);
+      if (rank == 0 && groups.spans_nodes) spdlog::warn("[warning] HSDP layout: {}", groups.layout);
+      else if (rank == 0) spdlog::info("HSDP layout: {}", groups.layout);
       TrainerOptions hsdp = topts;
       hsdp.replicas = groups.replica.get();
       run_training(cfg, *groups.shard, hsdp);

@@ -117,6 +117,7 @@ HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts, CudaC
   g.shard = make_split_communicator(b, replica_of[rank], shard_of[rank], opts, cuda);
   g.replica = make_split_communicator(b, shard_of[rank], replica_of[rank], opts, cuda);
   g.layout = hsdp_layout_note(topo, replica_of, replicas);
+  g.spans_nodes = g.layout.rfind("shard group ", 0) == 0;
   return g;
 }
 

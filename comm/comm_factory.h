@@ -102,6 +102,7 @@ struct HsdpGroups {
   /// How the groups lie on the nodes, for the start-up log: "each shard group on one node" or
   /// the first shard group that spans nodes and the layout that would avoid it.
   std::string layout;
+  bool spans_nodes = false;  ///< some shard group has ranks on more than one node
 };
 
 /// Splits the world into `replicas` replicas of world/replicas shard ranks (two

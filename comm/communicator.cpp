@@ -9,8 +9,8 @@
 #include <stdexcept>
 
 #include "comm/comm_detail.h"
-#include "comm/peer_probe.h"
 #include "comm/communicator.h"
+#include "comm/peer_probe.h"
 
 namespace mfsdp {
 

@@ -10,6 +10,7 @@
 
 #include "comm/comm_detail.h"
 #include "comm/comm_factory.h"
+#include "comm/peer_probe.h"
 
 namespace mfsdp::detail {
 namespace {
@@ -98,6 +99,7 @@ void NcclWatchdog::fail(const std::string& what, const std::string& call) {
   std::fprintf(stderr, "[comm] rank %d: %s in %s; aborting the job\n", rank_, what.c_str(), call.c_str());
   std::fflush(stderr);
   std::fflush(stdout);
+  detail::end_process_after_grace(3);  // MPI_Abort may wait without end on a cut-off node
   ncclCommAbort(comm_);
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::abort();  // not reached

@@ -6,18 +6,19 @@
 # link bandwidth measured with mfsdp-bench-comm; a cluster JSON of the emulated cluster and the
 # projection's predictions beside the measurements. Root with namespaces and tc; exit 77 otherwise.
 #   scripts/bench_cluster.sh [BUILD_DIR] [OUT_DIR]          (default build/, results/cluster/)
-# Sizes (environment): LINK_RATE=200mbit, NODES="1 2 4", LAYERS=2 (GPT-2 124M widths), VOCAB=1024
+# Sizes (environment): LINK_RATE=50mbit, NODES="1 2 4", LAYERS=2 (GPT-2 124M widths), VOCAB=1024
 # (a small vocabulary keeps the embedding from dominating the gathered bytes), NS="5" (the paper's
-# runs use 5 Newton-Schulz steps), SEQ=64, WARMUP=1, STEPS=1, PLACEMENTS="matrixfsdp fsdp2 zero1".
+# runs use 5 Newton-Schulz steps), SEQ=64, WARMUP=1, STEPS=1, PLACEMENTS="matrixfsdp fsdp2 zero1",
+# PYTHON=/usr/bin/python3 (with matplotlib for the plot).
 # The emulated nodes share this machine's cores: every rank runs one thread, and the sizes are
 # chosen so that link time dominates the baseline's step.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
 out="${2:-$root/results/cluster}"
-LINK_RATE="${LINK_RATE:-200mbit}" NODES="${NODES:-1 2 4}" LAYERS="${LAYERS:-2}" VOCAB="${VOCAB:-1024}"
+LINK_RATE="${LINK_RATE:-50mbit}" NODES="${NODES:-1 2 4}" LAYERS="${LAYERS:-2}" VOCAB="${VOCAB:-1024}"
 NS="${NS:-5}" SEQ="${SEQ:-64}" WARMUP="${WARMUP:-1}" STEPS="${STEPS:-1}"
-PLACEMENTS="${PLACEMENTS:-matrixfsdp fsdp2 zero1}" PYTHON="${PYTHON:-python3}"
+PLACEMENTS="${PLACEMENTS:-matrixfsdp fsdp2 zero1}" PYTHON="${PYTHON:-/usr/bin/python3}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 emulate="$root/scripts/emulate_cluster.sh"
 bin="$build/bin"
@@ -57,17 +58,18 @@ for n in $NODES; do
   (( rc == 77 )) && exit 77
   (( rc == 0 )) || exit "$rc"
   echo "== $n node(s) x $(( WORLD / n )) ranks, links $LINK_RATE"
-  if (( n > 1 )); then  # the link between two nodes, one rank each
-    bash "$emulate" run --host node0:1,node1:1 -np 2 "$bin/mfsdp-bench-comm" --max-bytes 16M --iters 5 \
-      --warmup 2 > "$out/comm_n$n.txt"
-  fi
-  # shellcheck disable=SC2086
-  bench_case "bench_n$n" "$n" --placements $PLACEMENTS
-  if (( n > 1 )); then  # HSDP: one replica per node, the gathers stay inside a node
-    bench_case "bench_hsdp_n$n" "$n" --placements matrixfsdp fsdp2 --replicate "$n"
+  # The collectives' bus bandwidth over the whole layout (nccl-tests' busbw: what the projection's
+  # link rates mean); each node's link carries its ranks' share.
+  bash "$emulate" run -np "$WORLD" "$bin/mfsdp-bench-comm" --max-bytes 16M --iters 3 --warmup 1 > "$out/comm_n$n.txt"
+  for p in $PLACEMENTS; do  # one job per placement: the link counters are then that placement's
+    bench_case "bench_n${n}_$p" "$n" --placements "$p"
+  done
+  if (( n > 1 && n < WORLD )); then  # HSDP: one replica per node, the gathers stay inside a node
+    for p in matrixfsdp fsdp2; do bench_case "bench_hsdp_n${n}_$p" "$n" --placements "$p" --replicate "$n"; done
   fi
 done
 bash "$emulate" down
+trap - EXIT
 
 echo "== calibration (one node's compute, the links' measured bandwidth)"
 mpirun --oversubscribe -np 2 "$bin/mfsdp-project" --calibrate "$out/this_machine.json" > "$out/calibrate.txt"

@@ -19,9 +19,11 @@ def load(path):
 
 
 def link_rate_of(comm_txt):
-    """(GB/s, us): all_gather bus bandwidth at the largest size, and its time at the smallest."""
+    """(GB/s, us): all_gather's bus bandwidth at the largest size, and its time at the smallest
+    divided over the world's other ranks (the projection's per-hop latency)."""
     rows = [line.split() for line in open(comm_txt) if re.match(r"\s+\d+\s+\d+\s+all_gather\s", line)]
-    return float(rows[-1][5]), float(rows[0][3])
+    world = int(re.search(r"(\d+) ranks", open(comm_txt).readline()).group(1))
+    return float(rows[-1][5]), float(rows[0][3]) / max(1, world - 1)
 
 
 def cluster_json(out, base, nodes, world):
@@ -54,25 +56,29 @@ def predictions(project, cluster, bench):
 def main():
     out, project, world, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     base = load(os.path.join(out, "this_machine.json"))
-    rows, text = [], []
-    for bench in sorted(glob.glob(os.path.join(out, "bench_*n[0-9]*.json"))):
-        if bench.endswith("_compare.json"):
+    rows, text, clusters = [], [], {}
+    for bench in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
+        m = re.search(r"bench_(hsdp_)?n(\d+)_(\w+)\.json$", bench)
+        if not m or bench.endswith("_compare.json"):
             continue
-        tag = os.path.basename(bench)[:-5]
-        nodes = int(re.search(r"n(\d+)$", tag).group(1))
-        link = load(os.path.join(out, tag + ".link.json"))
-        pred, cmp_text = predictions(project, cluster_json(out, base, nodes, world), bench)
-        text.append(f"### {tag}\n\n```\n{cmp_text}```\n")
-        results = load(bench)["results"]
-        ref = next((r for r in results if r["placement"] == "matrixfsdp"), None)
-        for r in results:
+        nodes = int(m.group(2))
+        if nodes not in clusters:
+            clusters[nodes] = cluster_json(out, base, nodes, world)
+        link = load(bench[:-5] + ".link.json")
+        pred, cmp_text = predictions(project, clusters[nodes], bench)
+        text.append(f"### {os.path.basename(bench)[:-5]}\n\n```\n{cmp_text}```\n")
+        for r in load(bench)["results"]:
             p = pred.get(r["placement"], {})
-            rows.append({
-                "nodes": nodes, "hsdp": r["replicas"] > 1, "placement": r["placement"], "ms": r["ms"],
-                "link_MB_per_step": link["link_bytes"] / link["steps"] / 1e6,
-                "opt_ratio": r["ms"]["optimizer"] / ref["ms"]["optimizer"] if ref else None,
-                "step_ratio": r["ms"]["total"] / ref["ms"]["total"] if ref else None,
-                "opt_pred": p.get("optimizer_predicted_ms"), "step_pred": p.get("step_predicted_ms")})
+            rows.append({"nodes": nodes, "hsdp": r["replicas"] > 1, "placement": r["placement"], "ms": r["ms"],
+                         "link_MB_per_step": link["link_bytes"] / link["steps"] / 1e6,
+                         "opt_pred": p.get("optimizer_predicted_ms"), "step_pred": p.get("step_predicted_ms")})
+    order = {"matrixfsdp": 0, "fsdp2": 1, "zero1": 2, "ddp": 3}
+    rows.sort(key=lambda r: (r["hsdp"], r["nodes"], order.get(r["placement"], 9)))
+    for r in rows:  # ratios over matrixfsdp of the same layout
+        ref = next((q for q in rows if q["placement"] == "matrixfsdp" and q["nodes"] == r["nodes"]
+                    and q["hsdp"] == r["hsdp"]), None)
+        r["opt_ratio"] = r["ms"]["optimizer"] / ref["ms"]["optimizer"] if ref else None
+        r["step_ratio"] = r["ms"]["total"] / ref["ms"]["total"] if ref else None
     write_report(out, rows, text, world, rate)
     plot(out, rows)
 
