@@ -149,7 +149,12 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
   for (const json& r : b.at("results")) {
     const std::string where = bench_path + ": results[" + std::to_string(row++) + "]";
     ProjectionInput in;
-    in.model = model_preset(bench_field<std::string>(r, "model", where), bench_field<int>(r, "layers", where)).profile();
+    ModelShape shape = model_preset(bench_field<std::string>(r, "model", where), bench_field<int>(r, "layers", where));
+    if (r.is_object() && r.contains("vocab")) {  // mfsdp-bench --vocab; older files have the preset's
+      shape.vocab = bench_field<int64_t>(r, "vocab", where);
+      if (shape.vocab < 1 || shape.vocab > (int64_t{1} << 24)) throw std::runtime_error(where + ".vocab: out of range");
+    }
+    in.model = shape.profile();
     in.placement = parse_placement(bench_field<std::string>(r, "placement", where));
     in.ns_steps = bench_field<int>(r, "ns_steps", where);
     in.dtype = in.ns_dtype = bench_field<std::string>(r, "dtype", where);

@@ -8,7 +8,8 @@
 # Sizes (environment): LAYERS=2 (GPT-2 124M widths, fewer layers), NS="5 2", SEQ=64, STEPS=1,
 # WARMUP=1, PLACEMENTS="matrixfsdp fsdp2 zero1 ddp", WORLDS="2 4", TOLERANCE=5 (times),
 # RATIO_TOLERANCE=2 (placement / matrixfsdp ratios), PYTHON=/usr/bin/python3 (with matplotlib), RUN_DIR (a training
-# run directory to plot, optional), REUSE=1 (keep this_machine.json and bench_w*.json already in OUT_DIR).
+# run directory to plot, optional), REUSE=1 (keep this_machine.json and bench_w*.json already in OUT_DIR),
+# CLUSTER=1 (0 leaves out the emulated-cluster sweep, some 20 minutes on 2 cores).
 # Without matplotlib for PYTHON, scripts/setup.sh --plots --no-build installs Debian's first.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -64,10 +65,12 @@ cat "$out/projection_a100_80gb_8x.txt"
 
 echo "== emulated nodes (scripts/bench_cluster.sh; root with network namespaces and tc)"
 cluster_rc=0
-if reuse "$out/cluster/REPORT.md"; then :; else bash "$root/scripts/bench_cluster.sh" "$build" "$out/cluster" || cluster_rc=$?; fi
+if [ "${CLUSTER:-1}" = 0 ]; then cluster_rc=skipped
+elif reuse "$out/cluster/REPORT.md"; then :; else bash "$root/scripts/bench_cluster.sh" "$build" "$out/cluster" || cluster_rc=$?; fi
 case $cluster_rc in
   0) ;;
   77) echo "namespaces or tc are not permitted here: no emulated-cluster measurement" ;;
+  skipped) echo "left out (CLUSTER=0)" ;;
   *) echo "bench_cluster.sh failed (rc $cluster_rc)"; status=1 ;;
 esac
 

@@ -33,7 +33,8 @@ nlohmann::json BenchResult::to_json() const {
   nlohmann::json j{{"model", c.model.name},        {"placement", placement_name(c.placement)},
                    {"ns_steps", c.ns_steps},       {"dtype", c.dtype},
                    {"batch", c.batch},             {"seq", c.seq},
-                   {"layers", c.model.n_layer},    {"params", c.model.num_params()},
+                   {"layers", c.model.n_layer},    {"vocab", c.model.vocab},
+                   {"params", c.model.num_params()},
                    {"warmup", c.warmup},           {"steps", c.steps},
                    {"world", world},               {"replicas", c.replicas},
                    {"tokens_per_second", tokens_per_second}, {"loss", loss}};

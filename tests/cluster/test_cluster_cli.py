@@ -1,7 +1,7 @@
 """mfsdp-train across emulated nodes (scripts/emulate_cluster.sh: network namespaces, shaped links,
 Open MPI's multi-host launch): the same training results on 1x4, 2x2 and 4x1 nodes, the node
 topology each rank sees, and the three faults (a link down, a node's processes killed, a link at a
-crawl) with the resume on the surviving node. Stdlib only.
+crawl) with the resume on the surviving node, and scripts/bench_cluster.sh at small sizes. Stdlib only.
 
 usage: test_cluster_cli.py BIN_DIR CASE PRINT_TOPOLOGY
 Exit 77 when this machine does not permit namespaces or tc (emulate_cluster.sh says so)."""
@@ -173,14 +173,34 @@ def rank_text(out_dir, rank):
     return text
 
 
-# What the survivors' report says of node 1 after each fault.
-SILENT_NODE1 = r"no answer within 2 s from node1 \(ranks 2, 3\)"
-SLOW_NODE1 = rf"(?:{SILENT_NODE1}|every peer answered a liveness probe within 2 s \([^)]*\)[^)]*\); the slowest, rank [23] on node1)"
+# What a report says of the other node after each fault: REPORT % (reporting node, other node).
+REPORT = (r"\[comm\] rank \d on node%d: timed out after 3 s \(sharding.collective_timeout_s[^)]*\) in "
+          r"\w+\([^)]*phase \w+\) at step \d+; ")
+# Node 1 unreachable: node 0's ranks name both of its ranks as silent.
+SILENT = r"no answer within 2 s from node%d \(ranks \d, \d\)"
+# A crawling link may carry some answers in time and not others: the other node is named silent
+# (all or part of it) or as the slowest to answer.
+SILENT_OR_SLOW = (r"(?:no answer within 2 s from [^;]*node%d \(ranks? \d"
+                  r"|every peer answered a liveness probe within 2 s \([^)]*\)[^)]*\); the slowest, rank \d on node%d)")
 
 
-def fault_case(bin_dir, tmp, inject, sets=(), expect_probe=SILENT_NODE1, expect_launcher=None):
+def find_report(out_dir, probe, reporters):
+    """The first rank report of a node in `reporters` whose probe part matches `probe` about the
+    other node; None if there is none."""
+    for node in reporters:
+        other = 1 - node
+        pattern = REPORT % node + probe % ((other,) * probe.count("%d"))
+        for rank in range(4):
+            m = re.search(pattern, rank_text(out_dir, rank))
+            if m:
+                return m.group(0)
+    return None
+
+
+def fault_case(bin_dir, tmp, inject, sets=(), expect_probe=SILENT, reporters=(0,), expect_launcher=None):
     """2 nodes x 2 ranks, a checkpoint every 100 steps; `inject` hits node 1 mid-run. Every rank
-    exits within TIMEOUT_S + GRACE_S, survivors name the collective, phase, step and silent peers,
+    exits within TIMEOUT_S + GRACE_S, a rank on a node of `reporters` names the collective, phase,
+    step and the other node's silent or slow peers (`expect_probe`),
     every checkpoint verifies, and node 0 resumes at world size 2 bitwise like an uninterrupted
     world-2 run."""
     emulate("up", "2", "--slots", "2")
@@ -203,12 +223,13 @@ def fault_case(bin_dir, tmp, inject, sets=(), expect_probe=SILENT_NODE1, expect_
     if expect_launcher:
         check(re.search(expect_launcher, launcher_out) is not None,
               f"mpirun's output does not match {expect_launcher!r}:\n{launcher_out[-2500:]}")
-    survivors = rank_text(out_dir, 0) + rank_text(out_dir, 1)
     if expect_probe:
-        m = re.search(r"\[comm\] rank \d on node0: timed out after 3 s \(sharding.collective_timeout_s[^)]*\) in "
-                      r"\w+\([^)]*phase \w+\) at step \d+; " + expect_probe, survivors)
-        check(m is not None, f"no survivor report naming the call, phase, step and node1's ranks:\n{survivors[-2500:]}\n"
-                             f"mpirun: {launcher_out[-1500:]}")
+        report = find_report(out_dir, expect_probe, reporters)
+        ranks = "".join(f"--- rank {r}:\n{rank_text(out_dir, r)[-1200:]}" for r in range(4))
+        check(report is not None, f"no report naming the call, phase, step and the other node's ranks:\n{ranks}\n"
+                                  f"mpirun: {launcher_out[-1500:]}")
+        if report:
+            print(f"report: {report}")
     saved = sorted(d for d in os.listdir(ckpt) if re.fullmatch(r"step_\d+", d))
     check(saved, f"no checkpoint in {ckpt}: {os.listdir(ckpt)}")
     for d in saved:  # a save cut short stays a step_N.tmp directory, which the next start removes
@@ -258,9 +279,42 @@ def case_node_killed(bin_dir, tmp, _):
 
 
 def case_link_crawl(bin_dir, tmp, _):
-    # Width 128: a block's gather (~0.8 MB) takes seconds at 1mbit, past the timeout.
-    # Pings may still get through the crawling link: then the report names the slowest answer.
-    fault_case(bin_dir, tmp, lambda: emulate("link", "1", "1mbit"), sets=("model.n_embd=128",), expect_probe=SLOW_NODE1)
+    # Width 128: a block's gather (~0.8 MB) takes seconds at 1mbit, past the timeout. Both sides
+    # time out; node 1's ranks may abort the job through mpirun before node 0's probe ends, so a
+    # report from either side counts.
+    fault_case(bin_dir, tmp, lambda: emulate("link", "1", "1mbit"), sets=("model.n_embd=128",),
+               expect_probe=SILENT_OR_SLOW, reporters=(0, 1))
+
+
+def case_bench(bin_dir, tmp, _):
+    """scripts/bench_cluster.sh at small sizes on 1 and 2 nodes: a report row per case, no link
+    traffic on one node, link traffic on two, and less of it with HSDP (one replica per node: the
+    gathers stay inside a node, only the replicas' exchange crosses)."""
+    env = dict(ENV, NODES="1 2", LAYERS="1", SEQ="32", PLACEMENTS="matrixfsdp fsdp2", LINK_RATE="1gbit")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "bench_cluster.sh"), os.path.dirname(bin_dir), tmp],
+                       env=env, capture_output=True, text=True, timeout=240)
+    if r.returncode == 77:
+        raise NotPermitted(r.stderr.strip())
+    check(r.returncode == 0, f"bench_cluster.sh: rc {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    if r.returncode != 0:
+        return
+    rows = {}
+    report = read(os.path.join(tmp, "REPORT.md")).decode()
+    for line in report.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 12 and cells[0].isdigit():
+            rows[(int(cells[0]), cells[1])] = cells
+    want = [(1, "matrixfsdp"), (1, "fsdp2"), (2, "matrixfsdp"), (2, "fsdp2"), (2, "matrixfsdp (HSDP)"), (2, "fsdp2 (HSDP)")]
+    check(sorted(rows) == sorted(want), f"report rows {sorted(rows)}, expected {sorted(want)}")
+    link = {k: float(v[7]) for k, v in rows.items()}
+    for p in ("matrixfsdp", "fsdp2"):
+        if (1, p) in link and (2, p) in link and (2, f"{p} (HSDP)") in link:
+            check(link[(1, p)] == 0, f"{p} on one node sent {link[(1, p)]} MB per step on its link")
+            check(link[(2, p)] > 0, f"{p} on two nodes sent nothing on the links")
+            check(link[(2, f"{p} (HSDP)")] < 0.5 * link[(2, p)],
+                  f"{p} HSDP sent {link[(2, f'{p} (HSDP)')]} MB per step across nodes, not under half of "
+                  f"the {link[(2, p)]} MB without it")
+    print(report[:3000])
 
 
 if __name__ == "__main__":
