@@ -10,6 +10,7 @@
 #include "apps/bench/bench_report.h"
 #include "apps/cli_common.h"
 #include "comm/comm_factory.h"
+#include "comm/node_topology.h"
 #include "runtime/core/cpu_affinity.h"
 #include "runtime/kernels.h"
 
@@ -72,16 +73,18 @@ std::vector<BenchResult> run_bench_cases(std::unique_ptr<Communicator>& world, c
   const int W = world->world_size(), rank = world->rank();
   std::vector<BenchResult> results;
   try {
+    const NodeTopology topology = world_node_topology();
     HsdpGroups groups = base.replicas > 1 ? make_hsdp_groups(CommBackend::mpi, base.replicas) : HsdpGroups{};
     if (!groups.shard) groups.shard = std::move(world);
     if (rank == 0)
-      std::printf("mfsdp-bench: world %d (replicas %d), B=%d T=%d per rank, dtype %s, %d warm-up + %d measured steps "
-                  "(median; times are the max over ranks)\n",
-                  W, base.replicas, base.batch, base.seq, base.dtype.c_str(), base.warmup, base.steps);
+      std::printf("mfsdp-bench: world %d (replicas %d) on %d node(s), B=%d T=%d per rank, dtype %s, %d warm-up + %d "
+                  "measured steps (median; times are the max over ranks)\n",
+                  W, base.replicas, topology.nodes(), base.batch, base.seq, base.dtype.c_str(), base.warmup, base.steps);
     for (const std::string& m : a.models)
       for (int ns : a.ns_steps)
         for (const std::string& p : a.placements) {
           BenchCase c = base;
+          if (base.replicas == 1) c.node_of_rank = topology.node_of_rank;  // owners spread over nodes, as in training
           c.model = model_preset(m, a.layers);
           if (a.vocab > 0) c.model.vocab = a.vocab;
           c.ns_steps = ns;

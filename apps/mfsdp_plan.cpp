@@ -4,6 +4,7 @@
 // Loads the config with mfsdp-train's schema and checks (bad input exits 2); uses its model,
 // sharding.placement and, through planner_options (the trainer's), optimizer.muon values.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -28,7 +29,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 struct Args {
   std::string config_path, placement;
-  int world = 1, ns_steps = 5;
+  int world = 1, ns_steps = 5, ranks_per_node = 0;
   bool ns_steps_given = false, json_out = false, split_qkv = false, per_rank = false;
 };
 
@@ -54,6 +55,10 @@ std::optional<int> parse_args(int argc, char** argv, Args& a) {
       ->check(CLI::Range(1, 100));
   app.add_flag("--split-qkv", a.split_qkv, "cost fused QKV weights as three Newton-Schulz calls "
                                            "(default: optimizer.muon.split_qkv)");
+  app.add_option("--ranks-per-node", a.ranks_per_node, "ranks on each node (consecutive ranks share a node; "
+                                                      "divides the world size); owners spread over the nodes as "
+                                                      "mfsdp-train spreads them (default: one node)")
+      ->check(CLI::Range(1, mfsdp::kMaxPlanWorldSize));
   app.add_flag("--json", a.json_out, "print the ShardPlan as JSON instead of tables");
   app.add_flag("--per-rank", a.per_rank, "print the per-rank table (default when world size <= 16)");
   try {
@@ -63,6 +68,10 @@ std::optional<int> parse_args(int argc, char** argv, Args& a) {
     return e.get_exit_code() == 0 ? 0 : 2;
   }
   a.ns_steps_given = app.count("--ns-steps") > 0;
+  if (a.ranks_per_node > 0 && a.world % a.ranks_per_node != 0) {
+    std::fprintf(stderr, "mfsdp-plan: --ranks-per-node %d does not divide --world-size %d\n", a.ranks_per_node, a.world);
+    return 2;
+  }
   return std::nullopt;
 }
 
@@ -79,6 +88,8 @@ PlanInputs load_inputs(Args& a) {
   in.options.split_qkv = in.options.split_qkv || a.split_qkv;
   a.ns_steps = in.options.ns_steps;
   a.split_qkv = in.options.split_qkv;
+  if (a.ranks_per_node > 0 && a.ranks_per_node < a.world)
+    for (int r = 0; r < a.world; ++r) in.options.node_of_rank.push_back(r / a.ranks_per_node);
   return in;
 }
 
@@ -97,6 +108,28 @@ void print_model(const ModelSection& model) {
                 g.n_layer, g.n_head, g.n_embd, g.seq_len, g.vocab_size, static_cast<long long>(g.padded_vocab_size()),
                 g.tie_embeddings ? "tied" : "untied", format_count(g.num_params()).c_str());
   }
+}
+
+// Each unit's bytes per node (what its gather sends over each node's link): the worst unit's
+// max/mean, and the mean over units.
+void print_node_balance(const ShardPlan& plan) {
+  const std::vector<int>& node = plan.options.node_of_rank;
+  const int nodes = *std::max_element(node.begin(), node.end()) + 1;
+  double worst = 0, sum = 0;
+  int counted = 0;
+  for (const UnitLayout& u : plan.units) {
+    std::vector<double> on(static_cast<size_t>(nodes), 0.0);
+    double total = 0;
+    for (int r = 0; r < plan.world_size; ++r) {
+      on[static_cast<size_t>(node[r])] += static_cast<double>(u.segment_numel[r]);
+      total += static_cast<double>(u.segment_numel[r]);
+    }
+    if (total == 0) continue;
+    const double ratio = *std::max_element(on.begin(), on.end()) / (total / nodes);
+    worst = std::max(worst, ratio), sum += ratio, ++counted;
+  }
+  std::printf("unit bytes per node (%d nodes of %d ranks) max/mean: worst unit %s, mean of units %s\n", nodes,
+              plan.world_size / nodes, format_ratio(worst).c_str(), format_ratio(counted ? sum / counted : 0).c_str());
 }
 
 // The routing, balance (against round-robin owners and fsdp2), per-unit and per-rank tables.
@@ -129,6 +162,7 @@ void print_tables(const Args& a, const PlanInputs& in, const ParamInventory& inv
                 placement == Placement::matrixfsdp ? " (target <= 1.10 at small world sizes)" : "");
   }
   std::printf("\nPer-unit segments (%s)\n%s", placement_name(placement), unit_table(plan).c_str());
+  if (!in.options.node_of_rank.empty()) print_node_balance(plan);
   if (a.per_rank || a.world <= 16)
     std::printf("\nPer-rank (%s)\n%s", placement_name(placement), rank_table(plan).c_str());
 }

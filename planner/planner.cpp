@@ -147,6 +147,58 @@ std::vector<int64_t> place_matrices_lpt(ShardPlan& plan) {
   return rank_bytes;
 }
 
+// Relabels owners across nodes (options.node_of_rank) so that each unit's matrix bytes spread
+// over the nodes; `rank_bytes` (matrix bytes per rank) follows the labels. A relabeling moves a
+// rank's whole load to another rank, so every per-rank figure keeps its value. Two ranks on
+// different nodes swap labels when that lowers sum over (unit, node) of (unit bytes on node)^2;
+// pairs are visited in a fixed order until no swap helps (or a pass limit): deterministic.
+void spread_owners_over_nodes(ShardPlan& plan, std::vector<int64_t>& rank_bytes) {
+  const std::vector<int>& node = plan.options.node_of_rank;
+  const int N = plan.world_size;
+  if (node.empty() || std::all_of(node.begin(), node.end(), [&](int n) { return n == node[0]; })) return;
+  const size_t U = plan.units.size();
+  std::vector<double> x(U * static_cast<size_t>(N), 0.0);  // unit x rank -> matrix bytes
+  auto at = [&](size_t u, int r) -> double& { return x[u * N + r]; };
+  for (const MatrixShard& s : plan.shards)
+    if (s.optimizer == OptimizerKind::muon)
+      at(static_cast<size_t>(s.unit), s.pieces[0].rank) += static_cast<double>(s.numel());
+  const int nodes = *std::max_element(node.begin(), node.end()) + 1;
+  std::vector<double> on_node(U * static_cast<size_t>(nodes), 0.0);
+  for (size_t u = 0; u < U; ++u)
+    for (int r = 0; r < N; ++r) on_node[u * nodes + node[r]] += at(u, r);
+  std::vector<int> label(N);  // current label -> the rank whose load it carries
+  for (int r = 0; r < N; ++r) label[r] = r;
+  for (int pass = 0; pass < 32; ++pass) {
+    bool improved = false;
+    for (int a = 0; a < N; ++a)
+      for (int b = a + 1; b < N; ++b) {
+        if (node[a] == node[b]) continue;
+        double delta = 0;  // a's and b's loads trade nodes: d moves from node[a] to node[b]
+        for (size_t u = 0; u < U; ++u) {
+          const double d = at(u, a) - at(u, b);
+          delta += 2.0 * d * (on_node[u * nodes + node[b]] - on_node[u * nodes + node[a]] + d);
+        }
+        if (delta >= -1e-9) continue;
+        for (size_t u = 0; u < U; ++u) {
+          const double d = at(u, a) - at(u, b);
+          on_node[u * nodes + node[a]] -= d;
+          on_node[u * nodes + node[b]] += d;
+          std::swap(at(u, a), at(u, b));
+        }
+        std::swap(label[a], label[b]);
+        improved = true;
+      }
+    if (!improved) break;
+  }
+  std::vector<int> new_rank(N);
+  for (int r = 0; r < N; ++r) new_rank[label[r]] = r;
+  std::vector<int64_t> moved(N);
+  for (int r = 0; r < N; ++r) moved[new_rank[r]] = rank_bytes[r];
+  rank_bytes = std::move(moved);
+  for (MatrixShard& s : plan.shards)
+    if (s.optimizer == OptimizerKind::muon) s.pieces[0].rank = new_rank[s.pieces[0].rank];
+}
+
 // Water-fills the AdamW tail into the ranks with the fewest bytes (see make_plan's comment).
 void place_tail(ShardPlan& plan, const std::vector<int64_t>& matrix_bytes) {
   const int N = plan.world_size;
@@ -241,6 +293,11 @@ ShardPlan make_plan(const ParamInventory& inv, int world_size, Placement placeme
                                 " < 0");
   if (options.head_dim < 0)
     throw std::invalid_argument("[make_plan] head_dim " + std::to_string(options.head_dim) + " < 0");
+  const std::vector<int>& node = options.node_of_rank;
+  if (!node.empty() && (static_cast<int>(node.size()) != world_size ||
+                        std::any_of(node.begin(), node.end(), [&](int n) { return n < 0 || n >= world_size; })))
+    throw std::invalid_argument("[make_plan] node_of_rank: expected " + std::to_string(world_size) +
+                                " node numbers in [0, world size), got " + std::to_string(node.size()));
   validate_inventory(inv);
   ShardPlan plan;
   plan.world_size = world_size;
@@ -266,7 +323,9 @@ ShardPlan make_plan(const ParamInventory& inv, int world_size, Placement placeme
       if (options.round_robin) {
         layout_round_robin(plan);
       } else {
-        place_tail(plan, place_matrices_lpt(plan));
+        std::vector<int64_t> matrix_bytes = place_matrices_lpt(plan);
+        spread_owners_over_nodes(plan, matrix_bytes);
+        place_tail(plan, matrix_bytes);
         assign_segment_offsets(plan);
       }
       break;

@@ -24,7 +24,10 @@ void validate_inventory(const ParamInventory& inv);
 ///  - matrixfsdp / zero1: each Muon matrix is one piece on its owner, chosen by
 ///    longest-processing-time greedy on Newton-Schulz FLOPs (items sorted by FLOPs, then bytes,
 ///    descending, then inventory index; a matrix goes to the rank with the least FLOPs, then least
-///    matrix bytes, then least bytes in the matrix's unit, then lowest index). AdamW tensors (the
+///    matrix bytes, then least bytes in the matrix's unit, then lowest index). With
+///    options.node_of_rank, ranks on different nodes then trade their whole owner loads where that
+///    spreads each unit's matrix bytes over the nodes (every rank's FLOPs and matrix bytes stay the
+///    same multiset). AdamW tensors (the
 ///    tail) are then water-filled into the ranks with the fewest bytes: the tail, ordered by unit
 ///    then inventory index, is cut into consecutive rank ranges (ranks 0..N-1), so a split tensor's
 ///    pieces are consecutive ranks; cuts inside small tensors are moved to a tensor edge.

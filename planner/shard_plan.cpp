@@ -365,6 +365,7 @@ nlohmann::json ShardPlan::to_json() const {
                   {"round_robin", options.round_robin},
                   {"orthogonalizer", orthogonalizer_name(options.orthogonalizer)},
                   {"head_dim", options.head_dim}};
+  if (!options.node_of_rank.empty()) j["options"]["node_of_rank"] = options.node_of_rank;
   json ju = json::array();
   for (const auto& u : units) ju.push_back({{"name", u.name}, {"segment_numel", u.segment_numel}});
   j["units"] = std::move(ju);
@@ -453,6 +454,7 @@ ShardPlan ShardPlan::from_json(const nlohmann::json& j) {
     p.options.orthogonalizer =
         parse_enum(get<std::string>(o, "options", "orthogonalizer"), "options.orthogonalizer", parse_orthogonalizer);
   if (o.contains("head_dim")) p.options.head_dim = get<int64_t>(o, "options", "head_dim");
+  if (o.contains("node_of_rank")) p.options.node_of_rank = get<std::vector<int>>(o, "options", "node_of_rank");
   const json& ju = field(j, "", "units");
   if (!ju.is_array()) json_fail("units", "is not an array");
   for (size_t u = 0; u < ju.size(); ++u) {

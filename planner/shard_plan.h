@@ -43,6 +43,11 @@ struct PlannerOptions {
   /// > 0: a split matrix (qkv_blocks > 1) costs rows/head_dim orthogonalizations of head_dim rows
   /// (optimizer.muon.split_heads; the model's n_embd / n_head); 0: no per-head split.
   int64_t head_dim = 0;
+  /// Rank -> node (ranks on one node share its links); empty: one node. matrixfsdp / zero1 owners
+  /// are then relabeled across nodes so that each unit's owned bytes spread over the nodes: an
+  /// owner gather sends a whole matrix from its node, and two large owners on one node load that
+  /// node's link in one direction while the other direction idles.
+  std::vector<int> node_of_rank;
   bool operator==(const PlannerOptions&) const = default;
 };
 

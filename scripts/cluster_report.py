@@ -32,7 +32,13 @@ def cluster_json(out, base, nodes, world):
     c["name"] = f"emulated_{nodes}_nodes"
     c["gpus_per_node"] = world // nodes
     # The nodes share this machine's cores: a rank gets cores / world of them, whatever its node.
-    c["cores_per_node"] = max(1, round(base["cores_per_node"] * (world // nodes) / world))
+    # cores_per_node is whole cores; where a node's share rounds up, its rates are scaled down.
+    rpn = world // nodes
+    want = min(1.0, base["cores_per_node"] / world)
+    c["cores_per_node"] = max(1, round(base["cores_per_node"] * rpn / world))
+    scale = want / min(1.0, c["cores_per_node"] / rpn)
+    for k in ("gemm_tflops_bf16", "gemm_tflops_f32", "mem_GBps"):
+        c[k] = base[k] * scale
     if nodes > 1:
         c["inter_GBps"], c["inter_latency_us"] = link_rate_of(os.path.join(out, f"comm_n{nodes}.txt"))
     c["source"] = (f"scripts/bench_cluster.sh: compute from mfsdp-project --calibrate; links between nodes from "

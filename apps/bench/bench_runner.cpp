@@ -88,6 +88,7 @@ BenchResult run_bench_case(Communicator& comm, Communicator* replica, const Benc
     GPT model(cfg);
     PlannerOptions popt;
     popt.ns_steps = c.ns_steps;
+    popt.node_of_rank = c.node_of_rank;
     const ShardPlan plan = make_plan(model.inventory(), comm.world_size(), c.placement, popt);
     EngineOptions opts;
     opts.muon.ns_steps = c.ns_steps;

@@ -23,6 +23,7 @@ struct BenchCase {
   int warmup = 1, steps = 2;  ///< unmeasured, then measured steps
   int replicas = 1;
   std::string dtype = "f32";  ///< compute and communication dtype (the CPU engine is f32 only)
+  std::vector<int> node_of_rank;  ///< shard-group rank -> node (PlannerOptions); empty: one node
 };
 
 /// Phase names of BenchResult::ms, in order: forward, backward, reduce, optimizer, total.

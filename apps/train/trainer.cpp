@@ -30,6 +30,15 @@
 namespace mfsdp {
 namespace {
 
+// The planner's options for this run; owners spread over the nodes when the shard group is the
+// whole world (with replicas, each shard group's layout over nodes is HSDP's).
+PlannerOptions plan_options(const TrainConfig& cfg, const UnitModel& units, const TrainerOptions& opts, int world) {
+  PlannerOptions o = planner_options(cfg.optim, units);
+  if (!opts.replicas && static_cast<int>(opts.topology.node_of_rank.size()) == world)
+    o.node_of_rank = opts.topology.node_of_rank;
+  return o;
+}
+
 using json = nlohmann::json;
 
 // Validation loss over an EvalSplit: every rank runs the same number of batches.
@@ -105,7 +114,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
       wrapped_(opts.wrap_units ? opts.wrap_units(model_->units()) : nullptr),
       units_(wrapped_ ? *wrapped_ : model_->units()),
       plan_(make_plan(units_.inventory(), comm.world_size(), cfg.sharding.placement,
-                      planner_options(cfg.optim, units_))),
+                      plan_options(cfg, units_, opts, comm.world_size()))),
       trace_(cfg, comm, opts.replicas),
       engine_(units_, trace_.engine_comm(), plan_, cfg.optim, trace_.engine_replicas()),
       loader_(cfg.data.train.resolved, B_, T_, rank_, world_, A_, cfg.data.shuffle,

@@ -27,7 +27,7 @@ TEST_CASE("no raw allocations and a flat memory peak after step 2", "[engine][me
       opts.recompute_units = true;
     }
     GPT model(cfg);
-    const ShardPlan plan = make_plan(model.inventory(), comm->world_size(), placement, PlannerOptions{5, false, false});
+    const ShardPlan plan = make_plan(model.inventory(), comm->world_size(), placement, PlannerOptions{});
     ShardedEngine engine(model, *comm, plan, opts);
     engine.init_parameters(7);
     int64_t raw_after_2 = 0, peak_after_2 = 0;

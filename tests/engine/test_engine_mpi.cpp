@@ -57,7 +57,8 @@ Run train(Communicator& comm, Placement placement, int accum, int64_t B, const S
   EngineOptions opts = test_options(setup.split_qkv);
   opts.grad_clip = setup.grad_clip;
   if (setup.tweak) setup.tweak(opts);
-  PlannerOptions popts{5, setup.split_qkv, false};
+  PlannerOptions popts;  // 5 Newton-Schulz steps, LPT owners
+  popts.split_qkv = setup.split_qkv;
   popts.orthogonalizer = opts.muon.orthogonalizer;
   if (opts.muon.split_heads) popts.head_dim = model.attention_head_dim();
   run.plan = make_plan(model.inventory(), W, placement, popts);

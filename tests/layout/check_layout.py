@@ -19,6 +19,8 @@ preprocessor lines are blanked out, so a one-line function or an #if block does 
 span; a file whose braces do not balance that way is itself reported. ALLOWED_LONG names the few
 functions allowed past 80 lines, each with its reason; an entry that no longer matches a long
 function is reported too, so the list only shrinks.
+Tests that can fail: no CMakeLists.txt under tests/ sets PASS_REGULAR_EXPRESSION, which replaces
+ctest's exit-code check (mfsdp_add_output_test checks the exit code and the output together).
 Prints every violation with file:line and exits 1 when there is one.
 """
 import bisect
@@ -85,6 +87,21 @@ def cmake_link_errors():
         for lib in sorted(models):
             if re.search(r"(?<![A-Za-z0-9_])%s(?![A-Za-z0-9_])" % lib, code):
                 errors.append("planner/CMakeLists.txt:%d: planner/ must not link %s (a models/ library)" % (n, lib))
+    return errors
+
+
+def output_only_test_errors():
+    """No PASS_REGULAR_EXPRESSION in the tests' CMake files (comments aside)."""
+    errors = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "tests")):
+        if "CMakeLists.txt" not in files:
+            continue
+        path = os.path.join(dirpath, "CMakeLists.txt")
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        for n, line in enumerate(open(path, encoding="utf-8").read().split("\n"), 1):
+            if "PASS_REGULAR_EXPRESSION" in line.split("#", 1)[0]:
+                errors.append("%s:%d: PASS_REGULAR_EXPRESSION replaces the exit-code check; use "
+                              "mfsdp_add_output_test (exit code and output together)" % (rel, n))
     return errors
 
 
@@ -286,6 +303,7 @@ def main():
             errors += size_errors(rel, text, long_seen)
         errors += test_switch_errors(rel, lines)
     errors += cmake_link_errors()
+    errors += output_only_test_errors()
     errors += ["tests/layout/check_layout.py: ALLOWED_LONG entry '%s' matches no function over %d lines: "
                "drop it" % (k, MAX_FUNCTION_LINES) for k in sorted(set(ALLOWED_LONG) - long_seen)]
     for e in errors:

@@ -311,6 +311,14 @@ TEST_CASE("the projection's engine switches are the engine's rulebook for the cl
   CHECK_FALSE(engine_choices(ddp, gpu).overlap_reduce);
   ddp.replicas = 2;  // ddp is already replicated: refused as the engine refuses it
   CHECK_THROWS_AS(engine_choices(ddp, gpu), OptionError);
-  // project(in, cluster, world) is project() with these choices
-  CHECK(project(forced, cpu, 8).step_ms == project(forced, cpu, 8, f).step_ms);
+  // project(in, cluster, world) projects with engine_choices(): the same step as choices built by
+  // hand from the asked-for switches, and not the step of the device's defaults.
+  EngineChoices hand;
+  hand.prefetch_depth = 3;
+  hand.overlap_reduce = false;
+  hand.batch_orthogonalize = true;
+  hand.planner.ns_steps = 2;
+  hand.planner.round_robin = true;
+  CHECK(project(forced, cpu, 8).step_ms == project(forced, cpu, 8, hand).step_ms);
+  CHECK(project(forced, cpu, 8).step_ms != project(forced, cpu, 8, EngineChoices{}).step_ms);
 }
