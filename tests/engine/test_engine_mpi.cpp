@@ -45,6 +45,7 @@ struct Run {
   ShardPlan plan;
   int64_t ns_calls = 0;
   int64_t gathered_peak = 0;  ///< peak bytes of gathered parameters during the steps
+  bool overlap_reduce = false;  ///< the engine's reductions overlapped the backward (resolved)
 };
 
 // Trains kSteps steps on `comm` under `placement`, `accum` micro-batches of `B` sequences per
@@ -74,6 +75,7 @@ Run train(Communicator& comm, Placement placement, int accum, int64_t B, const S
     run.stats.push_back(engine.train_step(micro, s));
   }
   run.gathered_peak = MemoryTracker::instance().peak(comm.device(), MemCategory::gathered_params);
+  run.overlap_reduce = engine.overlap_reduce();
   run.counters = comm.counters();
   run.ns_calls = newton_schulz_call_count();
   run.fingerprint = engine.state_fingerprint();
@@ -571,12 +573,19 @@ TEST_CASE("overlap_reduce: bitwise equal to world 1 under every placement, with 
       o.reduce_dtype = reduce;
     });
   };
-  check_placements_bitwise(overlapped(DType::f32, DType::f32, 0), "tied");  // the plain run's reference
-  check_placements_bitwise(overlapped(DType::f32, DType::f32, 1), "tied");
+  // ddp all-reduces its gradients after the backward: overlap_reduce resolves off there (checked
+  // below), so the bitwise checks cover the placements that overlap.
+  const std::vector<Placement> overlapping{Placement::matrixfsdp, Placement::fsdp2, Placement::zero1};
+  check_placements_bitwise(overlapped(DType::f32, DType::f32, 0), "tied", overlapping);  // the plain run's reference
+  check_placements_bitwise(overlapped(DType::f32, DType::f32, 1), "tied", overlapping);
   check_placements_bitwise(overlapped(DType::bf16, DType::bf16, 1), "bf16-bf16", {Placement::matrixfsdp, Placement::fsdp2});
   const int64_t B = kGlobalSeqs / W;
   const Run plain = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.overlap_reduce = Toggle::off; }));
   const Run over = train(world(), Placement::matrixfsdp, 1, B, overlapped(DType::f32, DType::f32, 0));
+  CHECK(over.overlap_reduce);  // the overlapped path ran, and the plain run's did not
+  CHECK_FALSE(plain.overlap_reduce);
+  for (Placement p : overlapping) CHECK(train(world(), p, 1, B, overlapped(DType::f32, DType::f32, 0)).overlap_reduce);
+  CHECK_FALSE(train(world(), Placement::ddp, 1, B, overlapped(DType::f32, DType::f32, 0)).overlap_reduce);
   CHECK(over.counters.at(CommPhase::grad_reduce).bytes_sent == plain.counters.at(CommPhase::grad_reduce).bytes_sent);
   CHECK(over.counters.at(CommPhase::grad_reduce).bytes_received ==
         plain.counters.at(CommPhase::grad_reduce).bytes_received);
