@@ -331,7 +331,7 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
                      bool batch_orthogonalize, Projection& p, double& persistent) {
   const int S = plan.world_size;
   const bool in_node = S <= c.gpus_per_node, fsdp2 = in.placement == Placement::fsdp2;
-  const int steps = fsdp2 && in.baseline.ns_steps >= 0 ? in.baseline.ns_steps : in.ns_steps;
+  const int steps = fsdp2 && in.baseline.ns_steps >= 0 ? in.baseline.ns_steps : plan.options.ns_steps;
   const bool owners = in.placement == Placement::matrixfsdp || in.placement == Placement::zero1;
   const bool batched = owners && batch_orthogonalize;
   const bool row_sharded = fsdp2 && in.baseline.ns == BaselineNs::row_sharded;

@@ -321,4 +321,8 @@ TEST_CASE("the projection's engine switches are the engine's rulebook for the cl
   hand.planner.round_robin = true;
   CHECK(project(forced, cpu, 8).step_ms == project(forced, cpu, 8, hand).step_ms);
   CHECK(project(forced, cpu, 8).step_ms != project(forced, cpu, 8, EngineChoices{}).step_ms);
+  // the choices' Newton-Schulz steps cost the owners' work, not the input's
+  EngineChoices five = hand;
+  five.planner.ns_steps = 5;
+  CHECK(project(forced, cpu, 8, five).ns_ms == Approx(2.5 * project(forced, cpu, 8, hand).ns_ms).epsilon(0.05));
 }
