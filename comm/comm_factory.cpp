@@ -77,8 +77,8 @@ std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, 
 }
 
 namespace {
-// The layout note of HsdpGroups: whether each shard group stays on one node.
-std::string hsdp_layout_note(const NodeTopology& topo, const std::vector<int>& replica_of, int replicas) {
+// HsdpGroups::layout and spans_nodes: whether each shard group stays on one node.
+void describe_layout(const NodeTopology& topo, const std::vector<int>& replica_of, int replicas, HsdpGroups& g) {
   for (int q = 0; q < replicas; ++q) {
     std::vector<int> members;
     for (size_t r = 0; r < replica_of.size(); ++r)
@@ -87,12 +87,15 @@ std::string hsdp_layout_note(const NodeTopology& topo, const std::vector<int>& r
     if (nodes.size() < 2) continue;
     std::string names;
     for (int n : nodes) names += (names.empty() ? "" : ", ") + topo.node_names[static_cast<size_t>(n)];
-    return "shard group " + std::to_string(q) + " spans nodes " + names +
-           ": its gathers and reductions cross node links (the standard layout is one replica per node, "
-           "sharding.replicate = " + std::to_string(topo.nodes()) + ", with the same number of ranks on every node)";
+    g.spans_nodes = true;
+    g.layout = "shard group " + std::to_string(q) + " spans nodes " + names +
+               ": its gathers and reductions cross node links (the standard layout is one replica per node, "
+               "sharding.replicate = " + std::to_string(topo.nodes()) + ", with the same number of ranks on every node)";
+    return;
   }
-  return topo.nodes() > 1 ? "each shard group on one node, replicas across " + std::to_string(topo.nodes()) + " nodes"
-                          : "one node";
+  g.spans_nodes = false;
+  g.layout = topo.nodes() > 1 ? "each shard group on one node, replicas across " + std::to_string(topo.nodes()) + " nodes"
+                              : "one node";
 }
 }  // namespace
 
@@ -116,8 +119,7 @@ HsdpGroups make_hsdp_groups(CommBackend b, int replicas, CommOptions opts, CudaC
   g.replicas = replicas;
   g.shard = make_split_communicator(b, replica_of[rank], shard_of[rank], opts, cuda);
   g.replica = make_split_communicator(b, shard_of[rank], replica_of[rank], opts, cuda);
-  g.layout = hsdp_layout_note(topo, replica_of, replicas);
-  g.spans_nodes = g.layout.rfind("shard group ", 0) == 0;
+  describe_layout(topo, replica_of, replicas, g);
   return g;
 }
 
