@@ -112,7 +112,7 @@ StepTimes time_model_steps(const ModelBenchArgs& a) {
               static_cast<long long>(n), B, T,
               dev == Device::CUDA ? "CUDA device 0" : (std::to_string(cpu_threads()) + " threads").c_str(),
               a.dtype.c_str(), cpu_bf16 ? ": " : "", cpu_bf16 ? cpu_gemm_bf16_path() : "",
-              attention_kernel_name(attention_kernel()));
+              kAttentionKernelNames.name(attention_kernel()));
   // Phase boundaries wait for the device, so each phase's time is its own work.
   auto now = [dev] {
     if (dev == Device::CUDA) cuda::synchronize();

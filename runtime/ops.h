@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/core/classifier_memory.h"  // classifier_chunk_rows: the chunking rule
+#include "runtime/core/name_table.h"
 #include "runtime/tensor.h"
 
 namespace mfsdp {
@@ -37,8 +38,10 @@ class MatmulDTypeScope {
 /// attention in bf16 (operands rounded to bf16, f32 softmax and accumulation; head sizes 64 and
 /// 128): values within bf16 rounding of the others.
 enum class AttentionKernel { unfused, fused, cudnn };
+/// The kernels' names: "unfused", "fused", "cudnn".
+inline constexpr NameTable<AttentionKernel, 3> kAttentionKernelNames{
+    {{{AttentionKernel::unfused, "unfused"}, {AttentionKernel::fused, "fused"}, {AttentionKernel::cudnn, "cudnn"}}}};
 AttentionKernel attention_kernel();
-const char* attention_kernel_name(AttentionKernel k);  ///< "unfused" / "fused" / "cudnn"
 /// True when this build has the cuDNN attention kernel (CUDA, libcudnn and the cuDNN frontend
 /// headers were found at configure time; runtime/cuda/cudnn_attention.h).
 bool cudnn_attention_built();

@@ -21,14 +21,6 @@ thread_local AttentionKernel t_attention_kernel = AttentionKernel::unfused;
 }  // namespace
 
 AttentionKernel attention_kernel() { return t_attention_kernel; }
-const char* attention_kernel_name(AttentionKernel k) {
-  switch (k) {
-    case AttentionKernel::fused: return "fused";
-    case AttentionKernel::cudnn: return "cudnn";
-    case AttentionKernel::unfused: break;
-  }
-  return "unfused";
-}
 bool cudnn_attention_built() { return cuda_cudnn::built(); }
 AttentionKernelScope::AttentionKernelScope(AttentionKernel k) : prev_(t_attention_kernel) { t_attention_kernel = k; }
 AttentionKernelScope::~AttentionKernelScope() { t_attention_kernel = prev_; }

@@ -106,7 +106,7 @@ BenchResult run_bench_case(Communicator& comm, Communicator* replica, const Benc
     if (replica) replica->reset_counters();
     for (int s = 0; s < c.steps; ++s) {
       const StepStats st = engine.train_step(micro, c.warmup + s);
-      const double t[] = {st.t_forward, st.t_backward, st.t_reduce, st.t_optimizer, st.t_total};
+      const double t[] = {st.seconds.forward, st.seconds.backward, st.seconds.reduce, st.seconds.optimizer, st.seconds.total};
       for (size_t i = 0; i < times.size(); ++i) times[i].push_back(1e3 * t[i]);
       res.loss = st.loss;
     }

@@ -141,7 +141,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
                      ? fmt::format(" ({})", cpu_gemm_bf16_path()) : "",
                  dtype_name(cfg.optim.reduce_dtype),
                  kRecomputeNames.name(cfg.optim.recompute_units),
-                 attention_kernel_name(engine_.attention()), engine_.overlap_reduce() ? "on" : "off");
+                 kAttentionKernelNames.name(engine_.attention()), engine_.overlap_reduce() ? "on" : "off");
     spdlog::info("{}", describe_precision(precision_, cfg));
     for (const std::string& n : precision_.notices) spdlog::info("{}", n);
     spdlog::info("the {} rank(s) agree on config, build and inputs (checked in {:.3f} s); collective timeout {} | "
@@ -204,8 +204,8 @@ void Trainer::train() {
     ++steps_done_;
     tokens_seen_ += s.tokens;
     final_train_loss_ = s.loss;
-    opt_seconds_.push_back(s.t_optimizer);
-    const double step_phases[4] = {s.t_forward, s.t_backward, s.t_reduce, s.t_optimizer};
+    opt_seconds_.push_back(s.seconds.optimizer);
+    const double step_phases[4] = {s.seconds.forward, s.seconds.backward, s.seconds.reduce, s.seconds.optimizer};
     for (int i = 0; i < 4; ++i) phase_[i] += step_phases[i];
     window_.add(s);
     const bool last = step + 1 == cfg_.training.steps;
@@ -291,15 +291,15 @@ void Trainer::log_progress(int64_t step, const StepStats& s) {
     spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.2e}/{:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
                  "fwd {:.0f} bwd {:.0f} reduce {:.0f} opt {:.0f} ms | ETA {}",
                  step + 1, cfg_.training.steps, loss, s.lr_muon, s.lr_adamw, s.grad_norm, tok_s, 100 * mfu,
-                 1e3 * s.t_forward, 1e3 * s.t_backward, 1e3 * s.t_reduce, 1e3 * s.t_optimizer,
+                 1e3 * s.seconds.forward, 1e3 * s.seconds.backward, 1e3 * s.seconds.reduce, 1e3 * s.seconds.optimizer,
                  human_seconds(avg_step * (cfg_.training.steps - step - 1)));
     log_.record({{"type", "train"}, {"step", step + 1}, {"loss", loss}, {"lr_muon", s.lr_muon},
                  {"lr_adamw", s.lr_adamw}, {"grad_norm", s.grad_norm}, {"clip_coef", s.clip_coef},
                  {"tokens_per_second", tok_s}, {"mfu", mfu}, {"tokens", tokens_seen_},
                  {"max_attention_logit", cfg_.optim.qk_clip > 0 ? json(s.max_attention_logit) : json(nullptr)},
                  {"qk_clipped_heads", s.qk_clipped_heads},
-                 {"seconds", {{"forward", s.t_forward}, {"backward", s.t_backward}, {"reduce", s.t_reduce},
-                              {"optimizer", s.t_optimizer}, {"step", s.t_total}}},
+                 {"seconds", {{"forward", s.seconds.forward}, {"backward", s.seconds.backward}, {"reduce", s.seconds.reduce},
+                              {"optimizer", s.seconds.optimizer}, {"step", s.seconds.total}}},
                  {"elapsed_seconds", now - opts_.program_start},
                  {"rank0", local_counters(comm_, engine_.device())},
                  {"rank0_step", {{"orthogonalizations", s.orthogonalizations},

@@ -9,11 +9,9 @@
 #include "optim/schedule.h"
 #include "runtime/core/dtype.h"
 #include "runtime/core/name_table.h"
+#include "runtime/ops.h"
 
 namespace mfsdp {
-
-/// EngineOptions::attention: a kernel of ops.h AttentionKernel, or automatic (resolve() picks one).
-enum class AttentionChoice { automatic, cudnn, fused, unfused };
 
 /// Optimizer and step hyperparameters of the engine. Options that depend on the device or on each
 /// other are checked and given their device defaults by resolve() (runtime/engine/resolve.h).
@@ -65,13 +63,13 @@ struct EngineOptions {
   /// batch is a loop, so it only costs a batch buffer). Bitwise equal either way.
   Toggle batch_orthogonalize = Toggle::automatic;
   /// The attention kernel of every forward and backward (ops.h AttentionKernel; names:
-  /// kAttentionNames): cudnn (cuDNN's fused attention in bf16, CUDA builds with cuDNN, head sizes
+  /// kAttentionNames; unset is "auto"): cudnn (cuDNN's fused attention in bf16, CUDA builds with cuDNN, head sizes
   /// 64 and 128), fused (flash attention in f32), unfused (the reference, probabilities [B,H,T,T]
-  /// kept for backward) or automatic, chosen by resolve(): cudnn on CUDA when the build has it, the
+  /// kept for backward) or unset, chosen by resolve(): cudnn on CUDA when the build has it, the
   /// heads have 64 or 128 features and matmuls run in bf16 (param_dtype bf16), else fused on CUDA
   /// and unfused on the CPU. The kernels are not bitwise equal to each other (sums run in other
   /// orders; cudnn rounds its operands to bf16); each is deterministic.
-  AttentionChoice attention = AttentionChoice::automatic;
+  std::optional<AttentionKernel> attention;
   /// Backward: unit u's gradient reduction to the owners is started (Communicator::
   /// start_reduce_scatter_v) and finished after unit u-1's backward, so the two overlap (NCCL: on
   /// the comm stream); automatic = on for CUDA only (MPI advances the messages only inside MPI
@@ -82,11 +80,12 @@ struct EngineOptions {
 /// The names of EngineOptions::param_dtype and reduce_dtype: "f32", "bf16" (kDTypeNames' floating types).
 inline constexpr NameTable<DType, 2> kPrecisionNames{
     {{{DType::f32, kDTypeNames.name(DType::f32)}, {DType::bf16, kDTypeNames.name(DType::bf16)}}}};
-/// The names of EngineOptions::attention: "auto", "cudnn", "fused", "unfused".
-inline constexpr NameTable<AttentionChoice, 4> kAttentionNames{{{{AttentionChoice::automatic, "auto"},
-                                                                 {AttentionChoice::cudnn, "cudnn"},
-                                                                 {AttentionChoice::fused, "fused"},
-                                                                 {AttentionChoice::unfused, "unfused"}}}};
+/// The names of EngineOptions::attention: "auto" (unset), then ops.h's kernel names "cudnn", "fused", "unfused".
+inline constexpr NameTable<std::optional<AttentionKernel>, 4> kAttentionNames{
+    {{{std::nullopt, "auto"},
+      {AttentionKernel::cudnn, kAttentionKernelNames.name(AttentionKernel::cudnn)},
+      {AttentionKernel::fused, kAttentionKernelNames.name(AttentionKernel::fused)},
+      {AttentionKernel::unfused, kAttentionKernelNames.name(AttentionKernel::unfused)}}}};
 /// The names of EngineOptions::recompute_units: "none" (false), "block" (true).
 inline constexpr NameTable<bool, 2> kRecomputeNames{{{{false, "none"}, {true, "block"}}}};
 
@@ -99,13 +98,21 @@ class NonFiniteLossError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Seconds spent in each phase of a step: forward (the whole forward pass), backward (the units'
+/// backward, gathers included), reduce (gradient reductions to the owners, waits included),
+/// optimizer (clipping and the optimizer step) and total (the whole step).
+struct PhaseTimes {
+  double forward = 0, backward = 0, reduce = 0, optimizer = 0, total = 0;
+};
+
 /// What one optimizer step did, the same on every rank. loss is the mean over every rank's tokens
-/// and micro-batches; grad_norm is the global norm before clipping. Phase times are seconds, the
-/// maximum over ranks (the slowest rank sets the pace); t_total is the whole step on the slowest rank.
+/// and micro-batches; grad_norm is the global norm before clipping. `seconds` are each phase's
+/// maximum over ranks (the slowest rank sets the pace); seconds.total is the whole step on the
+/// slowest rank.
 struct StepStats {
   int64_t step = 0;
   double loss = 0, grad_norm = 0, clip_coef = 1, lr_muon = 0, lr_adamw = 0;
-  double t_forward = 0, t_backward = 0, t_reduce = 0, t_optimizer = 0, t_total = 0;
+  PhaseTimes seconds;
   /// overlap_backward: seconds spent orthogonalizing during backward (this rank; inside no other
   /// phase's time, part of t_total).
   double t_overlap = 0;

@@ -101,11 +101,11 @@ PlannerOptions planner_options(const EngineOptions& o, const ModelFacts& model) 
   return p;
 }
 
-AttentionKernel resolve_attention(AttentionChoice asked, Device device, DType param_dtype, int64_t head_size,
+AttentionKernel resolve_attention(std::optional<AttentionKernel> asked, Device device, DType param_dtype, int64_t head_size,
                                   bool cudnn_built) {
   const bool cuda = device == Device::CUDA;
   const bool head_ok = cuda_cudnn::head_dim_supported(head_size);
-  if (asked == AttentionChoice::cudnn) {
+  if (asked == AttentionKernel::cudnn) {
     require(cuda, OptionField::attention,
             std::string("cudnn needs CUDA; ") + ref(OptionField::device) + " is " + device_name(device) +
                 " (use fused or unfused)");
@@ -117,8 +117,8 @@ AttentionKernel resolve_attention(AttentionChoice asked, Device device, DType pa
                 " (use fused or unfused)");
     return AttentionKernel::cudnn;
   }
-  if (asked == AttentionChoice::fused) return AttentionKernel::fused;
-  if (asked == AttentionChoice::unfused || !cuda) return AttentionKernel::unfused;
+  if (asked) return *asked;
+  if (!cuda) return AttentionKernel::unfused;
   return cudnn_built && head_ok && param_dtype == DType::bf16 ? AttentionKernel::cudnn : AttentionKernel::fused;
 }
 
@@ -135,19 +135,14 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   r.options = in;
   if (in.muon.split_heads) r.options.muon.head_dim = model.attention_head_dim;
   r.traits = placement_traits(placement, replicas > 1);
-  r.prefetch_depth = in.prefetch_depth.value_or(cuda ? 1 : 0);
-  r.batch_orthogonalize = toggle_value(in.batch_orthogonalize, cuda);
-  // a replica chain and ddp's all-reduce block whatever the switch says
-  r.overlap_reduce = toggle_value(in.overlap_reduce, cuda) && replicas == 1 && !r.traits.all_reduce_gradients;
-  r.attention = resolve_attention(in.attention, device, in.matmuls(), model.attention_head_size,
-                                  cuda_cudnn::built());
-  r.options.prefetch_depth = r.prefetch_depth;
   const auto fixed = [](bool on) { return on ? Toggle::on : Toggle::off; };
-  r.options.batch_orthogonalize = fixed(r.batch_orthogonalize);
-  r.options.overlap_reduce = fixed(r.overlap_reduce);
-  r.options.attention = r.attention == AttentionKernel::cudnn   ? AttentionChoice::cudnn
-                        : r.attention == AttentionKernel::fused ? AttentionChoice::fused
-                                                                : AttentionChoice::unfused;
+  r.options.prefetch_depth = in.prefetch_depth.value_or(cuda ? 1 : 0);
+  r.options.batch_orthogonalize = fixed(toggle_value(in.batch_orthogonalize, cuda));
+  // a replica chain and ddp's all-reduce block whatever the switch says
+  r.options.overlap_reduce =
+      fixed(toggle_value(in.overlap_reduce, cuda) && replicas == 1 && !r.traits.all_reduce_gradients);
+  r.options.attention =
+      resolve_attention(in.attention, device, in.matmuls(), model.attention_head_size, cuda_cudnn::built());
   return r;
 }
 
@@ -160,9 +155,9 @@ EngineChoices engine_choices(const ProjectionInput& in, const ClusterSpec& clust
   const ModelFacts facts;
   const ResolvedOptions r = resolve(o, cluster.gpu() ? Device::CUDA : Device::CPU, in.placement, in.replicas, facts);
   EngineChoices e;
-  e.prefetch_depth = r.prefetch_depth;
-  e.overlap_reduce = r.overlap_reduce;
-  e.batch_orthogonalize = r.batch_orthogonalize;
+  e.prefetch_depth = r.prefetch_depth();
+  e.overlap_reduce = r.overlap_reduce();
+  e.batch_orthogonalize = r.batch_orthogonalize();
   e.planner = planner_options(r.options, facts);
   e.planner.round_robin = in.round_robin_owners;
   return e;

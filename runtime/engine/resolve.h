@@ -76,24 +76,25 @@ ModelFacts model_facts(const UnitModel& model);
 /// balanced on the FLOPs the engine will run. The one source of PlannerOptions for a run.
 PlannerOptions planner_options(const EngineOptions& o, const ModelFacts& model);
 
-/// The attention kernel for `asked` (EngineOptions::attention), resolve()'s rule: cudnn is refused
+/// The attention kernel for `asked` (EngineOptions::attention; unset = automatic), resolve()'s rule: cudnn is refused
 /// (OptionError on OptionField::attention) on the CPU, when `cudnn_built` is false (the build has
 /// no cuDNN: ops.h cudnn_attention_built()) and for a head size other than 64 or 128; automatic
 /// is cudnn on CUDA when all of that holds and `param_dtype` is bf16, else fused on CUDA and
 /// unfused on the CPU; fused and unfused are taken as asked.
-AttentionKernel resolve_attention(AttentionChoice asked, Device device, DType param_dtype, int64_t head_size,
+AttentionKernel resolve_attention(std::optional<AttentionKernel> asked, Device device, DType param_dtype, int64_t head_size,
                                   bool cudnn_built);
 
-/// Options with every rule checked and every device default applied.
+/// Options with every rule checked and every device default applied. Each resolved fact is held
+/// once, in `options`; the accessors read it.
 struct ResolvedOptions {
-  /// The input with muon.head_dim set (split_heads), no Toggle nor the attention left automatic and
-  /// prefetch_depth set.
+  /// The input with muon.head_dim set (split_heads), no Toggle left automatic, and prefetch_depth
+  /// and the attention kernel set.
   EngineOptions options;
   PlacementTraits traits;  ///< the placement's row, replicated when replicas > 1
-  int prefetch_depth = 0;
-  bool batch_orthogonalize = false;
-  bool overlap_reduce = false;
-  AttentionKernel attention = AttentionKernel::unfused;
+  int prefetch_depth() const { return options.prefetch_depth.value(); }
+  bool batch_orthogonalize() const { return options.batch_orthogonalize == Toggle::on; }
+  bool overlap_reduce() const { return options.overlap_reduce == Toggle::on; }
+  AttentionKernel attention() const { return options.attention.value(); }
 };
 
 /// Checks `in` against itself, the device, the placement replicated `replicas` times and the model,

@@ -4,11 +4,11 @@
 #include "runtime/engine/sharded_engine.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/autograd.h"
@@ -63,17 +63,46 @@ const ShardPlan& plan_for(const ShardPlan& plan, const Communicator& comm) {
   return plan;
 }
 
-// One all_gather_host over `comm`: element 0 summed over ranks, the others maxed.
-std::array<double, 6> reduce_step_stats(Communicator& comm, const std::array<double, 6>& local) {
-  std::vector<std::array<double, 6>> all(static_cast<size_t>(comm.world_size()));
-  comm.all_gather_host(local.data(), all.data(), sizeof(local), CommPhase::other);
-  std::array<double, 6> out = {0, 0, 0, 0, 0, 0};
-  for (const auto& r : all) {
-    out[0] += r[0];
-    for (int i = 1; i < 6; ++i) out[i] = std::max(out[i], r[i]);
+// What the ranks' step statistics are reduced from: their tokens, summed, and their phase times,
+// maxed (the slowest rank sets each phase's pace).
+struct StepTotals {
+  double tokens = 0;
+  PhaseTimes seconds;
+};
+
+// One all_gather_host of every rank's totals over `comm`.
+StepTotals reduce_step_totals(Communicator& comm, const StepTotals& local) {
+  std::vector<StepTotals> all(static_cast<size_t>(comm.world_size()));
+  comm.all_gather_host(&local, all.data(), sizeof(local), CommPhase::other);
+  StepTotals out;
+  for (const StepTotals& r : all) {
+    out.tokens += r.tokens;
+    for (auto field : {&PhaseTimes::forward, &PhaseTimes::backward, &PhaseTimes::reduce, &PhaseTimes::optimizer,
+                       &PhaseTimes::total})
+      out.seconds.*field = std::max(out.seconds.*field, r.seconds.*field);
   }
   return out;
 }
+
+// One phase of the step on this rank: a span on the timeline's schedule lane (args.unit when
+// `unit` >= 0) and, when `seconds` is given, its wall time added there.
+class PhaseScope {
+ public:
+  explicit PhaseScope(const char* name, double* seconds = nullptr, int unit = -1)
+      : span_(trace::Lane::schedule, "phase", name,
+              [unit] { return unit < 0 ? std::string() : "\"unit\":" + std::to_string(unit); }),
+        seconds_(seconds), start_(now_seconds()) {}
+  ~PhaseScope() {
+    if (seconds_) *seconds_ += now_seconds() - start_;
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  trace::Span span_;
+  double* seconds_;
+  double start_;
+};
 
 }  // namespace
 
@@ -123,11 +152,11 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   // Every batch is checked and moved to the device first, and the losses stay there until all
   // micro-batches are queued: on CUDA the host never waits inside this loop.
   std::vector<MicroBatch> batches;
-  int64_t local_tokens = 0;
+  StepTotals totals;
   for (size_t k = 0; k < micro.size(); ++k) {
     batches.push_back(prepare_batch(micro[k], units_.device(), model_.vocab_size(),
                                     "train_step: micro-batch " + std::to_string(k) + " of step " + std::to_string(step)));
-    local_tokens += batches.back().tokens.numel();
+    totals.tokens += static_cast<double>(batches.back().tokens.numel());
   }
   std::vector<Tensor> losses;
   for (size_t k = 0; k < batches.size(); ++k)
@@ -135,7 +164,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
 
   // 2. the global mean loss (overlap_backward scaled each unit's gradients as they landed)
   {
-    trace::Span span(trace::Lane::schedule, "phase", "loss");
+    PhaseScope phase("loss");
     ExactSum loss_sum;  // exact: the printed loss does not depend on the rank split
     for (const Tensor& l : losses) loss_sum.add(l.item());
     st.loss = sum_over_world(loss_sum).value() / denom;
@@ -147,30 +176,23 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
 
   // 3. the owners' step: global norm, clipping, optimizer, QK-Clip (then zero1's gather of the updates)
   const std::vector<RowScale> qk = qk_clip_scales(st);
-  const double t_opt = now_seconds();
   {
-    trace::Span span(trace::Lane::schedule, "phase", "optimizer");
+    PhaseScope phase("optimizer", &st.seconds.optimizer);
     owners_.clip_gradients(st);
     owners_.optimizer_step(step, st, qk);
   }
-  st.t_optimizer = now_seconds() - t_opt;
-  st.t_total = now_seconds() - t_start;
+  st.seconds.total = now_seconds() - t_start;
   st.orthogonalizations = owners_.orthogonalizations() - orth0;
   st.optimizer_step_bytes = comm_.counters().at(CommPhase::opt_step).bytes_sent - opt_bytes0;
   st.host_device_bytes = host_device_copy_bytes() - copies0;
 
   // 4. step statistics reduced once (and once more over HSDP replicas): tokens summed, phase times maxed
-  std::array<double, 6> stats = {static_cast<double>(local_tokens), st.t_forward, st.t_backward, st.t_reduce,
-                                 st.t_optimizer, st.t_total};
-  trace::Span span(trace::Lane::schedule, "phase", "step statistics");
-  stats = reduce_step_stats(comm_, stats);
-  if (replicas_) stats = reduce_step_stats(*replicas_, stats);
-  st.tokens = static_cast<int64_t>(stats[0]);
-  st.t_forward = stats[1];
-  st.t_backward = stats[2];
-  st.t_reduce = stats[3];
-  st.t_optimizer = stats[4];
-  st.t_total = stats[5];
+  PhaseScope phase("step statistics");
+  totals.seconds = st.seconds;
+  totals = reduce_step_totals(comm_, totals);
+  if (replicas_) totals = reduce_step_totals(*replicas_, totals);
+  st.tokens = static_cast<int64_t>(totals.tokens);
+  st.seconds = totals.seconds;
   return st;
 }
 
@@ -216,76 +238,71 @@ std::vector<RowScale> ShardedEngine::qk_clip_scales(StepStats& st) {
 Tensor ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, float grad_scale, StepStats& st) {
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.matmuls());
-  AttentionKernelScope attention(resolved_.attention);
+  AttentionKernelScope attention(resolved_.attention());
   const int U = units_.size();
   // a recomputed unit keeps only its input from the forward (out[u] is in[u + 1]'s storage)
   auto recomputed = [&](int u) { return opts_.recompute_units && u != U - 1; };
-  // start the gathers of the next units in pass order (dir +1 forward, -1 backward) while u computes
-  auto prefetch_after = [&](int u, int dir, CommPhase phase) {
-    for (int k = 1; k <= resolved_.prefetch_depth; ++k)
+  // gather what unit u needs (with gradient buffers in the backward, dir -1), then start the
+  // gathers of the next units in pass order while u computes
+  auto gather_for = [&](int u, int dir) {
+    const CommPhase phase = dir > 0 ? CommPhase::fwd_gather : CommPhase::bwd_gather;
+    for (int d : model_.units_needed_by(u)) {
+      units_.gather(d, phase);
+      if (dir < 0) units_.ensure_grad_buffers(d);
+    }
+    for (int k = 1; k <= resolved_.prefetch_depth(); ++k)
       if (const int next = u + dir * k; next >= 0 && next < U)
         for (int d : model_.units_needed_by(next)) units_.prefetch(d, phase, opts_.prefetch_limit_bytes);
   };
+  auto release_for = [&](int u) {
+    for (int d : model_.units_needed_by(u)) units_.release(d);
+  };
+
   // forward: gather -> compute -> free, unit by unit (the last unit stays for backward)
-  double t0 = now_seconds();
   std::vector<Tensor> out(U), in(U);
-  std::optional<trace::Span> pass(std::in_place, trace::Lane::schedule, "phase", "forward");
-  for (int u = 0; u < U; ++u) {
-    trace::Span unit(trace::Lane::schedule, "phase", "forward unit", [u] { return "\"unit\":" + std::to_string(u); });
-    for (int d : model_.units_needed_by(u)) units_.gather(d, CommPhase::fwd_gather);
-    prefetch_after(u, +1, CommPhase::fwd_gather);
-    if (u > 0) {
-      in[u] = out[u - 1].detach();
-      in[u].set_requires_grad(true);
-    }
-    if (recomputed(u)) {
-      NoGradGuard no_graph;
+  {
+    PhaseScope pass("forward", &st.seconds.forward);
+    for (int u = 0; u < U; ++u) {
+      PhaseScope unit("forward unit", nullptr, u);
+      gather_for(u, +1);
+      if (u > 0) {
+        in[u] = out[u - 1].detach();
+        in[u].set_requires_grad(true);
+      }
+      std::optional<NoGradGuard> no_graph;
+      if (recomputed(u)) no_graph.emplace();
       out[u] = model_.forward_unit(u, in[u], mb, 0);
-    } else {
-      out[u] = model_.forward_unit(u, in[u], mb, 0);
+      if (u != U - 1) release_for(u);
     }
-    if (u != U - 1)
-      for (int d : model_.units_needed_by(u)) units_.release(d);
   }
-  const Tensor loss = out[U - 1].detach();
-  st.t_forward += now_seconds() - t0;
-  pass.emplace(trace::Lane::schedule, "phase", "backward");
 
   // backward: gather -> backward -> reduce to owners -> free, in reverse unit order
+  const Tensor loss = out[U - 1].detach();
+  PhaseScope pass("backward");
   Tensor grad;  // d loss / d out[u]; undefined for the scalar loss
   for (int u = U - 1; u >= 0; --u) {
-    t0 = now_seconds();
-    std::optional<trace::Span> span(std::in_place, trace::Lane::schedule, "phase", "backward unit",
-                                    [u] { return "\"unit\":" + std::to_string(u); });
-    for (int d : model_.units_needed_by(u)) {
-      units_.gather(d, CommPhase::bwd_gather);
-      units_.ensure_grad_buffers(d);
+    {
+      PhaseScope unit("backward unit", &st.seconds.backward, u);
+      gather_for(u, -1);
+      if (recomputed(u)) out[u] = model_.forward_unit(u, in[u], mb, 0);  // the same values, now with a graph
+      backward(out[u], grad);
+      out[u] = Tensor();
+      if (u > 0) grad = std::exchange(in[u], Tensor()).grad();
     }
-    prefetch_after(u, -1, CommPhase::bwd_gather);
-    if (recomputed(u)) out[u] = model_.forward_unit(u, in[u], mb, 0);  // the same values, now with a graph
-    backward(out[u], grad);
-    out[u] = Tensor();
-    if (u > 0) {
-      grad = in[u].grad();
-      in[u] = Tensor();
+    {
+      // u's own gradients are complete (a tied embedding waits for unit 0). With overlap_reduce its
+      // reduction runs while unit u-1 computes its backward; u+1's, started one unit ago, ends here.
+      PhaseScope reduce("reduce", &st.seconds.reduce, u);
+      units_.reduce_gradients(u, last_micro, resolved_.overlap_reduce());
+      if (u + 1 < U) units_.finish_reduce(u + 1);
+      if (u == 0 || (last_micro && opts_.overlap_backward)) units_.finish_reduce(u);
     }
-    const double t1 = now_seconds();
-    st.t_backward += t1 - t0;
-    span.emplace(trace::Lane::schedule, "phase", "reduce", [u] { return "\"unit\":" + std::to_string(u); });
-    // u's own gradients are complete (a tied embedding waits for unit 0). With overlap_reduce its
-    // reduction runs while unit u-1 computes its backward; u+1's, started one unit ago, ends here.
-    units_.reduce_gradients(u, last_micro, resolved_.overlap_reduce);
-    if (u + 1 < U) units_.finish_reduce(u + 1);
-    if (u == 0 || (last_micro && opts_.overlap_backward)) units_.finish_reduce(u);
-    st.t_reduce += now_seconds() - t1;
     if (last_micro && opts_.overlap_backward) {  // u's gradients are final: its Muon updates can start
-      span.emplace(trace::Lane::schedule, "phase", "orthogonalize unit", [u] { return "\"unit\":" + std::to_string(u); });
-      const double t2 = now_seconds();
+      PhaseScope orthogonalize("orthogonalize unit", &st.t_overlap, u);
       units_.scale_unit_gradients(u, grad_scale);
       owners_.orthogonalize_unit(u);
-      st.t_overlap += now_seconds() - t2;
     }
-    for (int d : model_.units_needed_by(u)) units_.release(d);
+    release_for(u);
   }
   return loss;
 }
@@ -319,8 +336,8 @@ void ShardedEngine::init_parameters(uint64_t seed) {
 
 void ShardedEngine::with_full_model(const std::function<void()>& fn) {
   MatmulDTypeScope matmuls(opts_.matmuls());
-  AttentionKernelScope attention(resolved_.attention == AttentionKernel::cudnn ? AttentionKernel::fused
-                                                                                : resolved_.attention);
+  AttentionKernelScope attention(resolved_.attention() == AttentionKernel::cudnn ? AttentionKernel::fused
+                                                                                : resolved_.attention());
   units_.with_all_gathered(fn, CommPhase::other, opts_.param_dtype);
 }
 
@@ -337,7 +354,7 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
   NoGradGuard no_grad;
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.matmuls());
-  AttentionKernelScope attention(resolved_.attention);
+  AttentionKernelScope attention(resolved_.attention());
   const int U = units_.size();
   ExactSum loss_sum;
   int64_t tokens = 0;

@@ -135,9 +135,9 @@ class ShardedEngine {
   Device device() const { return units_.device(); }
   const EngineOptions& options() const { return opts_; }
   /// The attention kernel forward and backward use (EngineOptions::attention resolved).
-  AttentionKernel attention() const { return resolved_.attention; }
+  AttentionKernel attention() const { return resolved_.attention(); }
   /// Whether a unit's gradient reduction overlaps the next unit's backward (EngineOptions::overlap_reduce resolved).
-  bool overlap_reduce() const { return resolved_.overlap_reduce; }
+  bool overlap_reduce() const { return resolved_.overlap_reduce(); }
 
  private:
   /// Runs micro-batch `mb` forward and backward unit by unit, reducing each unit's gradients to

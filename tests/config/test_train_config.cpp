@@ -262,11 +262,11 @@ TEST_CASE("runtime.device, precision and training.recompute: defaults, derivatio
   CHECK_THROWS_WITH(parse("{" + train + R"(, "training": {"recompute": "full"}})"),
                     Contains("training.recompute: unknown value \"full\""));
   // attention kernel: auto (the engine resolves it per device), cudnn, fused or unfused
-  CHECK(d.optim.attention == AttentionChoice::automatic);
+  CHECK_FALSE(d.optim.attention.has_value());
   CHECK(d.to_json()["runtime"]["attention"] == "auto");
-  CHECK(parse("{" + train + "}", {"runtime.attention=fused"}).optim.attention == AttentionChoice::fused);
+  CHECK(parse("{" + train + "}", {"runtime.attention=fused"}).optim.attention == AttentionKernel::fused);
   const TrainConfig unfused = parse("{" + train + R"(, "runtime": {"attention": "unfused"}})");
-  CHECK(unfused.optim.attention == AttentionChoice::unfused);
+  CHECK(unfused.optim.attention == AttentionKernel::unfused);
   CHECK(unfused.to_json()["runtime"]["attention"] == "unfused");
   CHECK_THROWS_WITH(parse("{" + train + "}", {"runtime.attention=flash"}),
                     Contains("runtime.attention: unknown value \"flash\""));
@@ -376,31 +376,31 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
   EngineOptions o;
   const ModelFacts gpt{32, true};
   const ResolvedOptions cpu = resolve(o, Device::CPU, Placement::matrixfsdp, 1, gpt);
-  CHECK(cpu.prefetch_depth == 0);
-  CHECK_FALSE(cpu.batch_orthogonalize);
-  CHECK_FALSE(cpu.overlap_reduce);
-  CHECK(cpu.attention == AttentionKernel::unfused);
+  CHECK(cpu.prefetch_depth() == 0);
+  CHECK_FALSE(cpu.batch_orthogonalize());
+  CHECK_FALSE(cpu.overlap_reduce());
+  CHECK(cpu.attention() == AttentionKernel::unfused);
   CHECK(cpu.options.prefetch_depth == 0);
   CHECK(cpu.options.overlap_reduce == Toggle::off);
   CHECK_FALSE(cpu.traits.resident);
   const ResolvedOptions cuda = resolve(o, Device::CUDA, Placement::zero1, 1, gpt);
-  CHECK(cuda.prefetch_depth == 1);
-  CHECK(cuda.batch_orthogonalize);
-  CHECK(cuda.overlap_reduce);
-  CHECK(cuda.attention == AttentionKernel::fused);
+  CHECK(cuda.prefetch_depth() == 1);
+  CHECK(cuda.batch_orthogonalize());
+  CHECK(cuda.overlap_reduce());
+  CHECK(cuda.attention() == AttentionKernel::fused);
   CHECK(cuda.options.batch_orthogonalize == Toggle::on);
   CHECK(cuda.traits.resident);
   o.prefetch_depth = 3;
   o.overlap_reduce = Toggle::off;
-  o.attention = AttentionChoice::fused;
+  o.attention = AttentionKernel::fused;
   o.muon.split_heads = true;
   const ResolvedOptions forced = resolve(o, Device::CUDA, Placement::fsdp2, 2, gpt);
-  CHECK(forced.prefetch_depth == 3);
-  CHECK_FALSE(forced.overlap_reduce);
-  CHECK(forced.attention == AttentionKernel::fused);
+  CHECK(forced.prefetch_depth() == 3);
+  CHECK_FALSE(forced.overlap_reduce());
+  CHECK(forced.attention() == AttentionKernel::fused);
   CHECK(forced.options.muon.head_dim == 32);
   CHECK(forced.traits.replicated);
-  CHECK(resolve(o, Device::CPU, Placement::fsdp2, 1, gpt).attention == AttentionKernel::fused);
+  CHECK(resolve(o, Device::CPU, Placement::fsdp2, 1, gpt).attention() == AttentionKernel::fused);
   CHECK(planner_options(o, gpt).head_dim == 32);
   // what() speaks the engine's identifiers; message() renders them through the caller's names
   EngineOptions ob;
@@ -417,7 +417,7 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
   // one name table per enum: parsing and printing agree
   CHECK(kToggleNames.find("auto") == Toggle::automatic);
   CHECK_FALSE(kToggleNames.find("yes").has_value());
-  CHECK(std::string(kAttentionNames.name(AttentionChoice::unfused)) == "unfused");
+  CHECK(std::string(kAttentionNames.name(AttentionKernel::unfused)) == "unfused");
   CHECK(kAttentionNames.list(" or ") == "auto, cudnn, fused or unfused");
   CHECK(kPlacementNames.list(" or ") == "matrixfsdp, fsdp2, zero1 or ddp");
   CHECK_THROWS_WITH(kPlacementNames.parse("zero3", "placement"),
@@ -429,20 +429,20 @@ TEST_CASE("resolve: the attention kernel (cudnn only on CUDA, with cuDNN, heads 
   for (bool built : {true, false}) {
     INFO("cuDNN in the build: " << built);
     for (int64_t d : {64, 128}) {
-      CHECK(resolve_attention(AttentionChoice::automatic, Device::CUDA, DType::bf16, d, built) ==
+      CHECK(resolve_attention(std::nullopt, Device::CUDA, DType::bf16, d, built) ==
             (built ? AttentionKernel::cudnn : AttentionKernel::fused));
     }
     // f32 matmuls, other head sizes and the CPU never pick cudnn by themselves
-    CHECK(resolve_attention(AttentionChoice::automatic, Device::CUDA, DType::f32, 64, built) == AttentionKernel::fused);
+    CHECK(resolve_attention(std::nullopt, Device::CUDA, DType::f32, 64, built) == AttentionKernel::fused);
     for (int64_t d : {0, 32, 96, 256})
-      CHECK(resolve_attention(AttentionChoice::automatic, Device::CUDA, DType::bf16, d, built) == AttentionKernel::fused);
-    CHECK(resolve_attention(AttentionChoice::automatic, Device::CPU, DType::bf16, 64, built) == AttentionKernel::unfused);
-    CHECK(resolve_attention(AttentionChoice::fused, Device::CPU, DType::bf16, 64, built) == AttentionKernel::fused);
-    CHECK(resolve_attention(AttentionChoice::unfused, Device::CUDA, DType::bf16, 64, built) == AttentionKernel::unfused);
+      CHECK(resolve_attention(std::nullopt, Device::CUDA, DType::bf16, d, built) == AttentionKernel::fused);
+    CHECK(resolve_attention(std::nullopt, Device::CPU, DType::bf16, 64, built) == AttentionKernel::unfused);
+    CHECK(resolve_attention(AttentionKernel::fused, Device::CPU, DType::bf16, 64, built) == AttentionKernel::fused);
+    CHECK(resolve_attention(AttentionKernel::unfused, Device::CUDA, DType::bf16, 64, built) == AttentionKernel::unfused);
     // asked for explicitly: CUDA, cuDNN in the build and a supported head size, else refused
     const auto refusal = [&](Device dev, int64_t d) -> std::string {
       try {
-        (void)resolve_attention(AttentionChoice::cudnn, dev, DType::f32, d, built);
+        (void)resolve_attention(AttentionKernel::cudnn, dev, DType::f32, d, built);
       } catch (const OptionError& e) {
         CHECK(e.field() == OptionField::attention);
         return e.what();
@@ -452,7 +452,7 @@ TEST_CASE("resolve: the attention kernel (cudnn only on CUDA, with cuDNN, heads 
     CHECK_THAT(refusal(Device::CPU, 64), Contains("[resolve] attention: cudnn needs CUDA; device is cpu"));
     CHECK_THAT(refusal(Device::CPU, 96), Contains("cudnn needs CUDA"));
     if (built) {
-      CHECK(resolve_attention(AttentionChoice::cudnn, Device::CUDA, DType::f32, 128, true) == AttentionKernel::cudnn);
+      CHECK(resolve_attention(AttentionKernel::cudnn, Device::CUDA, DType::f32, 128, true) == AttentionKernel::cudnn);
       CHECK_THAT(refusal(Device::CUDA, 96), Contains("cudnn takes attention heads of 64 or 128 features; the model's have 96"));
       CHECK_THAT(refusal(Device::CUDA, 0), Contains("the model's have an unknown size"));
     } else {
@@ -466,13 +466,12 @@ TEST_CASE("resolve: the attention kernel (cudnn only on CUDA, with cuDNN, heads 
   o.param_dtype = DType::bf16;
   const ModelFacts d64{64, true, 64}, d32{32, true, 32};
   const AttentionKernel cuda64 = cudnn_attention_built() ? AttentionKernel::cudnn : AttentionKernel::fused;
-  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d64).attention == cuda64);
-  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d64).options.attention ==
-        (cudnn_attention_built() ? AttentionChoice::cudnn : AttentionChoice::fused));
-  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d32).attention == AttentionKernel::fused);
-  CHECK(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64).attention == AttentionKernel::unfused);
-  CHECK(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64).options.attention == AttentionChoice::unfused);
-  o.attention = AttentionChoice::cudnn;
+  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d64).attention() == cuda64);
+  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d64).options.attention == cuda64);
+  CHECK(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d32).attention() == AttentionKernel::fused);
+  CHECK(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64).attention() == AttentionKernel::unfused);
+  CHECK(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64).options.attention == AttentionKernel::unfused);
+  o.attention = AttentionKernel::cudnn;
   CHECK_THROWS_AS(resolve(o, Device::CPU, Placement::matrixfsdp, 1, d64), OptionError);
   CHECK_THROWS_AS(resolve(o, Device::CUDA, Placement::matrixfsdp, 1, d32), OptionError);
 }

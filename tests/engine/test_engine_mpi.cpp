@@ -512,11 +512,11 @@ TEST_CASE("recompute_units: bitwise equal to keeping the activations", "[variant
 
 TEST_CASE("fused attention: bitwise equal to world 1, and within f32 rounding of the unfused kernel",
           "[variants][bitwise][attention]") {
-  const Setup fused = variant([](EngineOptions& o) { o.attention = AttentionChoice::fused; });
+  const Setup fused = variant([](EngineOptions& o) { o.attention = AttentionKernel::fused; });
   // each sample's attention is computed alone, so the fused kernel keeps world-size equivalence
   check_placements_bitwise(fused, "fused-attention", {Placement::matrixfsdp, Placement::fsdp2});
   const int64_t B = kGlobalSeqs / world().world_size();
-  const Run ref = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.attention = AttentionChoice::unfused; }));
+  const Run ref = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.attention = AttentionKernel::unfused; }));
   const Run got = train(world(), Placement::matrixfsdp, 1, B, fused);
   // the same math summed in another order: f32 rounding (relative 1e-7 per operation) compounded
   // over the steps stays far below 1e-4 of the loss

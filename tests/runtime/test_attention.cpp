@@ -151,7 +151,7 @@ TEST_CASE("fused attention keeps a log-sum-exp per row instead of the probabilit
 TEST_CASE("the cudnn attention kernel is CUDA's: CPU tensors refuse it by name", "[attention]") {
   Tensor q = Tensor::zeros({1, 4, 64}), k = Tensor::zeros({1, 4, 64}), v = Tensor::zeros({1, 4, 64});
   AttentionKernelScope scope(AttentionKernel::cudnn);
-  CHECK(std::string(attention_kernel_name(attention_kernel())) == "cudnn");
+  CHECK(std::string(kAttentionKernelNames.name(attention_kernel())) == "cudnn");
   CHECK_THROWS_WITH(causal_attention(q, k, v, 1, 1),
                     Catch::Matchers::Contains("[cudnn_attention_forward] the cpu backend has no cuDNN attention"));
 }

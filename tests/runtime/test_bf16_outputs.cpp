@@ -81,7 +81,7 @@ TEST_CASE("attention and swiglu with bf16 output: the f32 output rounded, with i
     CHECK_THROWS_AS(swiglu(randn({4}, 1), randn({4}, 2), DType::i32), std::invalid_argument);
   }
   for (AttentionKernel kind : {AttentionKernel::unfused, AttentionKernel::fused}) {
-    DYNAMIC_SECTION("attention, " << attention_kernel_name(kind) << " kernel") {
+    DYNAMIC_SECTION("attention, " << kAttentionKernelNames.name(kind) << " kernel") {
       AttentionKernelScope scope(kind);
       check_bf16_output({randn({B, T, 3 * H * d}, 13)}, [&](const std::vector<Tensor>& t, DType dt) {
         return causal_self_attention(t[0], H, dt);
