@@ -11,6 +11,7 @@
 #include "apps/cli_common.h"
 #include "comm/comm_factory.h"
 #include "comm/node_topology.h"
+#include "planner/placement_traits.h"
 #include "runtime/core/cpu_affinity.h"
 #include "runtime/kernels.h"
 
@@ -89,7 +90,7 @@ std::vector<BenchResult> run_bench_cases(std::unique_ptr<Communicator>& world, c
           if (a.vocab > 0) c.model.vocab = a.vocab;
           c.ns_steps = ns;
           c.placement = parse_placement(p);
-          if (c.replicas > 1 && c.placement == Placement::ddp) continue;
+          if (c.replicas > 1 && !placement_traits(c.placement).replicable()) continue;
           results.push_back(run_bench_case(*groups.shard, groups.replica.get(), c));
           if (rank == 0) std::fflush(stdout);
         }

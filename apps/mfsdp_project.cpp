@@ -21,6 +21,7 @@
 #include "apps/cli_common.h"
 #include "comm/comm_factory.h"
 #include "models/model_presets.h"
+#include "planner/placement_traits.h"
 #include "planner/projection.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_limits.h"
@@ -52,7 +53,7 @@ json sweep(const ProjectionInput& base, const std::vector<std::string>& placemen
     for (const std::string& p : placements) {
       ProjectionInput in = base;
       in.placement = parse_placement(p);
-      if (w % in.replicas || (in.replicas > 1 && in.placement == Placement::ddp)) continue;
+      if (w % in.replicas || (in.replicas > 1 && !placement_traits(in.placement).replicable())) continue;
       const Projection r = project(in, c, w);
       row[p] = r;
       std::printf("%6d %-11s %10.1f %10.1f %10.1f %10.1f %10.1f %7.1f%s\n", w, p.c_str(), r.forward_ms, r.backward_ms,
@@ -335,8 +336,8 @@ int run_compare(const ClusterSpec& c, const ProjectArgs& a, json& out) {
 }
 
 /// Refuses a sweep that would print rows for none of its cases, or skip some silently: HSDP's
-/// `replicas` must divide every world size, and a placement other than ddp must remain (ddp has
-/// no shard group to replicate). Throws std::runtime_error naming the options.
+/// `replicas` must divide every world size, and a replicable placement must remain (ddp has no
+/// shard group to replicate: PlacementTraits::replicable). Throws std::runtime_error naming the options.
 void check_sweep(int replicas, const std::vector<std::string>& placements, const std::vector<int>& worlds) {
   std::string bad;
   for (int w : worlds)
@@ -345,7 +346,9 @@ void check_sweep(int replicas, const std::vector<std::string>& placements, const
   if (!bad.empty())
     throw std::runtime_error(r + " does not divide the world size " + bad + " (HSDP runs R replicas of world / R ranks);" +
                              " choose --worlds that R divides, or another --replicate");
-  if (replicas > 1 && std::all_of(placements.begin(), placements.end(), [](const std::string& p) { return p == "ddp"; }))
+  if (replicas > 1 && std::none_of(placements.begin(), placements.end(), [](const std::string& p) {
+        return placement_traits(parse_placement(p)).replicable();
+      }))
     throw std::runtime_error(r + ": ddp has no shard group to replicate; add another placement to --placements");
 }
 

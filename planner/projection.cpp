@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "planner/cost_model.h"
+#include "planner/placement_traits.h"
 #include "runtime/core/classifier_memory.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/gemm_rates.h"
@@ -55,7 +56,8 @@ struct RankWork {
 // Per rank: optimizer work and persistent bytes under the plan (see project()).
 std::vector<RankWork> rank_work(const ShardPlan& plan) {
   const int N = plan.world_size;
-  const bool everyone = plan.placement == Placement::fsdp2 || plan.placement == Placement::ddp;
+  const PlacementTraits traits = placement_traits(plan.placement);
+  const bool everyone = traits.every_rank_orthogonalizes();
   std::vector<RankWork> w(static_cast<size_t>(N));
   std::map<Shape, int> all;
   int64_t total = 0;
@@ -63,7 +65,7 @@ std::vector<RankWork> rank_work(const ShardPlan& plan) {
     const bool muon = s.optimizer == OptimizerKind::muon;
     if (muon) ++all[{s.shape[0], s.shape[1]}];
     total += s.numel();
-    if (plan.placement == Placement::ddp) {
+    if (traits.every_rank_updates_all) {
       for (RankWork& x : w) {
         (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(s.numel());
         x.persistent += static_cast<double>(s.numel() * owner_bytes_per_element(s.optimizer));
@@ -75,19 +77,20 @@ std::vector<RankWork> rank_work(const ShardPlan& plan) {
       (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(p.numel);
       if (muon && !everyone) ++x.matrices[{s.shape[0], s.shape[1]}];
       const double per = static_cast<double>(owner_bytes_per_element(s.optimizer));
-      x.persistent += static_cast<double>(p.numel) * (plan.placement == Placement::zero1 ? per - 8 : per);
+      // resident parameters and gradients are counted whole elsewhere: an owner adds only its state
+      x.persistent += static_cast<double>(p.numel) * (traits.resident ? per - 8 : per);
     }
   }
   for (RankWork& x : w) {
     if (everyone) x.matrices = all;
-    if (plan.placement == Placement::zero1) x.persistent += 8.0 * static_cast<double>(total);
+    if (traits.resident && !traits.every_rank_updates_all) x.persistent += 8.0 * static_cast<double>(total);
   }
   return w;
 }
 
 double memory_gb(const ProjectionInput& in, const ShardPlan& plan, double persistent, Projection& p) {
   const double e = dtype_bytes(in.dtype);
-  const bool resident = in.placement == Placement::zero1 || in.placement == Placement::ddp;
+  const PlacementTraits traits = placement_traits(in.placement);
   const auto& U = plan.units;
   double pair = 0, largest_matrix = 0;
   for (size_t u = 0; u < U.size(); ++u) {
@@ -103,8 +106,8 @@ double memory_gb(const ProjectionInput& in, const ShardPlan& plan, double persis
                          ? in.model.n_layer * tokens * in.model.n_embd * e + layer_act
                          : in.model.n_layer * layer_act;
   p.persistent_gb = persistent / 1e9;
-  p.gathered_gb = resident ? 0.0 : pair * 2 * e / 1e9;
-  p.transient_gb = (in.placement == Placement::fsdp2 ? 3 * 4 * largest_matrix : 0.0) / 1e9;
+  p.gathered_gb = traits.resident ? 0.0 : pair * 2 * e / 1e9;
+  p.transient_gb = (traits.gathered_muon_input ? 3 * 4 * largest_matrix : 0.0) / 1e9;
   const double head = classifier_bytes(tokens, static_cast<double>(in.model.vocab), in.model.n_embd, e == 2);
   p.activations_gb = (act + head) / 1e9;
   return p.persistent_gb + p.gathered_gb + p.transient_gb + p.activations_gb;
@@ -330,10 +333,10 @@ double row_sharded_seconds(const ClusterSpec& c, const std::string& dt, int64_t 
 void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const ShardPlan& plan, const Cost& cost,
                      bool batch_orthogonalize, Projection& p, double& persistent) {
   const int S = plan.world_size;
-  const bool in_node = S <= c.gpus_per_node, fsdp2 = in.placement == Placement::fsdp2;
+  const PlacementTraits traits = placement_traits(in.placement);
+  const bool in_node = S <= c.gpus_per_node, fsdp2 = traits.gathered_muon_input;  // the fsdp2 baseline
   const int steps = fsdp2 && in.baseline.ns_steps >= 0 ? in.baseline.ns_steps : plan.options.ns_steps;
-  const bool owners = in.placement == Placement::matrixfsdp || in.placement == Placement::zero1;
-  const bool batched = owners && batch_orthogonalize;
+  const bool batched = !traits.every_rank_orthogonalizes() && batch_orthogonalize;
   const bool row_sharded = fsdp2 && in.baseline.ns == BaselineNs::row_sharded;
   const std::function<double(double)> gather = [&](double b) { return cost.coll(b * (S - 1) / S, S, in_node); };
   const std::function<double(double)> all_reduce = [&](double b) { return cost.coll(2 * b * (S - 1) / S, S, in_node); };
@@ -363,7 +366,7 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
       if (s.optimizer == OptimizerKind::muon)
         comm += cost.coll(static_cast<double>(s.fsdp2_slot_numel(S)) * (S - 1) * eg, S, in_node);
   }
-  if (in.placement == Placement::zero1)
+  if (traits.gather_after_step)
     for (const UnitLayout& u : plan.units) comm += cost.coll(static_cast<double>(u.total_numel()) * 4 * (S - 1) / S, S, in_node);
   p.ns_ms = 1e3 * ns;
   p.elementwise_ms = 1e3 * elem;
@@ -384,7 +387,7 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
   const double e = dtype_bytes(in.dtype);
   dtype_bytes(in.ns_dtype);
   const ShardPlan plan = make_plan(in.model.inventory, S, in.placement, engine.planner);
-  const bool resident = in.placement == Placement::zero1 || in.placement == Placement::ddp;
+  const PlacementTraits traits = placement_traits(in.placement);
   const bool shard_in_node = S <= cluster.gpus_per_node, world_in_node = world <= cluster.gpus_per_node;
   Projection p;
   p.world = world;
@@ -396,8 +399,8 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
     UnitTimes& u = units[i];
     u.forward = fwd[i];
     u.backward = fwd[i] * (in.activation_checkpointing ? 3.0 : 2.0);
-    if (!resident) u.gather = cost.coll(bytes * (S - 1) / S, S, shard_in_node);
-    if (in.placement == Placement::ddp) {
+    if (!traits.resident) u.gather = cost.coll(bytes * (S - 1) / S, S, shard_in_node);
+    if (traits.all_reduce_gradients) {
       u.reduce = cost.coll(2.0 * bytes * (world - 1) / world, world, world_in_node);
     } else {
       u.reduce = R * cost.coll(bytes * (S - 1) / S, S, shard_in_node);

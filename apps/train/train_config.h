@@ -86,7 +86,7 @@ struct ShardingSection {
   CommBackend backend = CommBackend::mpi;
   /// HSDP: R replicas of world / R shard ranks (1 = plain sharding over the whole world); owners
   /// are planned within a shard group and gradients chained through the replicas in rank order
-  /// (runtime/engine/placement_traits.h). Not with ddp.
+  /// (planner/placement_traits.h). Not with ddp.
   int replicate = 1;
   bool debug_checks = false;
   /// NCCL: a blocking communicator whose every call waits for its communication (exact

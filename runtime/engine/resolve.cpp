@@ -26,7 +26,7 @@ void require(bool cond, OptionField field, const std::string& text) {
 // Replicas and precision: the rules that follow from the placement.
 void check_placement(const EngineOptions& o, Placement placement, int replicas) {
   require(replicas >= 1, OptionField::replicas, "must be >= 1, got " + std::to_string(replicas));
-  require(replicas == 1 || placement != Placement::ddp, OptionField::replicas,
+  require(replicas == 1 || placement_traits(placement).replicable(), OptionField::replicas,
           "ddp is already fully replicated; use matrixfsdp, fsdp2 or zero1 with " + ref(OptionField::replicas) + " > 1");
   require(replicas == 1 || !o.overlap_backward, OptionField::replicas,
           ref(OptionField::overlap_backward) + " is not supported with " + ref(OptionField::replicas) + " > 1");

@@ -11,7 +11,7 @@
 #include "runtime/core/dtype.h"
 #include "runtime/core/name_table.h"
 #include "runtime/engine/engine_options.h"
-#include "runtime/engine/placement_traits.h"
+#include "planner/placement_traits.h"
 #include "runtime/ops.h"
 
 namespace mfsdp {

@@ -14,7 +14,7 @@
 #include "planner/shard_plan.h"
 #include "runtime/engine/engine_options.h"
 #include "runtime/engine/owner_state.h"
-#include "runtime/engine/placement_traits.h"
+#include "planner/placement_traits.h"
 #include "runtime/engine/resolve.h"
 #include "runtime/engine/unit_buffers.h"
 #include "runtime/engine/unit_model.h"

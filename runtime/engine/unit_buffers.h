@@ -9,7 +9,7 @@
 
 #include "comm/communicator.h"
 #include "planner/shard_plan.h"
-#include "runtime/engine/placement_traits.h"
+#include "planner/placement_traits.h"
 #include "runtime/engine/unit_model.h"
 #include "runtime/tensor.h"
 

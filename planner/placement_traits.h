@@ -1,5 +1,5 @@
-// A placement as the engine sees it: one row of behaviour flags, computed once, so the step
-// schedule asks a question ("are parameters resident?") instead of naming a placement.
+// A placement as one row of behaviour flags, computed once, so the engine's step schedule and the
+// planner's projection ask a question ("are parameters resident?") instead of naming a placement.
 #pragma once
 #include "planner/shard_plan.h"
 
@@ -33,10 +33,17 @@ struct PlacementTraits {
   /// HSDP: the communicator is one of R > 1 replica shard groups; gradients reduced to an owner
   /// are chained through the owners of the same segment in the other replicas (see UnitBuffers).
   bool replicated = false;
+
+  /// Every rank runs Newton-Schulz on every Muon matrix (a gathered Muon input, or ddp's update
+  /// everywhere); otherwise each matrix is orthogonalized on its owner only.
+  bool every_rank_orthogonalizes() const { return gathered_muon_input || every_rank_updates_all; }
+  /// HSDP applies: the placement shards over a group that can be replicated (every row but ddp's,
+  /// which is already all replicas).
+  bool replicable() const { return !every_rank_updates_all; }
 };
 
-/// The row of `p`, replicated over shard groups (HSDP) when `replicated`. ddp is already all
-/// replicas: its row never is (resolve(), runtime/engine/resolve.h, refuses ddp with replicas > 1).
+/// The row of `p`, replicated over shard groups (HSDP) when `replicated` and the row is
+/// replicable() (resolve(), runtime/engine/resolve.h, refuses replicas > 1 otherwise).
 inline PlacementTraits placement_traits(Placement p, bool replicated = false) {
   const bool rep = replicated;
   switch (p) {
