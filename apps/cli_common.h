@@ -8,6 +8,7 @@
 
 #include "runtime/core/cpu_affinity.h"
 #include "runtime/core/file_checks.h"
+#include "runtime/core/name_table.h"
 
 namespace mfsdp::cli {
 
@@ -51,6 +52,19 @@ inline int write_json_output(const char* tool, const std::string& path, const st
     return 2;
   }
   return 0;
+}
+
+/// Adds option `name` whose value is one of `table`'s names, stored typed: `target` becomes the
+/// table's value for the name given (CLI11 refuses any other name, listing the choices). The
+/// help shows `target`'s name as the default.
+template <class E, size_t N>
+CLI::Option* add_choice(CLI::App& app, const std::string& name, E& target, const NameTable<E, N>& table,
+                        const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          name, [&target, &table](const std::string& s) { target = *table.find(s); }, help)
+      ->check(CLI::IsMember(table.names()))
+      ->default_str(table.name(target));
 }
 
 }  // namespace mfsdp::cli

@@ -37,7 +37,7 @@ json sweep(const ProjectionInput& base, const std::vector<std::string>& placemen
   json out = json::array();
   std::printf("%s, %s, NS %d (%s), compute %s, B=%d T=%d per rank%s, replicas %d on %s\n", base.model.name.c_str(),
               (std::to_string(base.model.num_params() / 1000000) + "M params").c_str(), base.ns_steps,
-              base.ns_dtype.c_str(), base.dtype.c_str(), base.batch, base.seq,
+              dtype_name(base.ns_dtype), dtype_name(base.dtype), base.batch, base.seq,
               base.activation_checkpointing ? ", activation checkpointing" : "", base.replicas, c.name.c_str());
   ProjectionInput owners = base;  // the schedule the engine's rules give a matrixfsdp run on this cluster
   owners.placement = Placement::matrixfsdp;
@@ -158,7 +158,10 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
     in.model = shape.profile();
     in.placement = parse_placement(bench_field<std::string>(r, "placement", where));
     in.ns_steps = bench_field<int>(r, "ns_steps", where);
-    in.dtype = in.ns_dtype = bench_field<std::string>(r, "dtype", where);
+    const std::string dtype = bench_field<std::string>(r, "dtype", where);
+    const std::optional<DType> measured = kProjectionDTypeNames.find(dtype).value_or(std::nullopt);
+    if (!measured) throw std::runtime_error(where + ".dtype: expected bf16 or f32, got '" + dtype + "'");
+    in.dtype = in.ns_dtype = *measured;
     in.batch = bench_field<int>(r, "batch", where);
     in.seq = bench_field<int>(r, "seq", where);
     in.replicas = r.is_object() && r.contains("replicas") ? bench_field<int>(r, "replicas", where) : 1;
@@ -195,9 +198,10 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
 /// The command line: the mode (--calibrate, --compare, projection with optional --paper), the
 /// projection's input and the sweep (placements x world sizes).
 struct ProjectArgs {
-  std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b", fsdp2_ns;
-  std::string overlap_reduce = "auto", batch_orthogonalize = "auto";  ///< Toggle names (kToggleNames)
-  std::string device = "cpu";       ///< --calibrate's device: cpu (under mpirun) or cuda (one GPU)
+  std::string cluster_path, calibrate_path, compare_path, json_path, model = "llama-7b";
+  std::optional<BaselineNs> fsdp2_ns;       ///< unset: every_rank, or row_sharded with --paper
+  std::optional<DType> dtype, ns_dtype;     ///< unset: auto, resolved per cluster (resolve_projection_dtype)
+  Device device = Device::CPU;              ///< --calibrate's device: cpu (under mpirun) or cuda (one GPU)
   std::vector<int> calibrate_sizes;  ///< --calibrate --device cuda: GEMM sides (empty: CudaCalibration's)
   std::vector<std::string> placements = kPlacementNames.names();
   std::vector<int> worlds{8, 16, 32, 64, 128, 256, 512};
@@ -208,50 +212,46 @@ struct ProjectArgs {
 };
 
 /// Declares the options of the projection input itself (model shape, dtypes, fsdp2 baseline,
-/// schedule) on `app`, bound to `a.in` and `a.fsdp2_ns`.
+/// schedule) on `app`, bound to `a.in`, `a.dtype`, `a.ns_dtype` and `a.fsdp2_ns`.
 void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
   ProjectionInput& in = a.in;
-  in.dtype = in.ns_dtype = "auto";  // resolved per cluster in run_projection
   app.add_option("--replicate", in.replicas, "HSDP replicas R")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxReplicas));
   app.add_option("--ns-steps", in.ns_steps, "Newton-Schulz iterations")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxNsSteps));
-  app.add_option("--dtype", in.dtype,
-                 "compute/communication dtype: bf16 | f32 | auto (bf16 on GPU clusters; on a calibrated CPU "
-                 "cluster the faster of its measured GEMM rates)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "f32", "auto"}));
-  app.add_option("--ns-dtype", in.ns_dtype, "Newton-Schulz dtype: bf16 | f32 | auto (as --dtype)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "f32", "auto"}));
+  cli::add_choice(app, "--dtype", a.dtype, kProjectionDTypeNames,
+                  "compute/communication dtype: bf16 | f32 | auto (bf16 on GPU clusters; on a calibrated CPU "
+                  "cluster the faster of its measured GEMM rates)");
+  cli::add_choice(app, "--ns-dtype", a.ns_dtype, kProjectionDTypeNames, "Newton-Schulz dtype: bf16 | f32 | auto (as --dtype)");
   app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
   app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
   app.add_flag("--checkpointing", in.activation_checkpointing, "activation checkpointing");
-  app.add_option("--fsdp2-ns", a.fsdp2_ns,
-                 "fsdp2 baseline's Newton-Schulz: every_rank (gather each matrix, every rank runs all; default) | "
-                 "row_sharded (torch.optim.Muon on FSDP2 DTensors; --paper's default)")
-      ->check(CLI::IsMember({"every_rank", "row_sharded"}));
-  app.add_option("--fsdp2-gather-dtype", in.baseline.gather_dtype, "fsdp2 baseline's Muon-input gather dtype (default: --ns-dtype)")
+  app.add_option_function<std::string>(
+         "--fsdp2-ns", [&a](const std::string& s) { a.fsdp2_ns = parse_baseline_ns(s); },
+         "fsdp2 baseline's Newton-Schulz: every_rank (gather each matrix, every rank runs all; default) | "
+         "row_sharded (torch.optim.Muon on FSDP2 DTensors; --paper's default)")
+      ->check(CLI::IsMember({baseline_ns_name(BaselineNs::every_rank), baseline_ns_name(BaselineNs::row_sharded)}));
+  app.add_option_function<std::string>(
+         "--fsdp2-gather-dtype", [&in](const std::string& s) { in.baseline.gather_dtype = kProjectionDTypeNames.find(s).value(); },
+         "fsdp2 baseline's Muon-input gather dtype (default: --ns-dtype)")
       ->check(CLI::IsMember({"bf16", "f32"}));
-  app.add_option("--fsdp2-ns-steps", in.baseline.ns_steps, "fsdp2 baseline's Newton-Schulz steps (default: --ns-steps)")
-      ->check(CLI::Range(0, 100));
+  app.add_option_function<int>(
+         "--fsdp2-ns-steps", [&in](int steps) { in.baseline.ns_steps = steps; },
+         "fsdp2 baseline's Newton-Schulz steps (default: --ns-steps)")
+      ->check(CLI::Range(0, cli::kMaxNsSteps));
   app.add_option("--fsdp2-host-op-us", in.baseline.host_op_us,
                  "row_sharded baseline: host dispatch per DTensor op, microseconds")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e5));
   app.add_option("--prefetch-depth", in.prefetch_depth, "units gathered ahead (default: the engine's for the device)")
       ->check(CLI::Range(0, 64));
-  app.add_option("--overlap-reduce", a.overlap_reduce,
-                 "on: reductions overlap the next unit's backward, off: they block, auto: the engine's device default")
-      ->capture_default_str()
-      ->check(CLI::IsMember(kToggleNames.names()));
-  app.add_option("--batch-orthogonalize", a.batch_orthogonalize,
-                 "on: an owner's same-shape matrices in one batched chain, off: one at a time, auto: the engine's "
-                 "device default")
-      ->capture_default_str()
-      ->check(CLI::IsMember(kToggleNames.names()));
+  cli::add_choice(app, "--overlap-reduce", in.overlap_reduce, kToggleNames,
+                  "on: reductions overlap the next unit's backward, off: they block, auto: the engine's device default");
+  cli::add_choice(app, "--batch-orthogonalize", in.batch_orthogonalize, kToggleNames,
+                  "on: an owner's same-shape matrices in one batched chain, off: one at a time, auto: the engine's "
+                  "device default");
   app.add_flag("--round-robin-owners", in.round_robin_owners, "owners k % N instead of LPT");
 }
 
@@ -259,10 +259,9 @@ void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
 void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--cluster", a.cluster_path, "cluster JSON (configs/clusters/)");
   app.add_option("--calibrate", a.calibrate_path, "measure this machine (under mpirun) and write its cluster JSON");
-  app.add_option("--device", a.device, "--calibrate's device: cpu (this machine's ranks, under mpirun) | cuda "
-                                       "(this process's GPU; --cluster gives the fields one GPU cannot measure)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cli::add_choice(app, "--device", a.device, kDeviceNames,
+                  "--calibrate's device: cpu (this machine's ranks, under mpirun) | cuda (this process's GPU; "
+                  "--cluster gives the fields one GPU cannot measure)");
   app.add_option("--calibrate-sizes", a.calibrate_sizes, "--calibrate --device cuda: square GEMM and Newton-Schulz "
                                                          "sides, increasing (default 256 512 768 1024 2048 4096 8192)")
       ->check(CLI::Range(16, 16384));
@@ -357,16 +356,14 @@ void check_sweep(int replicas, const std::vector<std::string>& placements, const
 int run_projection(const ClusterSpec& c, ProjectArgs& a, json& out) {
   ProjectionInput& in = a.in;
   in.model = model_preset(a.model, a.layers).profile();
-  in.dtype = resolve_projection_dtype(in.dtype, c);  // the rate of the dtype that will run
-  in.ns_dtype = resolve_projection_dtype(in.ns_dtype, c);
-  in.overlap_reduce = kToggleNames.parse(a.overlap_reduce, "--overlap-reduce");
-  in.batch_orthogonalize = kToggleNames.parse(a.batch_orthogonalize, "--batch-orthogonalize");
-  if (!a.fsdp2_ns.empty()) in.baseline.ns = parse_baseline_ns(a.fsdp2_ns);
+  in.dtype = resolve_projection_dtype(a.dtype, c);  // the rate of the dtype that will run
+  in.ns_dtype = resolve_projection_dtype(a.ns_dtype, c);
+  if (a.fsdp2_ns) in.baseline.ns = *a.fsdp2_ns;
   check_sweep(in.replicas, a.placements, a.worlds);
   out["projection"] = sweep(in, a.placements, c, a.worlds);
   if (a.paper_mode) {
     BaselineOptions published = in.baseline;
-    if (a.fsdp2_ns.empty()) published.ns = BaselineNs::row_sharded;  // torch.optim.Muon on FSDP2 DTensors
+    if (!a.fsdp2_ns) published.ns = BaselineNs::row_sharded;  // torch.optim.Muon on FSDP2 DTensors
     out["paper"] = paper(c, published);
   }
   return a.json_path.empty() ? 0 : cli::write_json_output("mfsdp-project", a.json_path, out.dump(2) + "\n");
@@ -386,8 +383,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   try {
-    if (args.device != "cpu" && args.calibrate_path.empty()) throw std::runtime_error("--device applies to --calibrate only");
-    if (!args.calibrate_path.empty() && args.device == "cuda") return run_calibrate_cuda(args);
+    if (args.device != Device::CPU && args.calibrate_path.empty()) throw std::runtime_error("--device applies to --calibrate only");
+    if (!args.calibrate_path.empty() && args.device == Device::CUDA) return run_calibrate_cuda(args);
     if (!args.calibrate_path.empty()) return run_calibrate(&argc, &argv, args.calibrate_path);
     if (args.cluster_path.empty()) throw std::runtime_error("--cluster is required (or --calibrate)");
     const ClusterSpec c = ClusterSpec::load(args.cluster_path);

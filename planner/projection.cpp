@@ -19,10 +19,11 @@
 namespace mfsdp {
 namespace {
 
-double dtype_bytes(const std::string& d) {
-  if (d == "f32") return 4;
-  if (d == "bf16") return 2;
-  throw std::invalid_argument("projection: dtype must be bf16 or f32, got '" + d + "'");
+// Bytes per element of a projected dtype (bf16 or f32; std::invalid_argument otherwise).
+double dtype_bytes(DType d) {
+  if (d != DType::f32 && d != DType::bf16)
+    throw std::invalid_argument(std::string("projection: dtype must be bf16 or f32, got '") + dtype_name(d) + "'");
+  return static_cast<double>(dtype_size(d));
 }
 
 // Elementwise optimizer traffic per element (f32 reads + writes): AdamW p, g, m, v in and p, m, v
@@ -236,17 +237,16 @@ int baseline_dtensor_ops(int64_t rows, int64_t cols, int steps) {
   return 9 + (rows > cols ? 2 : 0) + 4 * std::max(0, steps);
 }
 
-std::string resolve_projection_dtype(const std::string& asked, const ClusterSpec& c) {
-  if (asked != "auto") return asked;
-  if (c.gpu()) return "bf16";
+DType resolve_projection_dtype(std::optional<DType> asked, const ClusterSpec& c) {
+  if (asked) return *asked;
+  if (c.gpu()) return DType::bf16;
   const double bf16 = c.gemm_tflops_bf16 > 0 ? c.gemm_tflops_bf16 : c.gemm_tflops_f32;  // 0: the f32 rate
-  return bf16_pays({c.gemm_tflops_f32, bf16}) ? "bf16" : "f32";
+  return bf16_pays({c.gemm_tflops_f32, bf16}) ? DType::bf16 : DType::f32;
 }
 
-std::string BaselineOptions::describe(const std::string& ns_dtype, int ns_steps_default) const {
+std::string BaselineOptions::describe(DType ns_dtype, int ns_steps_default) const {
   std::string s = std::string("fsdp2 baseline: ") + baseline_ns_name(ns) + " Newton-Schulz, gather " +
-                  (gather_dtype.empty() ? ns_dtype : gather_dtype) + ", NS " +
-                  std::to_string(ns_steps >= 0 ? ns_steps : ns_steps_default);
+                  dtype_name(gather_dtype.value_or(ns_dtype)) + ", NS " + std::to_string(ns_steps.value_or(ns_steps_default));
   if (ns == BaselineNs::row_sharded)
     s += ", " + std::to_string(static_cast<int>(host_op_us)) + " us host dispatch per DTensor op";
   return s;
@@ -312,11 +312,11 @@ std::vector<double> unit_forward_seconds(const ProjectionInput& in, const Cluste
 // m x m matrix twice (the Gram X X^T stays Partial(sum): the first addmm all-reduces it as its
 // left factor and leaves gram_update Partial, which the second addmm all-reduces), a wide or
 // square one all-gathers X, A and X.
-double row_sharded_seconds(const ClusterSpec& c, const std::string& dt, int64_t rows, int64_t cols, int steps,
+double row_sharded_seconds(const ClusterSpec& c, DType dt, int64_t rows, int64_t cols, int steps,
                            int S, double share, const std::function<double(double)>& gather,
                            const std::function<double(double)>& all_reduce) {
   const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
-  const double e = dt == "f32" ? 4.0 : 2.0, launch = c.launch_us * 1e-6;
+  const double e = dtype_bytes(dt), launch = c.launch_us * 1e-6;
   double it = 0;
   if (rows > cols) {  // transposed to [m, n], sharded along n: X X^T partial sums, A A whole
     it = gemm_seconds(c, dt, 1, m, m, n / S, share) + 2 * all_reduce(m * m * e) +
@@ -335,7 +335,7 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
   const int S = plan.world_size;
   const PlacementTraits traits = placement_traits(in.placement);
   const bool in_node = S <= c.gpus_per_node, fsdp2 = traits.gathered_muon_input;  // the fsdp2 baseline
-  const int steps = fsdp2 && in.baseline.ns_steps >= 0 ? in.baseline.ns_steps : plan.options.ns_steps;
+  const int steps = fsdp2 ? in.baseline.ns_steps.value_or(plan.options.ns_steps) : plan.options.ns_steps;
   const bool batched = !traits.every_rank_orthogonalizes() && batch_orthogonalize;
   const bool row_sharded = fsdp2 && in.baseline.ns == BaselineNs::row_sharded;
   const std::function<double(double)> gather = [&](double b) { return cost.coll(b * (S - 1) / S, S, in_node); };
@@ -361,7 +361,7 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
     persistent = std::max(persistent, w.persistent);
   }
   if (fsdp2 && !row_sharded) {
-    const double eg = dtype_bytes(in.baseline.gather_dtype.empty() ? in.ns_dtype : in.baseline.gather_dtype);
+    const double eg = dtype_bytes(in.baseline.gather_dtype.value_or(in.ns_dtype));
     for (const MatrixShard& s : plan.shards)
       if (s.optimizer == OptimizerKind::muon)
         comm += cost.coll(static_cast<double>(s.fsdp2_slot_numel(S)) * (S - 1) * eg, S, in_node);

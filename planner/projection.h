@@ -13,6 +13,7 @@
 
 #include "planner/param_spec.h"
 #include "planner/shard_plan.h"
+#include "runtime/core/dtype.h"
 #include "runtime/core/name_table.h"
 
 namespace mfsdp {
@@ -90,21 +91,25 @@ int baseline_dtensor_ops(int64_t rows, int64_t cols, int steps);
 /// The fsdp2 baseline's semantics at the optimizer step.
 struct BaselineOptions {
   BaselineNs ns = BaselineNs::every_rank;
-  std::string gather_dtype;  ///< dtype of its Muon-input all-gather; "" = the Newton-Schulz dtype
-  int ns_steps = -1;         ///< its Newton-Schulz iterations; < 0 = ProjectionInput::ns_steps
+  std::optional<DType> gather_dtype;  ///< dtype of its Muon-input all-gather; unset = the Newton-Schulz dtype
+  std::optional<int> ns_steps;        ///< its Newton-Schulz iterations; unset = ProjectionInput::ns_steps
   /// row_sharded only: host-side dispatch of each DTensor op (baseline_dtensor_ops per matrix),
   /// added to the device time, microseconds. 90: the dispatch time PyTorch's DTensor overhead
   /// test expects of a sharded op on CUDA (pytorch/pytorch#159699; addmm measured 341-476 us
   /// in pytorch/pytorch#107305).
   double host_op_us = 90;
   /// One line naming each choice, e.g. "fsdp2 baseline: every_rank Newton-Schulz, gather bf16, NS 5".
-  std::string describe(const std::string& ns_dtype, int ns_steps_default) const;
+  std::string describe(DType ns_dtype, int ns_steps_default) const;
 };
 
-/// The dtype `asked` ("bf16", "f32" or "auto") runs in on cluster `c`: auto is bf16 on a GPU
+/// The names of a projected dtype as asked: "auto" (unset), "bf16", "f32".
+inline constexpr NameTable<std::optional<DType>, 3> kProjectionDTypeNames{
+    {{{std::nullopt, "auto"}, {DType::bf16, kDTypeNames.name(DType::bf16)}, {DType::f32, kDTypeNames.name(DType::f32)}}}};
+
+/// The dtype `asked` (bf16, f32 or unset for auto) runs in on cluster `c`: auto is bf16 on a GPU
 /// cluster and, on a calibrated CPU one, bf16 only where its gemm_tflops_bf16 pays over
 /// gemm_tflops_f32 (runtime/core/gemm_rates.h bf16_pays, the trainer's rule), else f32.
-std::string resolve_projection_dtype(const std::string& asked, const ClusterSpec& c);
+DType resolve_projection_dtype(std::optional<DType> asked, const ClusterSpec& c);
 
 /// What to project.
 struct ProjectionInput {
@@ -112,8 +117,8 @@ struct ProjectionInput {
   Placement placement = Placement::matrixfsdp;
   int replicas = 1;                 ///< HSDP: R replicas of world / R shard ranks
   int ns_steps = 5;
-  std::string dtype = "bf16";       ///< compute and communication dtype: bf16 (mixed, f32 master) or f32
-  std::string ns_dtype = "bf16";    ///< Newton-Schulz dtype
+  DType dtype = DType::bf16;        ///< compute and communication dtype: bf16 (mixed, f32 master) or f32
+  DType ns_dtype = DType::bf16;     ///< Newton-Schulz dtype (bf16 or f32)
   int batch = 1, seq = 1024;        ///< sequences x tokens per rank per step
   bool activation_checkpointing = false;
   /// The engine's switches as asked for, in EngineOptions' types (runtime/engine/engine_options.h):

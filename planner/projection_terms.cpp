@@ -26,20 +26,19 @@ double curve_efficiency(const std::vector<std::pair<double, double>>& points, do
   return e0 + t * (e1 - e0);
 }
 
-double gemm_seconds(const ClusterSpec& c, const std::string& dtype, double batch, double M, double N, double K,
-                    double share) {
-  if (dtype != "bf16" && dtype != "f32")
-    throw std::invalid_argument("projection: dtype must be bf16 or f32, got '" + dtype + "'");
-  const bool bf16 = dtype == "bf16";
+double gemm_seconds(const ClusterSpec& c, DType dtype, double batch, double M, double N, double K, double share) {
+  if (dtype != DType::bf16 && dtype != DType::f32)
+    throw std::invalid_argument(std::string("projection: dtype must be bf16 or f32, got '") + dtype_name(dtype) + "'");
+  const bool bf16 = dtype == DType::bf16;
   const double rate = (bf16 ? c.gemm_tflops_bf16 : c.gemm_tflops_f32) * 1e12 * share;
   const double flops = 2.0 * M * N * K * batch;
   const double size = std::cbrt(M * N * K * batch);
   const double eff = curve_efficiency(bf16 ? c.gemm_curve_bf16 : c.gemm_curve_f32, size);
-  const double bytes = (M * K + K * N + M * N) * batch * (bf16 ? 2.0 : 4.0);
+  const double bytes = (M * K + K * N + M * N) * batch * static_cast<double>(dtype_size(dtype));
   return std::max(flops / (rate * eff), bytes / (c.mem_GBps * 1e9 * share)) + c.launch_us * 1e-6;
 }
 
-double newton_schulz_seconds(const ClusterSpec& c, const std::string& dtype, int64_t rows, int64_t cols,
+double newton_schulz_seconds(const ClusterSpec& c, DType dtype, int64_t rows, int64_t cols,
                              int steps, int count, bool batched, double share) {
   if (steps <= 0 || count <= 0) return 0.0;
   const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/core/dtype.h"
+
 namespace mfsdp {
 
 struct ClusterSpec;
@@ -18,11 +20,11 @@ struct ClusterSpec;
 /// or an efficiency is not in (0, 1.5].
 double curve_efficiency(const std::vector<std::pair<double, double>>& points, double size);
 
-/// Seconds of one GEMM (batch x [M, K] x [K, N], 2 M N K batch FLOPs) in `dtype` ("bf16" | "f32")
+/// Seconds of one GEMM (batch x [M, K] x [K, N], 2 M N K batch FLOPs) in `dtype` (bf16 or f32)
 /// on one device of `c`, whose rate is scaled by `share` (a CPU rank's part of its node): the
 /// roofline max(FLOPs / (rate * curve_efficiency), bytes moved / mem_GBps) plus one kernel launch
-/// (c.launch_us). Throws std::invalid_argument on an unknown dtype.
-double gemm_seconds(const ClusterSpec& c, const std::string& dtype, double batch, double M, double N, double K,
+/// (c.launch_us). Throws std::invalid_argument on another dtype.
+double gemm_seconds(const ClusterSpec& c, DType dtype, double batch, double M, double N, double K,
                     double share);
 
 /// Kernel launches of one Newton-Schulz iteration besides its three GEMMs (the fused axpy
@@ -36,7 +38,7 @@ inline constexpr int kNsExtraLaunchesPerIteration = 2, kNsNormalizeLaunches = 3;
 /// kNsExtraLaunchesPerIteration launches, after kNsNormalizeLaunches. `batched`: the `count`
 /// matrices run as one strided-batched chain (one launch per kernel, the batch's size on the
 /// efficiency curve); otherwise `count` chains one after another.
-double newton_schulz_seconds(const ClusterSpec& c, const std::string& dtype, int64_t rows, int64_t cols,
+double newton_schulz_seconds(const ClusterSpec& c, DType dtype, int64_t rows, int64_t cols,
                              int steps, int count, bool batched, double share);
 
 /// One FSDP unit's times in seconds: its forward and backward compute, the all-gather of its

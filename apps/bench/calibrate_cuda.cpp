@@ -109,7 +109,7 @@ std::vector<double> ns_efficiency(const ClusterSpec& c, const std::vector<int>& 
   const double launches = (kNsNormalizeLaunches + steps * kNsExtraLaunchesPerIteration) * c.launch_us * 1e-6;
   std::vector<double> eff;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    const double gemms = newton_schulz_seconds(probe, "bf16", sizes[i], sizes[i], steps, 1, false, 1.0) - launches;
+    const double gemms = newton_schulz_seconds(probe, DType::bf16, sizes[i], sizes[i], steps, 1, false, 1.0) - launches;
     eff.push_back(gemms / std::max(ms[i] * 1e-3 - launches, ms[i] * 1e-3 / 2));
   }
   return eff;

@@ -52,7 +52,7 @@ ProjectionInput published_input(int seq, const BaselineOptions& b) {
   in.seq = seq;
   in.batch = 1;
   in.ns_steps = 2;
-  in.dtype = in.ns_dtype = "bf16";
+  in.dtype = in.ns_dtype = DType::bf16;
   in.activation_checkpointing = true;
   in.baseline = b;
   in.batch_orthogonalize = Toggle::off;  // torch.optim.Muon orthogonalizes one matrix at a time
@@ -93,7 +93,7 @@ struct Table {
 
 nlohmann::json paper_figures(const ClusterSpec& c, const BaselineOptions& baseline) {
   Table t;
-  const std::string line = baseline.describe("bf16", 2);
+  const std::string line = baseline.describe(DType::bf16, 2);
   std::printf("\nPublished figures on %s\n%s; matrixfsdp: LPT owners, one matrix at a time, NS 2 in bf16\n",
               c.name.c_str(), line.c_str());
   std::printf("%-52s %9s %9s %8s\n", "figure", "published", "projected", "error");

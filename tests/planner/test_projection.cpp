@@ -172,35 +172,35 @@ TEST_CASE("GEMM efficiency follows the cluster's curve and the roofline", "[proj
   CHECK(curve_efficiency({}, 10.0) == 1.0);
   CHECK_THROWS_AS(curve_efficiency({{1024, 0.5}, {512, 0.6}}, 700), std::invalid_argument);
   // 8192^3 in bf16: 2 * 8192^3 FLOPs at 312 TFLOP/s * 0.87, plus one launch.
-  const double t = gemm_seconds(c, "bf16", 1, 8192, 8192, 8192, 1.0);
+  const double t = gemm_seconds(c, DType::bf16, 1, 8192, 8192, 8192, 1.0);
   CHECK(t == Approx(2.0 * 8192.0 * 8192 * 8192 / (312e12 * 0.87) + 6e-6));
   // A 768^3 GEMM is launch- and tile-bound: far below the large-GEMM rate.
-  const double small = 2.0 * 768.0 * 768 * 768 / gemm_seconds(c, "bf16", 1, 768, 768, 768, 1.0);
+  const double small = 2.0 * 768.0 * 768 * 768 / gemm_seconds(c, DType::bf16, 1, 768, 768, 768, 1.0);
   CHECK(small < 0.3 * 312e12);
   // f32 uses its own rate (TF32 on A100) and curve.
-  CHECK(gemm_seconds(c, "f32", 1, 8192, 8192, 8192, 1.0) > 1.9 * t);
+  CHECK(gemm_seconds(c, DType::f32, 1, 8192, 8192, 8192, 1.0) > 1.9 * t);
   // A skinny GEMM is bound by memory bandwidth, not FLOPs.
-  const double gemv = gemm_seconds(c, "bf16", 1, 1, 8192, 8192, 1.0);
+  const double gemv = gemm_seconds(c, DType::bf16, 1, 1, 8192, 8192, 1.0);
   CHECK(gemv == Approx(2.0 * (8192.0 + 8192.0 * 8192 + 8192) / 1800e9 + 6e-6));
 }
 
 TEST_CASE("Newton-Schulz is its GEMMs plus launches; batching same shapes pays launches once", "[projection][ns]") {
   const ClusterSpec c = a100();
-  const double one = newton_schulz_seconds(c, "bf16", 3072, 768, 5, 1, false, 1.0);
-  const double gemms = gemm_seconds(c, "bf16", 1, 768, 768, 3072, 1.0) + gemm_seconds(c, "bf16", 1, 768, 768, 768, 1.0) +
-                       gemm_seconds(c, "bf16", 1, 768, 3072, 768, 1.0);
+  const double one = newton_schulz_seconds(c, DType::bf16, 3072, 768, 5, 1, false, 1.0);
+  const double gemms = gemm_seconds(c, DType::bf16, 1, 768, 768, 3072, 1.0) + gemm_seconds(c, DType::bf16, 1, 768, 768, 768, 1.0) +
+                       gemm_seconds(c, DType::bf16, 1, 768, 3072, 768, 1.0);
   CHECK(one == Approx(5 * (gemms + kNsExtraLaunchesPerIteration * 6e-6) + kNsNormalizeLaunches * 6e-6));
-  CHECK(newton_schulz_seconds(c, "bf16", 3072, 768, 5, 12, false, 1.0) == Approx(12 * one));
+  CHECK(newton_schulz_seconds(c, DType::bf16, 3072, 768, 5, 12, false, 1.0) == Approx(12 * one));
   // Twelve small matrices batched run nearer the large-GEMM rate than twelve chains.
-  CHECK(newton_schulz_seconds(c, "bf16", 3072, 768, 5, 12, true, 1.0) < 0.5 * 12 * one);
-  CHECK(newton_schulz_seconds(c, "bf16", 3072, 768, 0, 12, true, 1.0) == 0.0);
+  CHECK(newton_schulz_seconds(c, DType::bf16, 3072, 768, 5, 12, true, 1.0) < 0.5 * 12 * one);
+  CHECK(newton_schulz_seconds(c, DType::bf16, 3072, 768, 0, 12, true, 1.0) == 0.0);
   // A CPU cluster (flat rate, no launches) is FLOPs / (rate * ns_efficiency), as calibrated.
   ClusterSpec cpu = c;
   cpu.gemm_curve_bf16.clear();
   cpu.launch_us = 0;
   cpu.mem_GBps = 1e9;
   cpu.ns_efficiency = 0.5;
-  CHECK(newton_schulz_seconds(cpu, "bf16", 3072, 768, 5, 2, false, 1.0) ==
+  CHECK(newton_schulz_seconds(cpu, DType::bf16, 3072, 768, 5, 2, false, 1.0) ==
         Approx(2 * muon_flops(3072, 768, 5) / (312e12 * 0.5)));
 }
 
@@ -262,13 +262,13 @@ TEST_CASE("GPU defaults overlap communication; the baseline's semantics are opti
   CHECK(rows.host_ms == Approx(32 * (5 * 17 + 2 * 19) * 90e-3));
   CHECK(rows.optimizer_ms == Approx(rows.ns_ms + rows.elementwise_ms + rows.opt_comm_ms + rows.host_ms));
   f.baseline.ns = BaselineNs::every_rank;
-  f.baseline.gather_dtype = "f32";
+  f.baseline.gather_dtype = DType::f32;
   CHECK(project(f, c, 8).opt_comm_ms > 1.8 * every.opt_comm_ms);  // twice the bytes, the same hops
   f.baseline.ns_steps = 5;
   CHECK(project(f, c, 8).ns_ms > 2 * every.ns_ms);
-  CHECK(f.baseline.describe("bf16", 2) == "fsdp2 baseline: every_rank Newton-Schulz, gather f32, NS 5");
+  CHECK(f.baseline.describe(DType::bf16, 2) == "fsdp2 baseline: every_rank Newton-Schulz, gather f32, NS 5");
   f.baseline.ns = BaselineNs::row_sharded;
-  CHECK(f.baseline.describe("bf16", 2) ==
+  CHECK(f.baseline.describe(DType::bf16, 2) ==
         "fsdp2 baseline: row_sharded Newton-Schulz, gather f32, NS 5, 90 us host dispatch per DTensor op");
   CHECK(parse_baseline_ns("row_sharded") == BaselineNs::row_sharded);
   CHECK_THROWS_WITH(parse_baseline_ns("owners"), Catch::Contains("every_rank or row_sharded"));
