@@ -17,6 +17,7 @@
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/core/file_checks.h"
+#include "runtime/core/json_fields.h"
 #include "runtime/core/json_limits.h"
 
 namespace mfsdp {
@@ -59,28 +60,8 @@ void agree(Communicator& comm, const SaveWaitBounds* waits, const std::string& e
   throw CheckpointError(error.empty() ? what + ": another rank failed (see its message)" : error);
 }
 
-// Typed access to manifest fields with messages naming the file and the field.
-struct Fields {
-  std::string file;
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw CheckpointError(file + ": " + field + ": " + what);
-  }
-  const json& at(const json& j, const std::string& key, const std::string& field) const {
-    if (!j.is_object() || !j.contains(key)) fail(field, "missing");
-    return j.at(key);
-  }
-  int64_t i64(const json& j, const std::string& key, const std::string& field, int64_t lo = 0) const {
-    const json& v = at(j, key, field);
-    if (!v.is_number_integer() || v.get<int64_t>() < lo)
-      fail(field, "expected an integer >= " + std::to_string(lo) + ", got " + clip_for_message(v.dump()));
-    return v.get<int64_t>();
-  }
-  std::string str(const json& j, const std::string& key, const std::string& field) const {
-    const json& v = at(j, key, field);
-    if (!v.is_string()) fail(field, "expected a string, got " + clip_for_message(v.dump()));
-    return v.get<std::string>();
-  }
-};
+// Manifest fields: messages name the file and the field (runtime/core/json_fields.h).
+using Fields = JsonFields<CheckpointError>;
 
 }  // namespace
 
@@ -349,101 +330,100 @@ int64_t step_of_dir_name(const std::string& dir) {
 // The run-state fields: format, version, counters, placement, the step against the directory
 // name, fingerprint, loader, config and plan.
 void parse_run_state(const Fields& f, const json& j, CheckpointManifest& m) {
-  if (f.str(j, "format", "format") != kFormat) f.fail("format", "expected \"" + std::string(kFormat) + "\"");
-  const int64_t version = f.i64(j, "format_version", "format_version");
+  if (f.at(j, "format").string() != kFormat) f.fail("format", "expected \"" + std::string(kFormat) + "\"");
+  const int64_t version = f.at(j, "format_version").integer(0);
   if (version != CheckpointManifest::kFormatVersion)
     f.fail("format_version", std::to_string(version) + " is not supported (this build reads version " +
                                  std::to_string(CheckpointManifest::kFormatVersion) + ")");
-  m.step = f.i64(j, "step", "step");
+  m.step = f.at(j, "step").integer(0);
   const int64_t named = step_of_dir_name(m.dir);
   if (named >= 0 && named != m.step)
     f.fail("step", std::to_string(m.step) + " does not match the directory " + fs::path(m.dir).lexically_normal().string() +
                        " (step " + std::to_string(named) + ")");
-  m.tokens = f.i64(j, "tokens", "tokens");
-  m.optimizer_steps = f.i64(j, "optimizer_steps", "optimizer_steps");
+  m.tokens = f.at(j, "tokens").integer(0);
+  m.optimizer_steps = f.at(j, "optimizer_steps").integer(0);
   if (m.optimizer_steps != m.step)  // optimizer_steps is part of the state fingerprint
     f.fail("step", std::to_string(m.step) + " differs from optimizer_steps " + std::to_string(m.optimizer_steps) +
                        " (each training step is one optimizer step)");
-  const int64_t world_size = f.i64(j, "world_size", "world_size", 1);  // range-checked before narrowing
+  const int64_t world_size = f.at(j, "world_size").integer(1);  // range-checked before narrowing
   if (world_size > (1 << 24)) f.fail("world_size", std::to_string(world_size) + " is larger than 2^24");
   m.world_size = static_cast<int>(world_size);
-  m.placement = f.str(j, "placement", "placement");
+  m.placement = f.at(j, "placement").string();
   try {
     (void)parse_placement(m.placement);
   } catch (const std::exception&) {
     f.fail("placement", "unknown placement \"" + clip_for_message(m.placement) + "\"");
   }
-  m.state_fingerprint = f.str(j, "state_fingerprint", "state_fingerprint");
+  m.state_fingerprint = f.at(j, "state_fingerprint").string();
   try {
-    from_json(f.at(j, "loader", "loader"), m.loader);
+    from_json(f.at(j, "loader").value(), m.loader);
   } catch (const std::exception& e) {
     f.fail("loader", e.what());
   }
   if (m.loader.global_batch_tokens < 1) f.fail("loader.global_batch_tokens", "expected an integer >= 1");
-  m.config = f.at(j, "config", "config");
+  m.config = f.at(j, "config").value();
   if (!m.config.is_object()) f.fail("config", "expected an object");
-  m.plan = f.at(j, "plan", "plan");
+  m.plan = f.at(j, "plan").value();
   if (m.data = j.value("data", json()); !m.data.is_null() && !m.data.is_object()) f.fail("data", "expected an object");
 }
 
-// One piece list (`pw` names it): pieces that tile [0, want) in order.
-std::vector<CheckpointPiece> parse_pieces(const Fields& f, const json& list, const std::string& pw, const std::string& tensor,
-                                          int64_t want) {
-  if (!list.is_array()) f.fail(pw, "expected an array");
+// One piece list (`f` reads at its level): pieces that tile [0, want) of `tensor` in order.
+std::vector<CheckpointPiece> parse_pieces(const Fields& f, const json& list, const std::string& tensor, int64_t want) {
+  if (!list.is_array()) f.fail("", "expected an array");
   std::vector<CheckpointPiece> out;
   int64_t expect = 0;
   for (size_t pi = 0; pi < list.size(); ++pi) {
-    const std::string qw = pw + "[" + std::to_string(pi) + "]";
+    const Fields q = f.in("[" + std::to_string(pi) + "]");
     CheckpointPiece p;
-    p.file = f.str(list[pi], "file", qw + ".file");
+    p.file = q.at(list[pi], "file").string();
     if (p.file.empty() || p.file.find('/') != std::string::npos || p.file == "." || p.file == "..")
-      f.fail(qw + ".file", "\"" + clip_for_message(p.file) + "\" is not a file name inside the checkpoint");
-    p.key = f.str(list[pi], "key", qw + ".key");
-    p.offset = f.i64(list[pi], "offset", qw + ".offset");
-    p.numel = f.i64(list[pi], "numel", qw + ".numel", 1);
-    const std::string h = f.str(list[pi], "xxh64", qw + ".xxh64");
+      q.fail("file", "\"" + clip_for_message(p.file) + "\" is not a file name inside the checkpoint");
+    p.key = q.at(list[pi], "key").string();
+    p.offset = q.at(list[pi], "offset").integer(0);
+    p.numel = q.at(list[pi], "numel").integer(1);
+    const std::string h = q.at(list[pi], "xxh64").string();
     if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
-      f.fail(qw + ".xxh64", "expected 16 lowercase hex digits");
+      q.fail("xxh64", "expected 16 lowercase hex digits");
     p.xxh64 = std::stoull(h, nullptr, 16);
     if (p.offset != expect)
-      f.fail(qw + ".offset", std::to_string(p.offset) + ": the pieces of '" + clip_for_message(tensor) +
-                                 "' must tile it (expected " + std::to_string(expect) + ")");
-    if (p.numel > want - expect) f.fail(qw + ".numel", "runs past the end of '" + clip_for_message(tensor) + "'");
+      q.fail("offset", std::to_string(p.offset) + ": the pieces of '" + clip_for_message(tensor) +
+                           "' must tile it (expected " + std::to_string(expect) + ")");
+    if (p.numel > want - expect) q.fail("numel", "runs past the end of '" + clip_for_message(tensor) + "'");
     expect += p.numel;
     out.push_back(std::move(p));
   }
   if (expect != want)
-    f.fail(pw, "the pieces cover " + std::to_string(expect) + " of " + std::to_string(want) + " elements of '" +
+    f.fail("", "the pieces cover " + std::to_string(expect) + " of " + std::to_string(want) + " elements of '" +
                    clip_for_message(tensor) + "'");
   return out;
 }
 
-// One entry of "tensors" (`where` names it): name, shape, dtype, optimizer and its pieces.
-CheckpointManifest::Tensor parse_tensor(const Fields& f, const json& t, const std::string& where) {
+// One entry of "tensors" (`f` reads at its level): name, shape, dtype, optimizer and its pieces.
+CheckpointManifest::Tensor parse_tensor(const Fields& f, const json& t) {
   CheckpointManifest::Tensor out;
-  out.name = f.str(t, "name", where + ".name");
-  const json& shape = f.at(t, "shape", where + ".shape");
-  if (!shape.is_array() || shape.size() > 8) f.fail(where + ".shape", "expected an array of at most 8 sizes");
+  out.name = f.at(t, "name").string();
+  const json& shape = f.at(t, "shape").value();
+  if (!shape.is_array() || shape.size() > 8) f.fail("shape", "expected an array of at most 8 sizes");
   int64_t numel = 1;
   for (const json& d : shape) {
     if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t(1) << 40))
-      f.fail(where + ".shape", "bad size " + clip_for_message(d.dump()));
+      f.fail("shape", "bad size " + clip_for_message(d.dump()));
     out.shape.push_back(d.get<int64_t>());
-    if (numel > (int64_t(1) << 40) / std::max<int64_t>(1, d.get<int64_t>())) f.fail(where + ".shape", "too large");
+    if (numel > (int64_t(1) << 40) / std::max<int64_t>(1, d.get<int64_t>())) f.fail("shape", "too large");
     numel *= d.get<int64_t>();
   }
-  if (f.str(t, "dtype", where + ".dtype") != "F32") f.fail(where + ".dtype", "expected \"F32\"");
-  out.optimizer = f.str(t, "optimizer", where + ".optimizer");
-  if (out.optimizer != "muon" && out.optimizer != "adamw") f.fail(where + ".optimizer", "expected muon or adamw");
-  const json& pieces = f.at(t, "pieces", where + ".pieces");
+  if (f.at(t, "dtype").string() != "F32") f.fail("dtype", "expected \"F32\"");
+  out.optimizer = f.at(t, "optimizer").string();
+  if (out.optimizer != "muon" && out.optimizer != "adamw") f.fail("optimizer", "expected muon or adamw");
+  const json& pieces = f.at(t, "pieces").value();
+  const Fields pf = f.in("pieces");
   for (int k = 0; k < 3; ++k) {
     const std::string kind = state_kind_name(static_cast<StateKind>(k));
-    const std::string pw = where + ".pieces." + kind;
     // a Muon tensor has a v only under variant normuon: one value per row (per output neuron)
     const bool row_state = k == 2 && out.optimizer == "muon";
     if (row_state && !(pieces.is_object() && pieces.contains(kind))) continue;
-    if (row_state && out.shape.size() != 2) f.fail(pw, "a Muon tensor's per-row state needs a 2-D shape");
-    out.pieces[k] = parse_pieces(f, f.at(pieces, kind, pw), pw, out.name, row_state ? out.shape[0] : numel);
+    if (row_state && out.shape.size() != 2) pf.fail(kind, "a Muon tensor's per-row state needs a 2-D shape");
+    out.pieces[k] = parse_pieces(pf.in(kind), pf.at(pieces, kind).value(), out.name, row_state ? out.shape[0] : numel);
   }
   return out;
 }
@@ -470,11 +450,11 @@ CheckpointManifest CheckpointManifest::read(const std::string& dir) {
   CheckpointManifest m;
   m.dir = dir;
   parse_run_state(f, j, m);
-  const json& tensors = f.at(j, "tensors", "tensors");
+  const json& tensors = f.at(j, "tensors").value();
   if (!tensors.is_array()) f.fail("tensors", "expected an array");
   std::set<std::string> names;
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
-    m.tensors.push_back(parse_tensor(f, tensors[ti], "tensors[" + std::to_string(ti) + "]"));
+    m.tensors.push_back(parse_tensor(f.in("tensors[" + std::to_string(ti) + "]"), tensors[ti]));
     if (!names.insert(m.tensors.back().name).second)
       f.fail("tensors[" + std::to_string(ti) + "].name", "duplicate tensor '" + clip_for_message(m.tensors.back().name) + "'");
   }

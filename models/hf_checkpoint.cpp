@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include "runtime/core/file_checks.h"
+#include "runtime/core/json_fields.h"
 #include "runtime/core/json_limits.h"
 
 namespace mfsdp {
@@ -187,29 +189,36 @@ void check_full_params(const ParamInventory& inv, const NamedTensors& params, co
   }
 }
 
+namespace {
+
+// config[key] when present and not null (then the caller's fallback applies).
+std::optional<JsonFields<>::Field> hf_config_field(const json& config, const std::string& key, const JsonFields<>& f) {
+  auto v = f.find(config, key);
+  if (v && v->value().is_null()) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
 int64_t hf_config_int(const json& config, const std::string& key, int64_t fallback, const std::string& where) {
-  if (!config.contains(key) || config[key].is_null()) return fallback;
-  if (!config[key].is_number_integer()) throw std::runtime_error(where + ": " + key + " is not an integer: " + config[key].dump());
-  return config[key].get<int64_t>();
+  const auto v = hf_config_field(config, key, JsonFields<>(where));
+  return v ? v->integer() : fallback;
 }
 
 double hf_config_num(const json& config, const std::string& key, double fallback, const std::string& where) {
-  if (!config.contains(key) || config[key].is_null()) return fallback;
-  if (!config[key].is_number()) throw std::runtime_error(where + ": " + key + " is not a number: " + config[key].dump());
-  return config[key].get<double>();
+  const auto v = hf_config_field(config, key, JsonFields<>(where));
+  return v ? v->number() : fallback;
 }
 
 bool hf_config_bool(const json& config, const std::string& key, bool fallback, const std::string& where) {
-  if (!config.contains(key) || config[key].is_null()) return fallback;
-  if (!config[key].is_boolean()) throw std::runtime_error(where + ": " + key + " is not true/false: " + config[key].dump());
-  return config[key].get<bool>();
+  const auto v = hf_config_field(config, key, JsonFields<>(where));
+  return v ? v->boolean() : fallback;
 }
 
 std::string hf_config_string(const json& config, const std::string& key, const std::string& fallback,
                              const std::string& where) {
-  if (!config.contains(key) || config[key].is_null()) return fallback;
-  if (!config[key].is_string()) throw std::runtime_error(where + ": " + key + " is not a string: " + config[key].dump());
-  return config[key].get<std::string>();
+  const auto v = hf_config_field(config, key, JsonFields<>(where));
+  return v ? v->string() : fallback;
 }
 
 }  // namespace mfsdp

@@ -108,7 +108,8 @@ void check_full_params(const ParamInventory& inv, const NamedTensors& params, co
                        const std::string& family);
 
 /// The integer field `key` of a config.json, `fallback` when absent or null. Throws
-/// std::runtime_error naming `where` and the key when it is not an integer.
+/// std::runtime_error "<where>: <key>: expected an integer, got <value>" when it is not a JSON
+/// integer in int64's range (runtime/core/json_fields.h).
 int64_t hf_config_int(const nlohmann::json& config, const std::string& key, int64_t fallback, const std::string& where);
 /// The number field `key`, `fallback` when absent or null (same errors).
 double hf_config_num(const nlohmann::json& config, const std::string& key, double fallback, const std::string& where);

@@ -12,6 +12,7 @@
 #include "runtime/core/classifier_memory.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/gemm_rates.h"
+#include "runtime/core/json_fields.h"
 #include "runtime/core/json_limits.h"
 #include "planner/planner.h"
 #include "planner/projection_terms.h"
@@ -118,32 +119,32 @@ double memory_gb(const ProjectionInput& in, const ShardPlan& plan, double persis
 
 namespace {
 
-// Typed, bounded access to the fields of one cluster JSON; every error names the file and the key.
+// Bounded access to the fields of one cluster JSON; every error names the file and the key
+// (runtime/core/json_fields.h). Absent keys take the struct's defaults.
 struct ClusterFields {
   const nlohmann::json& j;
-  const std::string& path;
+  JsonFields<> f;
 
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw std::runtime_error(path + ": " + key + ": " + what);
-  }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const { f.fail(key, what); }
   // A finite number in [lo, hi] (in (lo, hi] when `open_lo`); absent: `fallback`, which must obey
   // the same bounds (a required key has an invalid fallback).
   double number(const std::string& key, double fallback, double lo, double hi, bool open_lo = false) const {
-    const bool has = j.contains(key);
-    const nlohmann::json v = has ? j.at(key) : nlohmann::json(fallback);
-    const double x = v.is_number() ? v.get<double>() : std::nan("");
-    if (v.is_number() && std::isfinite(x) && x <= hi && (open_lo ? x > lo : x >= lo)) return x;
-    fail(key, std::string(has ? "expected" : "missing; expected") + " a number in " + (open_lo ? "(" : "[") +
-                  nlohmann::json(lo).dump() + ", " + nlohmann::json(hi).dump() + "]" +
-                  (has ? ", got " + clip_for_message(v.dump()) : ""));
+    if (auto v = f.find(j, key)) return v->number(lo, hi, open_lo);
+    if (std::isfinite(fallback) && fallback <= hi && (open_lo ? fallback > lo : fallback >= lo)) return fallback;
+    fail(key, std::string("missing; expected a number ") + (open_lo ? "> " : ">= ") + JsonFields<>::shown(lo) +
+                  " and <= " + JsonFields<>::shown(hi));
   }
   int integer(const std::string& key, int fallback, int lo, int hi) const {
-    if (!j.contains(key)) return fallback;
-    const auto& v = j.at(key);
-    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
-      fail(key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                    clip_for_message(v.dump()));
-    return static_cast<int>(v.get<int64_t>());
+    if (auto v = f.find(j, key)) return static_cast<int>(v->integer(lo, hi));
+    return fallback;
+  }
+  std::string string(const std::string& key, const std::string& fallback) const {
+    if (auto v = f.find(j, key)) return v->string();
+    return fallback;
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    if (auto v = f.find(j, key)) return v->boolean();
+    return fallback;
   }
   // [[size, efficiency], ...]: at most 256 points, sizes finite and > 0 and increasing, efficiencies
   // in (0, 1.5] (curve_efficiency's rule).
@@ -181,15 +182,11 @@ ClusterSpec ClusterSpec::load(const std::string& path) {
                              json_error_text(e.what()));
   }
   if (!j.is_object()) throw std::runtime_error(path + ": not a JSON object");
-  const ClusterFields f{j, path};
+  const ClusterFields f{j, JsonFields<>(path)};
   ClusterSpec c;
-  for (const char* key : {"name", "source"}) {
-    if (!j.contains(key)) continue;
-    if (!j[key].is_string()) f.fail(key, "expected a string");
-    (std::string(key) == "name" ? c.name : c.source) = j[key].get<std::string>();
-  }
-  if (j.contains("linear_latency") && !j["linear_latency"].is_boolean()) f.fail("linear_latency", "expected true or false");
-  c.linear_latency = j.value("linear_latency", c.linear_latency);
+  c.name = f.string("name", c.name);
+  c.source = f.string("source", c.source);
+  c.linear_latency = f.boolean("linear_latency", c.linear_latency);
   // Rates: > 0 (gemm_tflops_bf16 may be 0: the f32 rate), at most far above any device.
   c.gemm_tflops_f32 = f.number("gemm_tflops_f32", c.gemm_tflops_f32, 0, 1e5, true);
   c.gemm_tflops_bf16 = f.number("gemm_tflops_bf16", c.gemm_tflops_bf16, 0, 1e5);

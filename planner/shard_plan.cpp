@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "planner/cost_model.h"
+#include "runtime/core/json_fields.h"
 
 namespace mfsdp {
 
@@ -400,37 +401,16 @@ nlohmann::json ShardPlan::to_json() const {
 
 namespace {
 
-[[noreturn]] void json_fail(const std::string& path, const std::string& why) {
-  throw std::runtime_error("[ShardPlan::from_json] field '" + path + "': " + why);
-}
+using Fields = JsonFields<>;
 
-const json& field(const json& j, const std::string& path, const char* key) {
-  if (!j.is_object()) json_fail(path, "is not an object");
-  auto it = j.find(key);
-  if (it == j.end()) json_fail(path.empty() ? key : path + "." + key, "missing");
-  return *it;
-}
-
-template <class T>
-T as(const json& v, const std::string& path) {
-  try {
-    return v.get<T>();
-  } catch (const json::exception& e) {
-    json_fail(path, e.what());
-  }
-}
-
-template <class T>
-T get(const json& j, const std::string& path, const char* key) {
-  return as<T>(field(j, path, key), path.empty() ? key : path + "." + key);
-}
-
+// The enumerator `parse` makes of the string at `v`; its refusal names the field.
 template <class F>
-auto parse_enum(const std::string& s, const std::string& path, F f) {
+auto parse_enum(const Fields::Field& v, F parse) {
+  const std::string s = v.string();
   try {
-    return f(s);
+    return parse(s);
   } catch (const std::invalid_argument& e) {
-    json_fail(path, e.what());
+    v.fail(e.what());
   }
 }
 
@@ -438,71 +418,66 @@ auto parse_enum(const std::string& s, const std::string& path, F f) {
 
 ShardPlan ShardPlan::from_json(const nlohmann::json& j) {
   ShardPlan p;
-  const std::string format = get<std::string>(j, "", "format");
-  if (format != "mfsdp.shard_plan")
-    json_fail("format", "expected 'mfsdp.shard_plan', got '" + format + "'");
-  const int version = get<int>(j, "", "version");
-  if (version != 1) json_fail("version", "unsupported version " + std::to_string(version));
-  p.world_size = get<int>(j, "", "world_size");
-  p.placement = parse_enum(get<std::string>(j, "", "placement"), "placement", parse_placement);
-  const json& o = field(j, "", "options");
-  p.options.ns_steps = get<int>(o, "options", "ns_steps");
-  p.options.split_qkv = get<bool>(o, "options", "split_qkv");
-  p.options.round_robin = get<bool>(o, "options", "round_robin");
+  const Fields f("ShardPlan::from_json");
+  const std::string format = f.at(j, "format").string();
+  if (format != "mfsdp.shard_plan") f.fail("format", "expected 'mfsdp.shard_plan', got '" + format + "'");
+  const int version = f.at(j, "version").get<int>();
+  if (version != 1) f.fail("version", "unsupported version " + std::to_string(version));
+  p.world_size = f.at(j, "world_size").get<int>();
+  p.placement = parse_enum(f.at(j, "placement"), parse_placement);
+  const json& o = f.at(j, "options").value();
+  const Fields fo = f.in("options");
+  p.options.ns_steps = fo.at(o, "ns_steps").get<int>();
+  p.options.split_qkv = fo.at(o, "split_qkv").get<bool>();
+  p.options.round_robin = fo.at(o, "round_robin").get<bool>();
   // plans written before the orthogonalizer and head split were options lack them: the defaults
-  if (o.contains("orthogonalizer"))
-    p.options.orthogonalizer =
-        parse_enum(get<std::string>(o, "options", "orthogonalizer"), "options.orthogonalizer", parse_orthogonalizer);
-  if (o.contains("head_dim")) p.options.head_dim = get<int64_t>(o, "options", "head_dim");
-  if (o.contains("node_of_rank")) p.options.node_of_rank = get<std::vector<int>>(o, "options", "node_of_rank");
-  const json& ju = field(j, "", "units");
-  if (!ju.is_array()) json_fail("units", "is not an array");
+  if (auto v = fo.find(o, "orthogonalizer")) p.options.orthogonalizer = parse_enum(*v, parse_orthogonalizer);
+  if (auto v = fo.find(o, "head_dim")) p.options.head_dim = v->get<int64_t>();
+  if (auto v = fo.find(o, "node_of_rank")) p.options.node_of_rank = v->get<std::vector<int>>();
+  const json& ju = f.at(j, "units").value();
+  if (!ju.is_array()) f.fail("units", "is not an array");
   for (size_t u = 0; u < ju.size(); ++u) {
-    const std::string path = "units[" + std::to_string(u) + "]";
-    p.units.push_back(UnitLayout{get<std::string>(ju[u], path, "name"),
-                                 get<std::vector<int64_t>>(ju[u], path, "segment_numel")});
+    const Fields fu = f.in("units[" + std::to_string(u) + "]");
+    p.units.push_back(UnitLayout{fu.at(ju[u], "name").string(), fu.at(ju[u], "segment_numel").get<std::vector<int64_t>>()});
   }
-  const json& js = field(j, "", "shards");
-  if (!js.is_array()) json_fail("shards", "is not an array");
+  const json& js = f.at(j, "shards").value();
+  if (!js.is_array()) f.fail("shards", "is not an array");
   for (size_t i = 0; i < js.size(); ++i) {
-    const std::string path = "shards[" + std::to_string(i) + "]";
+    const Fields fs = f.in("shards[" + std::to_string(i) + "]");
     MatrixShard s;
-    s.name = get<std::string>(js[i], path, "name");
-    s.shape = get<std::vector<int64_t>>(js[i], path, "shape");
-    s.role = parse_enum(get<std::string>(js[i], path, "role"), path + ".role", parse_param_role);
-    s.unit = get<int>(js[i], path, "unit");
-    s.qkv_blocks = get<int>(js[i], path, "qkv_blocks");
-    s.optimizer =
-        parse_enum(get<std::string>(js[i], path, "optimizer"), path + ".optimizer", parse_optimizer);
-    s.owner = get<int>(js[i], path, "owner");
-    const auto pieces = get<std::vector<std::vector<int64_t>>>(js[i], path, "pieces");
+    s.name = fs.at(js[i], "name").string();
+    s.shape = fs.at(js[i], "shape").get<std::vector<int64_t>>();
+    s.role = parse_enum(fs.at(js[i], "role"), parse_param_role);
+    s.unit = fs.at(js[i], "unit").get<int>();
+    s.qkv_blocks = fs.at(js[i], "qkv_blocks").get<int>();
+    s.optimizer = parse_enum(fs.at(js[i], "optimizer"), parse_optimizer);
+    s.owner = fs.at(js[i], "owner").get<int>();
+    const auto pieces = fs.at(js[i], "pieces").get<std::vector<std::vector<int64_t>>>();
     for (size_t k = 0; k < pieces.size(); ++k) {
       if (pieces[k].size() != 4)
-        json_fail(path + ".pieces[" + std::to_string(k) + "]",
-                  "expected [rank, segment_offset, param_offset, numel], got " +
-                      std::to_string(pieces[k].size()) + " numbers");
-      s.pieces.push_back(
-          ShardPiece{static_cast<int>(pieces[k][0]), pieces[k][1], pieces[k][2], pieces[k][3]});
+        fs.fail("pieces[" + std::to_string(k) + "]", "expected [rank, segment_offset, param_offset, numel], got " +
+                                                        std::to_string(pieces[k].size()) + " numbers");
+      s.pieces.push_back(ShardPiece{static_cast<int>(pieces[k][0]), pieces[k][1], pieces[k][2], pieces[k][3]});
     }
     p.shards.push_back(std::move(s));
   }
-  const json& st = field(j, "", "stats");
-  p.stats.muon_params = get<int>(st, "stats", "muon_params");
-  p.stats.adamw_params = get<int>(st, "stats", "adamw_params");
-  p.stats.muon_numel = get<int64_t>(st, "stats", "muon_numel");
-  p.stats.adamw_numel = get<int64_t>(st, "stats", "adamw_numel");
-  p.stats.rank_flops = get<std::vector<double>>(st, "stats", "rank_flops");
-  p.stats.rank_bytes = get<std::vector<int64_t>>(st, "stats", "rank_bytes");
-  p.stats.unit_segment_max_bytes = get<std::vector<int64_t>>(st, "stats", "unit_segment_max_bytes");
-  p.stats.unit_segment_mean_bytes =
-      get<std::vector<double>>(st, "stats", "unit_segment_mean_bytes");
-  p.stats.empty_segments = get<int64_t>(st, "stats", "empty_segments");
-  p.stats.split_tensors = get<int>(st, "stats", "split_tensors");
-  p.stats.padding_numel = get<int64_t>(st, "stats", "padding_numel");
+  const json& st = f.at(j, "stats").value();
+  const Fields ft = f.in("stats");
+  p.stats.muon_params = ft.at(st, "muon_params").get<int>();
+  p.stats.adamw_params = ft.at(st, "adamw_params").get<int>();
+  p.stats.muon_numel = ft.at(st, "muon_numel").get<int64_t>();
+  p.stats.adamw_numel = ft.at(st, "adamw_numel").get<int64_t>();
+  p.stats.rank_flops = ft.at(st, "rank_flops").get<std::vector<double>>();
+  p.stats.rank_bytes = ft.at(st, "rank_bytes").get<std::vector<int64_t>>();
+  p.stats.unit_segment_max_bytes = ft.at(st, "unit_segment_max_bytes").get<std::vector<int64_t>>();
+  p.stats.unit_segment_mean_bytes = ft.at(st, "unit_segment_mean_bytes").get<std::vector<double>>();
+  p.stats.empty_segments = ft.at(st, "empty_segments").get<int64_t>();
+  p.stats.split_tensors = ft.at(st, "split_tensors").get<int>();
+  p.stats.padding_numel = ft.at(st, "padding_numel").get<int64_t>();
   try {
     p.validate();
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(std::string("[ShardPlan::from_json] invalid plan: ") + e.what());
+    f.fail("", std::string("invalid plan: ") + e.what());
   }
   return p;
 }

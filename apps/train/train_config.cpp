@@ -2,6 +2,7 @@
 
 #include "runtime/core/file_checks.h"
 #include "apps/train/preemption.h"
+#include "runtime/core/json_fields.h"
 #include "runtime/core/json_limits.h"
 
 #include <algorithm>
@@ -218,39 +219,28 @@ class Reader {
     auto it = origin_.find(path);
     return it != origin_.end() ? it->second : default_where_;
   }
-  [[noreturn]] void fail(const std::string& path, const std::string& why) const {
-    throw ConfigError(where(path) + ": " + path + ": " + why);
+  /// The value at `path`, read by the one typed-field reader (runtime/core/json_fields.h): errors
+  /// are "<where the value came from>: <path>: <why>".
+  JsonFields<ConfigError>::Field field(const std::string& path) const {
+    return JsonFields<ConfigError>(where(path)).field(at(path), path);
   }
+  [[noreturn]] void fail(const std::string& path, const std::string& why) const {
+    JsonFields<ConfigError>(where(path)).fail(path, why);
+  }
+  /// Integers: the checker lets whole floats through (2.0), so they are narrowed here.
   int64_t i64(const std::string& path, int64_t lo, int64_t hi = INT64_MAX) const {
-    const int64_t v = as_int(at(path));
-    if (v < lo) fail(path, "must be >= " + std::to_string(lo) + ", got " + std::to_string(v));
-    if (v > hi) fail(path, "must be <= " + std::to_string(hi) + ", got " + std::to_string(v));
-    return v;
+    return field(path).within(as_int(at(path)), lo, hi);
   }
   int i32(const std::string& path, int64_t lo, int64_t hi = INT_MAX) const { return static_cast<int>(i64(path, lo, hi)); }
   double num(const std::string& path, double lo, double hi, bool lo_open = false, bool hi_open = false) const {
-    const double v = at(path).get<double>();
-    std::ostringstream os;
-    os << v;
-    if (!std::isfinite(v)) fail(path, "must be finite, got " + os.str());
-    if (v < lo || (lo_open && v == lo)) {
-      std::ostringstream b;
-      b << lo;
-      fail(path, std::string("must be ") + (lo_open ? "> " : ">= ") + b.str() + ", got " + os.str());
-    }
-    if (v > hi || (hi_open && v == hi)) {
-      std::ostringstream b;
-      b << hi;
-      fail(path, std::string("must be ") + (hi_open ? "< " : "<= ") + b.str() + ", got " + os.str());
-    }
-    return v;
+    return field(path).number(lo, hi, lo_open, hi_open);
   }
-  bool flag(const std::string& path) const { return at(path).get<bool>(); }
+  bool flag(const std::string& path) const { return field(path).boolean(); }
   /// True when the config file or a --set override wrote `path` (not just the default).
   bool given(const std::string& path) const { return origin_.count(path) != 0; }
   /// The string at `path`; every string of a config must be UTF-8 (it is echoed as JSON).
   std::string str(const std::string& path) const {
-    std::string v = at(path).get<std::string>();
+    std::string v = field(path).string();
     if (const std::string bad = utf8_problem(v); !bad.empty()) fail(path, bad + "; config strings must be UTF-8");
     return v;
   }
@@ -302,8 +292,7 @@ void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {
                                std::to_string(m.n_embd % m.n_head) + ")");
   m.seq_len = r.i32("model.seq_len", 1, 1 << 20);
   {
-    const int64_t v = as_int(r.at("model.vocab_size"));
-    if (v < 2) r.fail("model.vocab_size", "must be >= 2, got " + std::to_string(v));
+    const int64_t v = r.i64("model.vocab_size", 2);
     if (v > kMaxVocabU32)
       r.fail("model.vocab_size", std::to_string(v) + " is larger than the shard format allows (max " +
                                      std::to_string(kMaxVocabU32) + " with 32-bit token shards)");

@@ -187,8 +187,8 @@ TEST_CASE("import refuses config.json fields that change GPT-2's maths, naming f
       {"activation_function", "gelu", "config.json: activation_function \"gelu\" (only the tanh GELU"},
       {"activation_function", "relu", "config.json: activation_function \"relu\""},
       {"n_inner", 3 * 128, "config.json: n_inner 384 is not 4 * n_embd"},
-      {"scale_attn_weights", "yes", "config.json: scale_attn_weights is not true/false: \"yes\""},
-      {"layer_norm_epsilon", "1e-5", "config.json: layer_norm_epsilon is not a number"},
+      {"scale_attn_weights", "yes", "config.json: scale_attn_weights: expected true or false, got \"yes\""},
+      {"layer_norm_epsilon", "1e-5", "config.json: layer_norm_epsilon: expected a number, got \"1e-5\""},
   };
   for (const auto& [key, value, message] : refused) {
     INFO(key << " = " << value.dump());
