@@ -14,6 +14,7 @@
 
 #include "apps/cli_common.h"
 #include "models/gpt.h"
+#include "models/model_presets.h"
 #include "optim/adamw.h"
 #include "optim/step.h"
 #include "runtime/engine/resolve.h"
@@ -36,13 +37,7 @@ struct ModelBenchArgs {
   std::string dtype = "f32", device = "cpu", attention = "auto";
   double peak_tflops = 0.0;  // 0: the device's default (kCudaPeakTflops on CUDA, the probed rate on CPU)
   GemmRates probed;          // CPU: the GEMM probe at the run's shape (runtime/gemm_probe.h)
-  ModelBenchArgs() {
-    cfg.n_layer = 12;
-    cfg.n_head = 12;
-    cfg.n_embd = 768;
-    cfg.seq_len = 1024;
-    cfg.vocab_size = 50257;
-  }
+  ModelBenchArgs() : cfg(model_preset("gpt2-124m").gpt_config()) {}
 };
 
 /// Declares every option of mfsdp-bench-model on `app`, bound to the fields of `a`.

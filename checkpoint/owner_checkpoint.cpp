@@ -14,7 +14,6 @@
 #include <sstream>
 #include <string_view>
 
-#include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_fields.h"

@@ -49,6 +49,12 @@ void check_buffer(const char* op, const char* which, const void* ptr, int64_t co
 /// the reduce op; throws std::invalid_argument naming "reduce_scatter_v"). Returns sum(counts).
 int64_t check_reduce_scatter_v_args(const void* send, const void* recv, const std::vector<int64_t>& counts,
                                     int world, int rank, DType dt, ReduceOp op);
+/// The argument checks of send_recv (each op's peer in [0, world), its buffer and count; throws
+/// std::invalid_argument naming "send_recv" and the op's index) and the call's bytes: sends add
+/// to `sent`, receives to `received`.
+Traffic check_send_recv_args(const std::vector<Communicator::P2P>& ops, int world);
+/// Throws std::invalid_argument naming `op` unless 0 <= root < world.
+void check_root(const char* op, int root, int world);
 /// Exclusive prefix sums of counts (offset of each rank's segment).
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
 

@@ -43,14 +43,19 @@ void abort_job(int exit_code) {
   std::abort();  // not reached: MPI_Abort ends the process
 }
 
+std::unique_ptr<Communicator> make_communicator_over(CommBackend b, MPI_Comm comm, CommOptions opts,
+                                                     CudaCommOptions cuda) {
+  switch (b) {
+    case CommBackend::mpi: return make_mpi_communicator(comm, opts);
+    case CommBackend::cuda_staged: return make_cuda_staged_communicator(comm, opts, cuda);
+    case CommBackend::nccl: return make_nccl_communicator(comm, opts, cuda);
+  }
+  throw std::invalid_argument("[make_communicator_over] unknown backend");
+}
+
 std::unique_ptr<Communicator> make_communicator(CommBackend b, CommOptions opts, CudaCommOptions cuda) {
   if (b != CommBackend::mpi) select_device_for_process();
-  switch (b) {
-    case CommBackend::mpi: return make_mpi_communicator(MPI_COMM_WORLD, opts);
-    case CommBackend::cuda_staged: return make_cuda_staged_communicator(MPI_COMM_WORLD, opts, cuda);
-    case CommBackend::nccl: return make_nccl_communicator(MPI_COMM_WORLD, opts, cuda);
-  }
-  throw std::invalid_argument("[make_communicator] unknown backend");
+  return make_communicator_over(b, MPI_COMM_WORLD, opts, cuda);
 }
 
 std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, int key, CommOptions opts,
@@ -62,17 +67,12 @@ std::unique_ptr<Communicator> make_split_communicator(CommBackend b, int color, 
     throw std::runtime_error("[make_split_communicator] MPI_Comm_split failed");
   std::unique_ptr<Communicator> out;
   try {
-    switch (b) {  // every backend duplicates `sub`, so it is freed here
-      case CommBackend::mpi: out = make_mpi_communicator(sub, opts); break;
-      case CommBackend::cuda_staged: out = make_cuda_staged_communicator(sub, opts, cuda); break;
-      case CommBackend::nccl: out = make_nccl_communicator(sub, opts, cuda); break;
-    }
+    out = make_communicator_over(b, sub, opts, cuda);  // every backend duplicates `sub`, so it is freed here
   } catch (...) {
     MPI_Comm_free(&sub);
     throw;
   }
   MPI_Comm_free(&sub);
-  if (!out) throw std::invalid_argument("[make_split_communicator] unknown backend");
   return out;
 }
 

@@ -173,6 +173,25 @@ void check_buffer(const char* op, const char* which, const void* ptr, int64_t co
                                 std::to_string(count) + " elements");
 }
 
+Traffic check_send_recv_args(const std::vector<Communicator::P2P>& ops, int world) {
+  Traffic t;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    if (op.peer < 0 || op.peer >= world)
+      throw std::invalid_argument("[send_recv] op " + std::to_string(i) + " peer " + std::to_string(op.peer) +
+                                  " is outside [0, " + std::to_string(world) + ")");
+    check_buffer("send_recv", op.is_send ? "send buf" : "recv buf", op.buf, op.count);
+    (op.is_send ? t.sent : t.received) += op.count * dtype_size(op.dtype);
+  }
+  return t;
+}
+
+void check_root(const char* op, int root, int world) {
+  if (root < 0 || root >= world)
+    throw std::invalid_argument(std::string("[") + op + "] root " + std::to_string(root) + " is outside [0, " +
+                                std::to_string(world) + ")");
+}
+
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
   std::vector<int64_t> off(counts.size(), 0);
   for (size_t i = 1; i < counts.size(); ++i) off[i] = off[i - 1] + counts[i - 1];

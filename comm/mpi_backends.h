@@ -31,4 +31,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm = MPI_COMM_WO
                                                      CommOptions opts = {},
                                                      CudaCommOptions cuda = {});
 
+/// Backend `b` over a duplicate of `comm`: the one place that maps a CommBackend to its
+/// constructor above (make_communicator and make_split_communicator use it). The CUDA backends
+/// need select_device_for_process() first, as above. Throws what the constructor throws.
+std::unique_ptr<Communicator> make_communicator_over(CommBackend b, MPI_Comm comm, CommOptions opts = {},
+                                                     CudaCommOptions cuda = {});
+
 }  // namespace mfsdp

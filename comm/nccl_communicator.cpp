@@ -200,9 +200,7 @@ class NcclCommunicator final : public Communicator {
 
   void broadcast(void* buf, int64_t count, DType dt, int root, CommPhase ph) override {
     detail::check_buffer("broadcast", "buf", buf, count);
-    if (root < 0 || root >= world_)
-      throw std::invalid_argument("[broadcast] root " + std::to_string(root) + " is outside [0, " +
-                                  std::to_string(world_) + ")");
+    detail::check_root("broadcast", root, world_);
     CallInfo call{CommOpId::broadcast, ph, dt, count, nullptr, root};
     const double t0 = begin(call);
     if (count > 0)
@@ -226,16 +224,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void send_recv(const std::vector<P2P>& ops, CommPhase ph) override {
-    Traffic t;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const auto& op = ops[i];
-      if (op.peer < 0 || op.peer >= world_)
-        throw std::invalid_argument("[send_recv] op " + std::to_string(i) + " peer " +
-                                    std::to_string(op.peer) + " is outside [0, " +
-                                    std::to_string(world_) + ")");
-      detail::check_buffer("send_recv", op.is_send ? "send buf" : "recv buf", op.buf, op.count);
-      (op.is_send ? t.sent : t.received) += op.count * dtype_size(op.dtype);
-    }
+    const Traffic t = detail::check_send_recv_args(ops, world_);
     CallInfo call{CommOpId::send_recv, ph, ops.empty() ? DType::f32 : ops[0].dtype,
                   static_cast<int64_t>(ops.size())};
     const double t0 = MPI_Wtime();

@@ -7,18 +7,6 @@
 namespace mfsdp {
 namespace {
 
-GPTConfig gpt_config(const ModelShape& m) {
-  GPTConfig c;
-  c.n_layer = m.n_layer;
-  c.n_head = m.n_head;
-  c.n_embd = m.n_embd;
-  c.seq_len = m.seq_len;
-  c.vocab_size = static_cast<int>(m.vocab);
-  c.tie_embeddings = m.tie_embeddings;
-  c.validate();
-  return c;
-}
-
 ParamInventory llama_inventory(const ModelShape& m) {
   if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.n_embd % m.n_head || m.n_kv_head < 1 ||
       m.n_head % m.n_kv_head || m.intermediate < 1 || m.vocab < 1)
@@ -92,8 +80,21 @@ const std::vector<ModelShape>& presets() {
 
 }  // namespace
 
+GPTConfig ModelShape::gpt_config() const {
+  if (family == "llama") throw std::invalid_argument("model shape " + name + " is a llama shape, not gpt2");
+  GPTConfig c;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_embd = n_embd;
+  c.seq_len = seq_len;
+  c.vocab_size = static_cast<int>(vocab);
+  c.tie_embeddings = tie_embeddings;
+  c.validate();
+  return c;
+}
+
 ParamInventory ModelShape::inventory() const {
-  return family == "llama" ? llama_inventory(*this) : gpt_inventory(gpt_config(*this));
+  return family == "llama" ? llama_inventory(*this) : gpt_inventory(gpt_config());
 }
 
 int64_t ModelShape::num_params() const {
@@ -103,7 +104,7 @@ int64_t ModelShape::num_params() const {
 }
 
 double ModelShape::flops_per_token(int context) const {
-  if (family != "llama") return gpt_config(*this).flops_per_token(context);
+  if (family != "llama") return gpt_config().flops_per_token(context);
   int64_t n_matmul = 0;
   for (const auto& p : inventory().params)
     if (p.role == ParamRole::matrix || p.role == ParamRole::head) n_matmul += p.numel();

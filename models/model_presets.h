@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/gpt_spec.h"
 #include "planner/param_spec.h"
 #include "planner/projection.h"
 
@@ -33,6 +34,9 @@ struct ModelShape {
   /// Training FLOPs per token, forward + backward: 6 * N_matmul + 12 * n_layer * n_embd * context
   /// (PaLM appendix B; N_matmul = matrices and the head, not lookups, norms or biases).
   double flops_per_token(int context) const;
+  /// The GPTConfig of a gpt2-family shape (n_layer, n_head, n_embd, seq_len, vocab,
+  /// tie_embeddings), validated. Throws std::invalid_argument for a llama shape or a bad value.
+  GPTConfig gpt_config() const;
   /// What the cluster projection needs (planner/projection.h): the inventory, the sizes and
   /// 6 * N_matmul, so that profile().flops_per_token(T) == flops_per_token(T).
   ModelProfile profile() const;

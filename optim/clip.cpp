@@ -34,10 +34,4 @@ double sum_of_squares_cpu(const float* x, int64_t n) {
   return acc.value();
 }
 
-void scale_cpu(float* x, int64_t n, float alpha) {
-  check_buffer("scale_cpu", x, n);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
-}
-
 }  // namespace mfsdp

@@ -14,7 +14,4 @@ double clip_coefficient(double global_norm, double max_norm);
 /// Throws std::invalid_argument for n < 0 or a null x with n > 0.
 double sum_of_squares_cpu(const float* x, int64_t n);
 
-/// x[i] *= alpha for i in [0, n) (OpenMP parallel). Throws std::invalid_argument for n < 0 or null x.
-void scale_cpu(float* x, int64_t n, float alpha);
-
 }  // namespace mfsdp

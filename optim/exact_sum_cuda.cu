@@ -191,10 +191,4 @@ void exact_sum_of_squares_cuda(const std::vector<const float*>& xs, const std::v
   exact_sum_of_squares_impl("exact_sum_of_squares_cuda", xs, ns, acc, kExactMaxChunk, stream);
 }
 
-double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream) {
-  ExactSum acc;
-  exact_sum_of_squares_impl("sum_of_squares_cuda", {x}, {n}, acc, kExactMaxChunk, stream);
-  return acc.value();
-}
-
 }  // namespace mfsdp

@@ -159,12 +159,6 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   }
 }
 
-__global__ void scale_kernel(float* __restrict__ x, int64_t n, float alpha) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads)
-    x[i] *= alpha;
-}
-
 /// Binds `stream` and host pointer mode to the handle for the scope, restoring the previous ones.
 class CublasScope {
  public:
@@ -401,14 +395,6 @@ void adamw_step_cuda(float* p, const float* g, float* m, float* v, int64_t n, do
       static_cast<float>(1.0 - lr * opt.weight_decay), static_cast<float>(lr / bc1),
       static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(opt.eps));
   CUDA_CHECK_LAUNCH("adamw_kernel");
-}
-
-void scale_cuda(float* x, int64_t n, float alpha, cudaStream_t stream) {
-  if (n < 0) throw std::invalid_argument("[scale_cuda] n " + std::to_string(n) + " is negative");
-  if (n == 0) return;
-  if (!x) throw std::invalid_argument("[scale_cuda] null buffer");
-  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, alpha);
-  CUDA_CHECK_LAUNCH("scale_kernel");
 }
 
 }  // namespace mfsdp

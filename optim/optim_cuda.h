@@ -90,13 +90,6 @@ void exact_sum_of_squares_cuda(const float* x, int64_t n, ExactSum& acc, cudaStr
 void exact_sum_of_squares_cuda(const std::vector<const float*>& xs, const std::vector<int64_t>& ns, ExactSum& acc,
                                cudaStream_t stream);
 
-/// Sum of squares of x[0..n): exact_sum_of_squares_cuda rounded once to f64, bitwise equal to
-/// sum_of_squares_cpu on the same data. Synchronizes `stream`.
-double sum_of_squares_cuda(const float* x, int64_t n, cudaStream_t stream);
-
-/// x[i] *= alpha on device (asynchronous).
-void scale_cuda(float* x, int64_t n, float alpha, cudaStream_t stream);
-
 namespace detail {
 /// exact_sum_of_squares_cuda with an explicit per-launch element count (1 <= chunk <= 2^28; the
 /// public entry uses 2^28). Exposed so tests can exercise the multi-chunk merge on small inputs.

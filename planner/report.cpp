@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "planner/cost_model.h"
+#include "runtime/core/format_bytes.h"
 
 namespace mfsdp {
 
@@ -57,16 +58,6 @@ std::string fixed(double v, int decimals) {
   return buf;
 }
 }  // namespace
-
-std::string format_bytes(double bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (std::fabs(bytes) >= 1024.0 && u < 5) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fixed(bytes, 0) + " B" : fixed(bytes, 2) + " " + units[u];
-}
 
 std::string format_flops(double flops) {
   static const char* units[] = {"FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"};

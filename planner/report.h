@@ -25,8 +25,6 @@ class TextTable {
 
 /// 1234567 -> "1,234,567".
 std::string format_count(int64_t n);
-/// Bytes in binary units with 2 decimals: "512 B", "1.50 KiB", "12.34 MiB", "3.00 GiB".
-std::string format_bytes(double bytes);
 /// FLOPs in decimal units with 2 decimals: "1.52 TFLOP".
 std::string format_flops(double flops);
 /// A ratio with 3 decimals: "1.042".

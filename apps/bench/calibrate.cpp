@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/gpt.h"
+#include "models/model_presets.h"
 #include "optim/adamw.h"
 #include "optim/step.h"
 #include "planner/cost_model.h"
@@ -55,16 +56,12 @@ std::vector<double> single_rank_rates() {
   u.copy_from_host(a.data());
   MuonOptions mo;
   const double ns = muon_flops(m, n, mo.ns_steps) / best_seconds(2, [&] { muon_orthogonalize(u, o, m, n, 1, mo); });
-  GPTConfig cfg;
-  cfg.n_layer = 1;
-  cfg.n_head = 12;
-  cfg.n_embd = 768;
-  cfg.vocab_size = 50257;
+  GPTConfig cfg = model_preset("gpt2-124m", 1).gpt_config();  // one block of GPT-2 124M
   cfg.seq_len = 64;
   GPT model(cfg);
   model.allocate_local(1);
   std::vector<int32_t> tok(64), tgt(64);
-  for (int i = 0; i < 64; ++i) tok[i] = (i * 31) % 50257, tgt[i] = (i * 17 + 1) % 50257;
+  for (int i = 0; i < 64; ++i) tok[i] = (i * 31) % cfg.vocab_size, tgt[i] = (i * 17 + 1) % cfg.vocab_size;
   const Tensor tt = tokens_tensor(tok, {1, 64}), tg = tokens_tensor(tgt, {1, 64});
   const double fwd_bwd = cfg.flops_per_token(64) * 64 / best_seconds(3, [&] {
     model.local_grads().zero();

@@ -13,6 +13,7 @@
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/file_checks.h"
+#include "runtime/core/format_bytes.h"
 #include "runtime/core/json_limits.h"
 
 namespace mfsdp {
@@ -205,7 +206,7 @@ void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, S
   const int64_t most = checkpoint_bytes_bound(engine);
   const double collective = cfg.sharding.collective_timeout_s;
   const SaveWaitBounds waits{lead_io_timeout_seconds(most, collective),
-                             lead_io_timeout_name("the checkpoint's files, at most " + human_bytes(static_cast<double>(most)) +
+                             lead_io_timeout_name("the checkpoint's files, at most " + format_bytes(static_cast<double>(most)) +
                                                   " written by the ranks"),
                              collective, kCollectiveTimeoutKey};
   const std::string dir = save_checkpoint(engine, ckpt_root, meta, cfg.checkpoint.keep_last, &waits);
@@ -213,7 +214,7 @@ void save_run_checkpoint(const TrainConfig& cfg, const std::string& ckpt_root, S
   std::error_code ec;
   int64_t bytes = 0;
   for (const auto& f : std::filesystem::directory_iterator(dir, ec)) bytes += static_cast<int64_t>(f.file_size(ec));
-  spdlog::info("step {:>6} | saved checkpoint {} ({}, {:.2f} s)", meta.step, dir, human_bytes(static_cast<double>(bytes)),
+  spdlog::info("step {:>6} | saved checkpoint {} ({}, {:.2f} s)", meta.step, dir, format_bytes(static_cast<double>(bytes)),
                now_seconds() - t0);
   log.record({{"type", "checkpoint"}, {"step", meta.step}, {"dir", dir}, {"bytes", bytes}, {"seconds", now_seconds() - t0}});
 }

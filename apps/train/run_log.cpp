@@ -17,16 +17,6 @@ namespace mfsdp {
 
 using json = nlohmann::json;
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", b, units[u]);
-}
-
 std::string human_seconds(double seconds) {
   const int64_t s = std::llround(std::max(0.0, seconds));
   if (s < 60) return fmt::format("{}s", s);

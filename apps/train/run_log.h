@@ -14,8 +14,6 @@
 
 namespace mfsdp {
 
-/// "1.5 MiB": bytes with a binary unit, one decimal.
-std::string human_bytes(double bytes);
 /// "42s", "3m07s", "2h05m".
 std::string human_seconds(double seconds);
 /// Median of `v` (0 for an empty vector).

@@ -20,6 +20,7 @@
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/cpu_affinity.h"
+#include "runtime/core/format_bytes.h"
 #include "runtime/cpu_gemm_bf16.h"
 #include "runtime/kernels.h"
 #include "runtime/data/data_loader.h"
@@ -319,7 +320,7 @@ void Trainer::save(int64_t step) {
   }
   if (opts_.replicas) {
     const int64_t bytes = checkpoint_bytes_bound(engine_);
-    wait_for_lead_io(*opts_.replicas, bytes, "replica 0's checkpoint, at most " + human_bytes(static_cast<double>(bytes)) + " written");
+    wait_for_lead_io(*opts_.replicas, bytes, "replica 0's checkpoint, at most " + format_bytes(static_cast<double>(bytes)) + " written");
   }
   last_saved_ = step;
 }
@@ -352,7 +353,7 @@ void Trainer::finish(bool preempted) {
     engine_.with_full_model([&] { print_sample(); });
     const int64_t read = cfg_.training.sample_tokens * model_->num_params() * 4;  // a forward pass per token
     wait_for_lead_io(comm_, read, fmt::format("rank 0's sample of {} tokens, {} of parameters read",
-                                              cfg_.training.sample_tokens, human_bytes(static_cast<double>(read))));
+                                              cfg_.training.sample_tokens, format_bytes(static_cast<double>(read))));
   }
   if (!cfg_.output.export_path.resolved.empty()) {
     auto full = engine_.full_parameters();
@@ -365,7 +366,7 @@ void Trainer::finish(bool preempted) {
       if (opts_.after_export) opts_.after_export(out.string());
     }
     const int64_t bytes = model_->num_params() * 4;
-    wait_for_lead_io(comm_, bytes, "rank 0's export, " + human_bytes(static_cast<double>(bytes)) + " written");
+    wait_for_lead_io(comm_, bytes, "rank 0's export, " + format_bytes(static_cast<double>(bytes)) + " written");
   }
   write_summary(train_seconds, counters, peaks, peak_total);
 }
@@ -453,7 +454,7 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
   spdlog::info("done: {} steps, {} tokens in {} ({:.0f} tok/s) | final train loss {:.4f} | {} | "
                "opt-step bytes {} | peak memory/rank {} | state fingerprint {}",
                steps_done_, tokens_seen_ - start_tokens_, human_seconds(wall), tok_s, final_train_loss_, val_text,
-               human_bytes(comm_bytes["opt_step"].get<double>()), human_bytes(peak_bytes["total"].get<double>()),
+               format_bytes(comm_bytes["opt_step"].get<double>()), format_bytes(peak_bytes["total"].get<double>()),
                fingerprint);
   if (!log_.dir().empty()) spdlog::info("run directory: {}", log_.dir().string());
 }

@@ -34,19 +34,30 @@ constexpr int kExitPreempted = 75;
 /// The config key of the collective timeout, as timeout reports name it.
 inline constexpr const char* kCollectiveTimeoutKey = "sharding.collective_timeout_s";
 
+/// The constants of lead_io_timeout_seconds: its floor in seconds, and its pace, one more second
+/// per this many MiB (a slow shared filesystem's).
+inline constexpr int kLeadIoFloorSeconds = 60;
+inline constexpr int kLeadIoMiBPerSecond = 8;
+
 /// The bound on a wait behind I/O of `bytes` (ranks waiting while rank 0 alone writes the export
-/// or samples, or while the ranks write a checkpoint), in seconds: max(collective_timeout_s, 60)
-/// plus 1 s per 8 MiB (a slow shared filesystem's pace), so a large write on slow storage does not
-/// end the job the way a lost rank would; 0 (wait forever) when collective_timeout_s is 0. The
-/// one rule for every such wait; the collective timeout bounds every other collective.
+/// or samples, or while the ranks write a checkpoint), in seconds: lead_io_timeout_rule(), so a
+/// large write on slow storage does not end the job the way a lost rank would; 0 (wait forever)
+/// when collective_timeout_s is 0. The one rule for every such wait; the collective timeout
+/// bounds every other collective.
 inline double lead_io_timeout_seconds(int64_t bytes, double collective_timeout_s) {
   if (collective_timeout_s <= 0) return 0;
-  return (collective_timeout_s > 60 ? collective_timeout_s : 60) + static_cast<double>(bytes) / (8 << 20);
+  const double floor_s = kLeadIoFloorSeconds;
+  return (collective_timeout_s > floor_s ? collective_timeout_s : floor_s) +
+         static_cast<double>(bytes) / (kLeadIoMiBPerSecond << 20);
 }
-/// The rule of lead_io_timeout_seconds in words, for timeout reports.
-inline const char* lead_io_timeout_rule() { return "max(sharding.collective_timeout_s, 60 s) + 1 s per 8 MiB"; }
+/// lead_io_timeout_seconds in words, for timeout reports, from the same constants:
+/// "max(sharding.collective_timeout_s, 60 s) + 1 s per 8 MiB".
+inline std::string lead_io_timeout_rule() {
+  return "max(" + std::string(kCollectiveTimeoutKey) + ", " + std::to_string(kLeadIoFloorSeconds) + " s) + 1 s per " +
+         std::to_string(kLeadIoMiBPerSecond) + " MiB";
+}
 /// What a timeout report calls the bound of a wait for `what` (which says the bytes, e.g.
-/// "rank 0's export, 474.5 MiB written"): "the wait for <what>: <lead_io_timeout_rule()>".
+/// "rank 0's export, 474.50 MiB written"): "the wait for <what>: <lead_io_timeout_rule()>".
 inline std::string lead_io_timeout_name(const std::string& what) {
   return "the wait for " + what + ": " + lead_io_timeout_rule();
 }

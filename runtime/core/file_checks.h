@@ -213,6 +213,16 @@ inline std::string output_file_problem(const std::string& path) {
   return "";
 }
 
+/// fsync of a file or a directory (a directory: to persist renames in it, as SwapFile::commit
+/// does). Opens with O_NONBLOCK, so it never waits on a FIFO. False on failure.
+inline bool sync_path(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
 /// One output file written by write-then-swap, the only way the project writes a file in place of
 /// another. The constructor creates the temporary (create_temp_fd); write() appends (every byte
 /// checked, EINTR retried); commit() fsyncs and closes it (finish()), renames it onto the target
@@ -257,11 +267,7 @@ class SwapFile {
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename " + tmp_ + " onto it", errno);
     tmp_.clear();
     const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
-    const int dfd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      ::fsync(dfd);  // persists the rename; the file itself is already complete
-      ::close(dfd);
-    }
+    sync_path(parent.empty() ? "." : parent);  // persists the rename; the file itself is already complete
   }
 
   /// Removes the temporary (nothing when committed or already discarded).

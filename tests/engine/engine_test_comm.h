@@ -29,12 +29,7 @@ inline CommBackend test_backend() {
 /// rank makes its communicators in the same order).
 inline std::unique_ptr<Communicator> make_test_communicator(MPI_Comm comm) {
   if (test_backend() != CommBackend::mpi) select_device_for_process();
-  switch (test_backend()) {
-    case CommBackend::cuda_staged: return make_cuda_staged_communicator(comm);
-    case CommBackend::nccl: return make_nccl_communicator(comm);
-    case CommBackend::mpi: break;
-  }
-  return make_mpi_communicator(comm);
+  return make_communicator_over(test_backend(), comm);
 }
 
 /// The test backend over all ranks (made once).

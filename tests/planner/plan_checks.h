@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "models/gpt_spec.h"
+#include "models/model_presets.h"
 #include "planner/planner.h"
 
 namespace mfsdp::test {
@@ -20,10 +21,10 @@ inline GPTConfig gpt_cfg(int layers, int heads, int width, int seq, int vocab, b
   c.tie_embeddings = tied;
   return c;
 }
-inline GPTConfig gpt2_124m() { return gpt_cfg(12, 12, 768, 1024, 50257); }
-inline GPTConfig gpt2_350m() { return gpt_cfg(24, 16, 1024, 1024, 50257); }
-inline GPTConfig gpt2_774m() { return gpt_cfg(36, 20, 1280, 1024, 50257); }
-inline GPTConfig gpt2_xl() { return gpt_cfg(48, 25, 1600, 1024, 50257); }
+inline GPTConfig gpt2_124m() { return model_preset("gpt2-124m").gpt_config(); }
+inline GPTConfig gpt2_350m() { return model_preset("gpt2-350m").gpt_config(); }
+inline GPTConfig gpt2_774m() { return model_preset("gpt2-774m").gpt_config(); }
+inline GPTConfig gpt2_xl() { return model_preset("gpt2-1.5b").gpt_config(); }
 inline GPTConfig gpt_tiny(bool tied = true) { return gpt_cfg(2, 2, 32, 16, 65, tied); }
 
 /// Checks the layout rules element by element (use for models up to a few million elements):

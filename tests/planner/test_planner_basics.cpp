@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "planner/report.h"
+#include "runtime/core/format_bytes.h"
 #include "tests/planner/plan_checks.h"
 
 using namespace mfsdp;
