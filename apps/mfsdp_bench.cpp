@@ -12,6 +12,7 @@
 #include "comm/comm_factory.h"
 #include "comm/node_topology.h"
 #include "planner/placement_traits.h"
+#include "runtime/engine/engine_options.h"
 #include "runtime/core/cpu_affinity.h"
 #include "runtime/kernels.h"
 
@@ -51,7 +52,7 @@ void add_bench_options(CLI::App& app, BenchArgs& a) {
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxNsSteps));
   BenchCase& base = a.base;
-  app.add_option("--dtype", base.dtype, "compute/communication dtype (CPU: f32 only)")->capture_default_str();
+  cli::add_choice(app, "--dtype", base.dtype, kPrecisionNames, "compute/communication dtype (CPU: f32 only)");
   app.add_option("-B,--batch", base.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
   app.add_option("-T,--seq", base.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
   app.add_option("--warmup", base.warmup, "unmeasured steps per case")
@@ -80,7 +81,7 @@ std::vector<BenchResult> run_bench_cases(std::unique_ptr<Communicator>& world, c
     if (rank == 0)
       std::printf("mfsdp-bench: world %d (replicas %d) on %d node(s), B=%d T=%d per rank, dtype %s, %d warm-up + %d "
                   "measured steps (median; times are the max over ranks)\n",
-                  W, base.replicas, topology.nodes(), base.batch, base.seq, base.dtype.c_str(), base.warmup, base.steps);
+                  W, base.replicas, topology.nodes(), base.batch, base.seq, dtype_name(base.dtype), base.warmup, base.steps);
     for (const std::string& m : a.models)
       for (int ns : a.ns_steps)
         for (const std::string& p : a.placements) {

@@ -34,7 +34,9 @@ namespace {
 struct ModelBenchArgs {
   GPTConfig cfg;
   int B = 4, T = 64, warmup = 2, steps = 5, threads = 0;
-  std::string dtype = "f32", device = "cpu", attention = "auto";
+  std::optional<DType> dtype = DType::f32;  ///< the matmul dtype; unset (auto) until main resolves it
+  Device device = Device::CPU;
+  std::optional<AttentionKernel> attention;  ///< unset: resolve_attention's choice
   double peak_tflops = 0.0;  // 0: the device's default (kCudaPeakTflops on CUDA, the probed rate on CPU)
   GemmRates probed;          // CPU: the GEMM probe at the run's shape (runtime/gemm_probe.h)
   ModelBenchArgs() : cfg(model_preset("gpt2-124m").gpt_config()) {}
@@ -56,16 +58,12 @@ void add_model_bench_options(CLI::App& app, ModelBenchArgs& a) {
   app.add_option("--threads", a.threads, "CPU threads (0 = all cores)")
       ->capture_default_str()
       ->check(CLI::Range(0, cli::kMaxThreads));
-  app.add_option("--dtype", a.dtype,
-                 "matmul operand dtype: f32, bf16 or auto (as precision.matmul_dtype: the faster by the GEMM probe "
-                 "on CPU, bf16 on CUDA)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"f32", "bf16", "auto"}));
-  app.add_option("--device", a.device, "cpu (one CPU rank) or cuda (CUDA device 0)")->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--attention", a.attention, "attention kernel: auto, cudnn, fused or unfused (as runtime.attention)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "cudnn", "fused", "unfused"}));
+  cli::add_choice(app, "--dtype", a.dtype, kAutoDTypeNames,
+                  "matmul operand dtype: f32, bf16 or auto (as precision.matmul_dtype: the faster by the GEMM probe "
+                  "on CPU, bf16 on CUDA)");
+  cli::add_choice(app, "--device", a.device, kDeviceNames, "cpu (one CPU rank) or cuda (CUDA device 0)");
+  cli::add_choice(app, "--attention", a.attention, kAttentionNames,
+                  "attention kernel: auto, cudnn, fused or unfused (as runtime.attention)");
   app.add_option("--peak-tflops", a.peak_tflops,
                  "peak TFLOP/s for the MFU (0 = 989, the dense bf16 peak of an H100/H200, on CUDA; the probed GEMM "
                  "rate of the matmul dtype on CPU)")
@@ -83,7 +81,7 @@ struct StepTimes {
 StepTimes time_model_steps(const ModelBenchArgs& a) {
   const GPTConfig& cfg = a.cfg;
   const int B = a.B, T = a.T, warmup = a.warmup;
-  const Device dev = a.device == "cuda" ? Device::CUDA : Device::CPU;
+  const Device dev = a.device;
   GPT model(cfg);
   model.allocate_local(1, dev);
   const int64_t n = model.local_params().numel();
@@ -96,17 +94,17 @@ StepTimes time_model_steps(const ModelBenchArgs& a) {
   Tensor tokens = tokens_tensor(tok, {B, T}, dev), targets = tokens_tensor(tgt, {B, T}, dev);
   AdamWOptions opt;
   opt.weight_decay = 0.1;
-  const DType mm = a.dtype == "bf16" ? DType::bf16 : DType::f32;
+  const DType mm = a.dtype.value();  // main resolved auto
   MatmulDTypeScope matmul_dtype(mm);
-  AttentionKernelScope attention(resolve_attention(*kAttentionNames.find(a.attention), dev, mm,
+  AttentionKernelScope attention(resolve_attention(a.attention, dev, mm,
                                                    cfg.n_embd / cfg.n_head, cudnn_attention_built()));
-  const bool cpu_bf16 = dev == Device::CPU && a.dtype == "bf16";
+  const bool cpu_bf16 = dev == Device::CPU && mm == DType::bf16;
   std::printf("GPT n_layer=%d n_head=%d n_embd=%d vocab=%d (padded %lld), %lld parameters, B=%d T=%d, %s, "
               "%s matmuls%s%s, %s attention\n",
               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, static_cast<long long>(cfg.padded_vocab_size()),
               static_cast<long long>(n), B, T,
               dev == Device::CUDA ? "CUDA device 0" : (std::to_string(cpu_threads()) + " threads").c_str(),
-              a.dtype.c_str(), cpu_bf16 ? ": " : "", cpu_bf16 ? cpu_gemm_bf16_path() : "",
+              dtype_name(mm), cpu_bf16 ? ": " : "", cpu_bf16 ? cpu_gemm_bf16_path() : "",
               kAttentionKernelNames.name(attention_kernel()));
   // Phase boundaries wait for the device, so each phase's time is its own work.
   auto now = [dev] {
@@ -158,12 +156,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.threads > 0) set_cpu_threads(args.threads);
-  const bool on_cuda = args.device == "cuda";
+  const bool on_cuda = args.device == Device::CUDA;
   if (!on_cuda) {  // the probe precision.matmul_dtype auto decides from, at this run's MLP shape
     args.probed = probe_cpu_gemm_rates({int64_t(args.B) * args.T, 4 * int64_t(args.cfg.n_embd), args.cfg.n_embd});
     std::printf("GEMM probe at %d threads: %s\n", cpu_threads(), describe_rates(args.probed).c_str());
   }
-  if (args.dtype == "auto") args.dtype = on_cuda || bf16_pays(args.probed) ? "bf16" : "f32";
+  if (!args.dtype) args.dtype = on_cuda || bf16_pays(args.probed) ? DType::bf16 : DType::f32;
   if (on_cuda && !cuda::available()) {
     std::fprintf(stderr, "mfsdp-bench-model: --device cuda: %s\n",
                  cuda::built() ? "no CUDA device is visible" : "this build has no CUDA (configure with MFSDP_CUDA=ON)");
@@ -174,7 +172,7 @@ int main(int argc, char** argv) {
   try {
     t = time_model_steps(args);
   } catch (const OptionError& e) {  // --attention cudnn where it cannot run
-    std::fprintf(stderr, "mfsdp-bench-model: --attention %s: %s\n", args.attention.c_str(),
+    std::fprintf(stderr, "mfsdp-bench-model: --attention %s: %s\n", kAttentionNames.name(args.attention),
                  e.message([](OptionField f) { return std::string(kOptionFieldNames.name(f)); }).c_str());
     return 2;
   } catch (const std::exception& e) {
@@ -184,7 +182,7 @@ int main(int argc, char** argv) {
   const int B = args.B, T = args.T;
   const double med = median(t.total);
   const double tflops = args.cfg.flops_per_token(T) * B * T / (med * 1e-3) / 1e12;
-  const double probed = (args.dtype == "bf16" ? args.probed.bf16 : args.probed.f32) / 1e3;
+  const double probed = (args.dtype == DType::bf16 ? args.probed.bf16 : args.probed.f32) / 1e3;
   const double peak = args.peak_tflops > 0 ? args.peak_tflops : on_cuda ? kCudaPeakTflops : probed;
   const Device dev = on_cuda ? Device::CUDA : Device::CPU;
   std::printf("\nmedian over %d steps: %.1f ms/step (forward %.1f, backward %.1f, adamw %.1f), %.3f TFLOP/s, "

@@ -159,7 +159,7 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
     in.placement = parse_placement(bench_field<std::string>(r, "placement", where));
     in.ns_steps = bench_field<int>(r, "ns_steps", where);
     const std::string dtype = bench_field<std::string>(r, "dtype", where);
-    const std::optional<DType> measured = kProjectionDTypeNames.find(dtype).value_or(std::nullopt);
+    const std::optional<DType> measured = kAutoDTypeNames.find(dtype).value_or(std::nullopt);
     if (!measured) throw std::runtime_error(where + ".dtype: expected bf16 or f32, got '" + dtype + "'");
     in.dtype = in.ns_dtype = *measured;
     in.batch = bench_field<int>(r, "batch", where);
@@ -221,10 +221,10 @@ void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--ns-steps", in.ns_steps, "Newton-Schulz iterations")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxNsSteps));
-  cli::add_choice(app, "--dtype", a.dtype, kProjectionDTypeNames,
+  cli::add_choice(app, "--dtype", a.dtype, kAutoDTypeNames,
                   "compute/communication dtype: bf16 | f32 | auto (bf16 on GPU clusters; on a calibrated CPU "
                   "cluster the faster of its measured GEMM rates)");
-  cli::add_choice(app, "--ns-dtype", a.ns_dtype, kProjectionDTypeNames, "Newton-Schulz dtype: bf16 | f32 | auto (as --dtype)");
+  cli::add_choice(app, "--ns-dtype", a.ns_dtype, kAutoDTypeNames, "Newton-Schulz dtype: bf16 | f32 | auto (as --dtype)");
   app.add_option("-B,--batch", in.batch, "sequences per rank")->capture_default_str()->check(CLI::Range(1, cli::kMaxBatch));
   app.add_option("-T,--seq", in.seq, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, cli::kMaxSeq));
   app.add_flag("--checkpointing", in.activation_checkpointing, "activation checkpointing");
@@ -234,7 +234,7 @@ void add_projection_input_options(CLI::App& app, ProjectArgs& a) {
          "row_sharded (torch.optim.Muon on FSDP2 DTensors; --paper's default)")
       ->check(CLI::IsMember({baseline_ns_name(BaselineNs::every_rank), baseline_ns_name(BaselineNs::row_sharded)}));
   app.add_option_function<std::string>(
-         "--fsdp2-gather-dtype", [&in](const std::string& s) { in.baseline.gather_dtype = kProjectionDTypeNames.find(s).value(); },
+         "--fsdp2-gather-dtype", [&in](const std::string& s) { in.baseline.gather_dtype = kAutoDTypeNames.find(s).value(); },
          "fsdp2 baseline's Muon-input gather dtype (default: --ns-dtype)")
       ->check(CLI::IsMember({"bf16", "f32"}));
   app.add_option_function<int>(

@@ -102,10 +102,6 @@ struct BaselineOptions {
   std::string describe(DType ns_dtype, int ns_steps_default) const;
 };
 
-/// The names of a projected dtype as asked: "auto" (unset), "bf16", "f32".
-inline constexpr NameTable<std::optional<DType>, 3> kProjectionDTypeNames{
-    {{{std::nullopt, "auto"}, {DType::bf16, kDTypeNames.name(DType::bf16)}, {DType::f32, kDTypeNames.name(DType::f32)}}}};
-
 /// The dtype `asked` (bf16, f32 or unset for auto) runs in on cluster `c`: auto is bf16 on a GPU
 /// cluster and, on a calibrated CPU one, bf16 only where its gemm_tflops_bf16 pays over
 /// gemm_tflops_f32 (runtime/core/gemm_rates.h bf16_pays, the trainer's rule), else f32.

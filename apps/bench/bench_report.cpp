@@ -22,7 +22,7 @@ std::string bench_time_table(const std::vector<BenchResult>& results) {
   for (const BenchResult& r : results) {
     const std::string pl = std::string(placement_name(r.c.placement)) + (r.c.replicas > 1 ? "x" + std::to_string(r.c.replicas) : "");
     out += line("%-10s %3d %4s %-11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
-                r.c.model.name.c_str(), r.c.ns_steps, r.c.dtype.c_str(), pl.c_str(), r.ms[0], r.ms[1], r.ms[2], r.ms[3],
+                r.c.model.name.c_str(), r.c.ns_steps, dtype_name(r.c.dtype), pl.c_str(), r.ms[0], r.ms[1], r.ms[2], r.ms[3],
                 r.ms[4], mb(r, CommPhase::fwd_gather) + mb(r, CommPhase::bwd_gather), mb(r, CommPhase::grad_reduce),
                 mb(r, CommPhase::opt_step), r.mib[3], r.mib.back());
   }
@@ -49,7 +49,7 @@ nlohmann::json bench_ratios(const std::vector<BenchResult>& results) {
     for (const BenchResult& f : results)
       if (f.c.placement == Placement::fsdp2 && f.c.model.name == m.c.model.name && f.c.ns_steps == m.c.ns_steps &&
           f.c.dtype == m.c.dtype && f.world == m.world && f.c.replicas == m.c.replicas)
-        out.push_back({{"model", m.c.model.name}, {"ns_steps", m.c.ns_steps}, {"dtype", m.c.dtype},
+        out.push_back({{"model", m.c.model.name}, {"ns_steps", m.c.ns_steps}, {"dtype", dtype_name(m.c.dtype)},
                        {"world", m.world}, {"replicas", m.c.replicas},
                        {"optimizer_ratio", m.ms[3] > 0 ? f.ms[3] / m.ms[3] : 0.0},
                        {"step_ratio", m.ms[4] > 0 ? f.ms[4] / m.ms[4] : 0.0}});

@@ -31,7 +31,7 @@ double median(std::vector<double> v) {
 
 nlohmann::json BenchResult::to_json() const {
   nlohmann::json j{{"model", c.model.name},        {"placement", placement_name(c.placement)},
-                   {"ns_steps", c.ns_steps},       {"dtype", c.dtype},
+                   {"ns_steps", c.ns_steps},       {"dtype", dtype_name(c.dtype)},
                    {"batch", c.batch},             {"seq", c.seq},
                    {"layers", c.model.n_layer},    {"vocab", c.model.vocab},
                    {"params", c.model.num_params()},
@@ -68,7 +68,8 @@ std::vector<double> phase_bytes(const CommCounters& a, const CommCounters* b, in
 
 BenchResult run_bench_case(Communicator& comm, Communicator* replica, const BenchCase& c) {
   if (c.model.family != "gpt2") throw std::invalid_argument("mfsdp-bench measures gpt2 shapes only, got " + c.model.family);
-  if (c.dtype != "f32") throw std::invalid_argument("mfsdp-bench: dtype " + c.dtype + " is not available on CPU (f32 only)");
+  if (c.dtype != DType::f32)
+    throw std::invalid_argument(std::string("mfsdp-bench: dtype ") + dtype_name(c.dtype) + " is not available on CPU (f32 only)");
   if (c.batch < 1 || c.seq < 1 || c.steps < 1 || c.warmup < 0) throw std::invalid_argument("mfsdp-bench: bad sizes");
   GPTConfig cfg;
   cfg.n_layer = c.model.n_layer;

@@ -22,7 +22,7 @@ struct BenchCase {
   int batch = 1, seq = 64;    ///< sequences of `seq` tokens per rank per step
   int warmup = 1, steps = 2;  ///< unmeasured, then measured steps
   int replicas = 1;
-  std::string dtype = "f32";  ///< compute and communication dtype (the CPU engine is f32 only)
+  DType dtype = DType::f32;  ///< compute and communication dtype (the CPU engine is f32 only)
   std::vector<int> node_of_rank;  ///< shard-group rank -> node (PlannerOptions); empty: one node
 };
 

@@ -1,6 +1,7 @@
 // Element types and devices shared by every layer (the bottom of runtime/, below comm/ and planner/).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,9 @@ inline constexpr int64_t dtype_size(DType dt) { return dt == DType::bf16 ? 2 : 4
 inline constexpr NameTable<DType, 3> kDTypeNames{{{{DType::f32, "f32"}, {DType::bf16, "bf16"}, {DType::i32, "i32"}}}};
 /// "cpu", "cuda".
 inline constexpr NameTable<Device, 2> kDeviceNames{{{{Device::CPU, "cpu"}, {Device::CUDA, "cuda"}}}};
+/// A floating dtype that may be left to a rule: "auto" (unset), "bf16", "f32".
+inline constexpr NameTable<std::optional<DType>, 3> kAutoDTypeNames{
+    {{{std::nullopt, "auto"}, {DType::bf16, "bf16"}, {DType::f32, "f32"}}}};
 inline const char* dtype_name(DType dt) { return kDTypeNames.name(dt); }
 inline const char* device_name(Device d) { return kDeviceNames.name(d); }
 
