@@ -23,19 +23,27 @@ Tensor Llama::embed(const Tensor& tokens, const Tensor& index) const {
   return embedding(param("model.embed_tokens.weight"), Tensor(), tokens, index);
 }
 
+Tensor llama_attention_residual(const LlamaConfig& cfg, int layer,
+                                const std::function<const Tensor&(const std::string&)>& param, const Tensor& x) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  auto P = [&](const char* n) -> const Tensor& { return param(p + n); };
+  const float eps = static_cast<float>(cfg.norm_eps), theta = static_cast<float>(cfg.rope_theta);
+  // the norm's and attention's outputs only feed GEMMs: bf16 under bf16 matmuls (the residual
+  // stream stays f32)
+  Tensor h = rms_norm(x, P("input_layernorm.weight"), eps, matmul_dtype());
+  Tensor q = rotary_embedding(linear(h, P("self_attn.q_proj.weight")), cfg.n_head, theta);
+  Tensor k = rotary_embedding(linear(h, P("self_attn.k_proj.weight")), cfg.n_kv_head, theta);
+  Tensor v = linear(h, P("self_attn.v_proj.weight"));
+  Tensor a = causal_attention(q, k, v, cfg.n_head, cfg.n_kv_head, matmul_dtype());
+  return add(x, linear(a, P("self_attn.o_proj.weight")));
+}
+
 Tensor Llama::block(int layer, const Tensor& x) const {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   auto P = [&](const char* n) -> const Tensor& { return param(p + n); };
-  const float eps = static_cast<float>(cfg_.norm_eps), theta = static_cast<float>(cfg_.rope_theta);
-  // the norms', attention's and SwiGLU's outputs only feed GEMMs: bf16 under bf16 matmuls (the
-  // residual stream stays f32)
-  Tensor h = rms_norm(x, P("input_layernorm.weight"), eps, matmul_dtype());
-  Tensor q = rotary_embedding(linear(h, P("self_attn.q_proj.weight")), cfg_.n_head, theta);
-  Tensor k = rotary_embedding(linear(h, P("self_attn.k_proj.weight")), cfg_.n_kv_head, theta);
-  Tensor v = linear(h, P("self_attn.v_proj.weight"));
-  Tensor a = causal_attention(q, k, v, cfg_.n_head, cfg_.n_kv_head, matmul_dtype());
-  Tensor x1 = add(x, linear(a, P("self_attn.o_proj.weight")));
-  Tensor h2 = rms_norm(x1, P("post_attention_layernorm.weight"), eps, matmul_dtype());
+  Tensor x1 = llama_attention_residual(cfg_, layer, [&](const std::string& n) -> const Tensor& { return param(n); }, x);
+  // SwiGLU's output only feeds the down projection: bf16 under bf16 matmuls
+  Tensor h2 = rms_norm(x1, P("post_attention_layernorm.weight"), static_cast<float>(cfg_.norm_eps), matmul_dtype());
   Tensor m = swiglu(linear(h2, P("mlp.gate_proj.weight")), linear(h2, P("mlp.up_proj.weight")), matmul_dtype());
   return add(x1, linear(m, P("mlp.down_proj.weight")));
 }

@@ -1,6 +1,7 @@
 // Llama built from runtime ops, split into FSDP units so the engine can run it unit by unit.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,12 @@ namespace mfsdp {
 /// grouped-query attention, o projection -> residual; RMSNorm -> SwiGLU MLP -> residual), final
 /// RMSNorm, untied (or tied) head, no biases, vocabulary padded to a multiple of 64. Binding, the
 /// unit dispatch, allocate_local and the whole-model forwards come from SequentialModel.
+/// The attention half of Llama layer `layer`, shared with the MoE family (models/moe.h):
+/// x + o_proj(causal_attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))) with
+/// h = input_layernorm(x); `param(name)` returns the tensor bound to a parameter's full name.
+Tensor llama_attention_residual(const LlamaConfig& cfg, int layer,
+                                const std::function<const Tensor&(const std::string&)>& param, const Tensor& x);
+
 class Llama : public SequentialModel<Llama, LlamaConfig> {
  public:
   explicit Llama(const LlamaConfig& cfg) : SequentialModel(cfg, llama_inventory(cfg), "Llama") {}
