@@ -47,7 +47,8 @@ class TrainableModel {
   virtual const char* export_layout() const = 0;
 };
 
-/// The model of `cfg`: model.arch "gpt2" (models/gpt.h) or "llama" (models/llama.h). Throws
+/// The model of `cfg`: model.arch "gpt2" (models/gpt.h), "llama" (models/llama.h) or "qwen2_moe"
+/// (models/moe.h). Throws
 /// std::invalid_argument naming the model.* field when the architecture is invalid.
 std::unique_ptr<TrainableModel> make_trainable_model(const TrainConfig& cfg);
 
