@@ -49,15 +49,15 @@ struct MoeSaved {
 };
 
 void check_expert(const SwigluWeights& w, int64_t C, const std::string& what) {
-  for (const Tensor* t : {&w.gate, &w.up, &w.down}) {
-    check_arg(t->defined() && t->dtype() == DType::f32 && t->device() == Device::CPU && t->dim() == 2, kOp,
-              what + " weights must be f32 CPU matrices, got " + (t->defined() ? t->describe() : "undefined"));
-  }
+  // messages are built only for a failing check (this runs for every expert on every call)
+  for (const Tensor* t : {&w.gate, &w.up, &w.down})
+    if (!(t->defined() && t->dtype() == DType::f32 && t->device() == Device::CPU && t->dim() == 2))
+      check_arg(false, kOp,
+                what + " weights must be f32 CPU matrices, got " + (t->defined() ? t->describe() : "undefined"));
   const int64_t I = w.gate.size(0);
-  check_arg(w.gate.size(1) == C && w.up.size(0) == I && w.up.size(1) == C && w.down.size(0) == C &&
-                w.down.size(1) == I,
-            kOp, what + ": gate " + w.gate.describe() + ", up " + w.up.describe() + ", down " + w.down.describe() +
-                     " are not [I, C], [I, C], [C, I] for C = " + std::to_string(C));
+  if (!(w.gate.size(1) == C && w.up.size(0) == I && w.up.size(1) == C && w.down.size(0) == C && w.down.size(1) == I))
+    check_arg(false, kOp, what + ": gate " + w.gate.describe() + ", up " + w.up.describe() + ", down " +
+                              w.down.describe() + " are not [I, C], [I, C], [C, I] for C = " + std::to_string(C));
 }
 
 void check_moe_args(const Tensor& x, const Tensor& router, const std::vector<SwigluWeights>& experts,
@@ -199,6 +199,9 @@ void swiglu_backward(Kernels& k, const Tensor& xe, const SwigluWeights& w, const
 
 // y[n] = sum over n's experts (ascending) of w * expert output, from zero.
 void combine(const Routes& r, const std::vector<ExpertActs>& acts, float* y) {
+  std::vector<const float*> outputs(r.E, nullptr);
+  for (int64_t e = 0; e < r.E; ++e)
+    if (acts[e].y.defined()) outputs[e] = acts[e].y.data_f32();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < r.N; ++n) {
     float* yn = y + n * r.C;
@@ -206,7 +209,7 @@ void combine(const Routes& r, const std::vector<ExpertActs>& acts, float* y) {
     for (int64_t j = 0; j < r.K; ++j) {
       const int32_t e = r.expert[n * r.K + j];
       const float w = r.weight[n * r.K + j];
-      const float* ye = acts[e].y.data_f32() + (r.row_of[n * r.K + j] - r.offset[e]) * r.C;
+      const float* ye = outputs[e] + (r.row_of[n * r.K + j] - r.offset[e]) * r.C;
       for (int64_t c = 0; c < r.C; ++c) yn[c] += w * ye[c];
     }
   }
@@ -249,12 +252,13 @@ void shared_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx) 
   const Tensor dys = Tensor::empty({r.N, r.C}), dxs = Tensor::empty({r.N, r.C});
   std::vector<float> dlogit(r.N);
   const float* ys = s.shared_acts.y.data_f32();
+  float* dys_p = dys.data_f32();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < r.N; ++n) {
     const float g = s.shared_gate_value[n];
     double dot = 0;
     for (int64_t c = 0; c < r.C; ++c) {
-      dys.data_f32()[n * r.C + c] = g * dy[n * r.C + c];
+      dys_p[n * r.C + c] = g * dy[n * r.C + c];
       dot += static_cast<double>(dy[n * r.C + c]) * ys[n * r.C + c];
     }
     dlogit[n] = static_cast<float>(dot) * g * (1.0f - g);
@@ -313,22 +317,24 @@ void experts_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx,
     if (n == 0) continue;
     const Tensor dye = Tensor::empty({n, r.C}), dxe = Tensor::empty({n, r.C});
     const float* ye = s.acts[e].y.data_f32();
+    float* dye_p = dye.data_f32();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t slot = slot_of[begin + i], tok = r.token[begin + i];
       const float w = r.weight[slot];
       double dot = 0;
       for (int64_t c = 0; c < r.C; ++c) {
-        dye.data_f32()[i * r.C + c] = w * dy[tok * r.C + c];
+        dye_p[i * r.C + c] = w * dy[tok * r.C + c];
         dot += static_cast<double>(dy[tok * r.C + c]) * ye[i * r.C + c];
       }
       dw[slot] = static_cast<float>(dot);
     }
     swiglu_backward(k, gather_rows(s.x.data_f32(), r, begin, n), s.experts[e], s.acts[e], dye, dxe.data_f32());
+    const float* dxe_p = dxe.data_f32();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       float* row = dx + r.token[begin + i] * r.C;
-      for (int64_t c = 0; c < r.C; ++c) row[c] += dxe.data_f32()[i * r.C + c];
+      for (int64_t c = 0; c < r.C; ++c) row[c] += dxe_p[i * r.C + c];
     }
   }
 }
