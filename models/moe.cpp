@@ -1,11 +1,20 @@
 #include "models/moe.h"
 
+#include "runtime/autograd.h"
 #include "runtime/ops.h"
 
 namespace mfsdp {
 
 MoeTransformer::MoeTransformer(const MoeConfig& cfg)
-    : SequentialModel(cfg, moe_inventory(cfg), "MoeTransformer"), routing_(cfg.n_layer) {}
+    : SequentialModel(cfg, moe_inventory(cfg), "MoeTransformer"),
+      routing_(cfg.n_layer),
+      counts_(cfg.n_layer, std::vector<int64_t>(cfg.num_experts, 0)) {}
+
+std::vector<std::vector<int64_t>> MoeTransformer::take_expert_counts() {
+  std::vector<std::vector<int64_t>> out(cfg_.n_layer, std::vector<int64_t>(cfg_.num_experts, 0));
+  std::swap(out, counts_);
+  return out;
+}
 
 void MoeTransformer::init_param(const MoeConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
   Llama::init_param(cfg, spec, seed, out);
@@ -46,6 +55,8 @@ Tensor MoeTransformer::block(int layer, const Tensor& x, double token_share) con
   opt.aux_loss_weight = cfg_.router_aux_loss_coef / cfg_.n_layer * token_share;
   opt.z_loss_weight = cfg_.router_z_loss_coef / cfg_.n_layer * token_share;
   Tensor y = moe_feed_forward(h, param(m + "gate.weight"), experts, shared, shared_gate, opt, &routing_.at(layer));
+  if (grad_mode_enabled())
+    for (int e = 0; e < cfg_.num_experts; ++e) counts_[layer][e] += routing_[layer].tokens_per_expert[e];
   return add(x1, y);
 }
 

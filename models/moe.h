@@ -47,6 +47,10 @@ class MoeTransformer : public SequentialModel<MoeTransformer, MoeConfig> {
 
   /// The routing of each layer's latest forward (auxiliary losses and tokens per expert).
   const std::vector<MoeRouting>& last_routing() const { return routing_; }
+  /// (token, slot) assignments per layer and expert ([n_layer][num_experts]) summed over the
+  /// forwards with grad mode on (training, not evaluation; with recompute the graph-building
+  /// pass) since the previous call; then starts a new count.
+  std::vector<std::vector<int64_t>> take_expert_counts();
 
   /// Initialisation as Llama::init_param (Qwen2-MoE's): matrices, routers and gates
   /// N(0, init_std), norms 1, padded vocabulary rows 0; a function of (seed, name) only.
@@ -57,6 +61,7 @@ class MoeTransformer : public SequentialModel<MoeTransformer, MoeConfig> {
     return [this](const std::string& n) -> const Tensor& { return param(n); };
   }
   mutable std::vector<MoeRouting> routing_;
+  mutable std::vector<std::vector<int64_t>> counts_;
 };
 
 }  // namespace mfsdp

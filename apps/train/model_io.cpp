@@ -87,6 +87,10 @@ class Trainable final : public TrainableModel {
   }
   int32_t start_token() const override { return start_token_family(cfg_); }
   const char* export_layout() const override { return layout_family(cfg_); }
+  std::vector<std::vector<int64_t>> take_expert_counts() override {
+    if constexpr (requires(Model& m) { m.take_expert_counts(); }) return model_.take_expert_counts();
+    else return {};
+  }
 
  private:
   Config cfg_;

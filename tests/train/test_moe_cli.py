@@ -8,7 +8,8 @@ usage: test_moe_cli.py BIN_DIR CASE with CASE one of
               as zero1 is exact), and HSDP (sharding.replicate 2) at -np 4: the
               same loss lines, validation loss and state fingerprint as -np 1 (bitwise); the run
               without the router losses ends elsewhere (their gradients reach the routers); the
-              loss falls
+              loss falls; metrics.jsonl's expert_load is the same at every world size and counts
+              k = 2 assignments per layer for every token of each window
   refusals    MoE keys on another architecture, bf16 matmuls and an export are refused on every
               rank with the key named (exit 2)
 Exit 0 on success, 1 on failure.
@@ -19,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from cli_common import ENV, ROOT, check, run_case, with_run_dir
+from cli_common import ENV, ROOT, check, read_jsonl, run_case, with_run_dir
 
 MOE_TINY = os.path.join(ROOT, "configs", "moe_tiny_test.json")
 LOSS_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+) \| lr (\S+) \| grad norm (\S+)")
@@ -42,7 +43,25 @@ def train(bin_dir, np, *sets, expect=0):
     if p.returncode == 0:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
+        summary["train_records"] = [m for m in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+                                    if m["type"] == "train"]
     return p.returncode, out, summary
+
+
+def check_expert_load(key, records):
+    """Each train record's expert_load: 2 layers, k * (tokens of its window) assignments per layer,
+    shares of 4 experts summing to 1 with min and max among them."""
+    before = 0
+    for r in records:
+        layers = r["expert_load"]
+        check(isinstance(layers, list) and len(layers) == 2, f"{key}: expert_load {layers!r}")
+        for layer in layers or []:
+            check(layer["assignments"] == 2 * (r["tokens"] - before),
+                  f"{key} step {r['step']}: {layer['assignments']} assignments for {r['tokens'] - before} tokens")
+            check(len(layer["fraction"]) == 4 and abs(sum(layer["fraction"]) - 1) < 1e-12
+                  and layer["min"] == min(layer["fraction"]) and layer["max"] == max(layer["fraction"]),
+                  f"{key} step {r['step']}: {layer}")
+        before = r["tokens"]
 
 
 def case_exactness(bin_dir, tmp):
@@ -58,13 +77,16 @@ def case_exactness(bin_dir, tmp):
         check(rc == 0, f"{key}: exit {rc}")
         if rc:
             return 1
-        seen[key] = (LOSS_LINE.findall(out), s["state_fingerprint"], s["final_val_loss"])
+        seen[key] = (LOSS_LINE.findall(out), s["state_fingerprint"], s["final_val_loss"],
+                     [r["expert_load"] for r in s["train_records"]])
+        check_expert_load(key, s["train_records"])
         print(f"{placement} -np {np} x grad_accum {accum} (replicate {replicate}): state fingerprint "
               f"{s['state_fingerprint']}, final val loss {s['final_val_loss']!r}")
-    lines1, fp1, val1 = seen[("matrixfsdp", 1, 1)]
+    lines1, fp1, val1, load1 = seen[("matrixfsdp", 1, 1)]
     check(len(lines1) == 6, f"expected 6 loss lines, got {len(lines1)}")
     check(float(lines1[-1][1]) < float(lines1[0][1]) - 0.1, f"the loss did not fall: {lines1[0][1]} -> {lines1[-1][1]}")
-    for key, (lines, fp, val) in seen.items():
+    for key, (lines, fp, val, load) in seen.items():
+        check(load == load1, f"{key}: expert_load differs from matrixfsdp -np 1")
         check(lines == lines1, f"{key} printed other loss lines than matrixfsdp -np 1")
         check(fp == fp1, f"{key}: state fingerprint {fp} != {fp1}")
         check(val == val1, f"{key}: final val loss {val!r} != {val1!r}")
