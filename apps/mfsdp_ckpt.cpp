@@ -142,6 +142,8 @@ int export_hf(const std::string& dir, const std::string& out) {
   check_claimed_sizes(m);
   NamedTensors params;
   for (const auto& t : m.tensors) params[t.name] = read_tensor(m, t.name, StateKind::param);
+  if (cfg.model.arch == "qwen2_moe")
+    throw CheckpointError(dir + ": Hugging Face export is not implemented for model.arch \"qwen2_moe\" yet");
   const bool llama = cfg.model.arch == "llama";
   if (llama) export_hf_llama(out, cfg.model.llama(), params, DType::f32, {{"step", std::to_string(m.step)}});
   else export_hf_gpt2(out, cfg.model.gpt(), params, DType::f32, {{"step", std::to_string(m.step)}});

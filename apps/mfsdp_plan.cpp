@@ -80,8 +80,7 @@ PlanInputs load_inputs(Args& a) {
   const TrainConfig cfg = load_train_config(a.config_path);
   PlanInputs in;
   in.model = cfg.model;
-  if (in.model.arch == "llama") in.model.llama().validate();
-  else in.model.gpt().validate();
+  (void)in.model.inventory();  // validates the model (throws naming the field)
   in.placement = a.placement.empty() ? cfg.sharding.placement : kPlacementNames.parse(a.placement, "placement");
   in.options = planner_options(cfg.optim, cfg.model.facts());
   if (a.ns_steps_given) in.options.ns_steps = a.ns_steps;
@@ -94,7 +93,15 @@ PlanInputs load_inputs(Args& a) {
 }
 
 void print_model(const ModelSection& model) {
-  if (model.arch == "llama") {
+  if (model.arch == "qwen2_moe") {
+    const MoeConfig m = model.moe();
+    std::printf("model: MoE, %d layers, %d heads (%d key/value), width %d, %d experts of SwiGLU %d (top %d), shared "
+                "expert %d, context %d, vocab %d (padded %lld), %s parameters (%s active)\n",
+                m.n_layer, m.n_head, m.n_kv_head, m.n_embd, m.num_experts, m.moe_intermediate_size,
+                m.num_experts_per_tok, m.shared_expert_intermediate_size, m.seq_len, m.vocab_size,
+                static_cast<long long>(m.padded_vocab_size()), format_count(m.num_params()).c_str(),
+                format_count(m.num_active_params()).c_str());
+  } else if (model.arch == "llama") {
     const LlamaConfig l = model.llama();
     std::printf("model: Llama, %d layers, %d heads (%d key/value), width %d, SwiGLU %d, context %d, vocab %d "
                 "(padded %lld), %s embeddings, %s parameters\n",
@@ -180,8 +187,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const ParamInventory inv =
-        in.model.arch == "llama" ? llama_inventory(in.model.llama()) : gpt_inventory(in.model.gpt());
+    const ParamInventory inv = in.model.inventory();
     const auto t0 = std::chrono::steady_clock::now();
     const ShardPlan plan = make_plan(inv, a.world, in.placement, in.options);
     const double plan_ms = ms_since(t0);

@@ -1,6 +1,7 @@
 // Llama built from runtime ops, split into FSDP units so the engine can run it unit by unit.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,24 @@ namespace mfsdp {
 /// grouped-query attention, o projection -> residual; RMSNorm -> SwiGLU MLP -> residual), final
 /// RMSNorm, untied (or tied) head, no biases, vocabulary padded to a multiple of 64. Binding, the
 /// unit dispatch, allocate_local and the whole-model forwards come from SequentialModel.
+/// A model's parameter by full name (the tensor bound to it), for the functions a family with
+/// Llama's embedding, attention and head shares (models/moe.h).
+using ParamLookup = std::function<const Tensor&(const std::string&)>;
+
+/// Llama's unit 0: tokens i32 [B, T <= seq_len] -> model.embed_tokens rows [B, T, C] (`index` as
+/// runtime/ops.h embedding's).
+Tensor llama_embed(const LlamaConfig& cfg, const ParamLookup& param, const Tensor& tokens, const Tensor& index);
+/// The attention half of Llama layer `layer`:
+/// x + o_proj(causal_attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))) with
+/// h = input_layernorm(x).
+Tensor llama_attention_residual(const LlamaConfig& cfg, int layer, const ParamLookup& param, const Tensor& x);
+/// Llama's head: model.norm then lm_head (or the tied embedding), x [B, T, C] -> logits [B*T, Vp].
+Tensor llama_logits(const LlamaConfig& cfg, const ParamLookup& param, const Tensor& x);
+/// The head with the loss by the fused classifier: sum of token cross-entropies / divisor
+/// (divisor <= 0: mean).
+Tensor llama_head_loss(const LlamaConfig& cfg, const ParamLookup& param, const Tensor& x, const Tensor& targets,
+                       double divisor);
+
 class Llama : public SequentialModel<Llama, LlamaConfig> {
  public:
   explicit Llama(const LlamaConfig& cfg) : SequentialModel(cfg, llama_inventory(cfg), "Llama") {}
@@ -40,9 +59,9 @@ class Llama : public SequentialModel<Llama, LlamaConfig> {
   static void init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
 
  private:
-  /// The head's input and weight: norm(x) as [B*T, C] and embed_tokens (tied) or lm_head [Vp, C].
-  Tensor head_hidden(const Tensor& x) const;
-  const Tensor& head_weight() const;
+  ParamLookup lookup() const {
+    return [this](const std::string& n) -> const Tensor& { return param(n); };
+  }
 };
 
 }  // namespace mfsdp

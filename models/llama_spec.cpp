@@ -20,34 +20,50 @@ void LlamaConfig::validate() const {
   if (!(rope_theta > 0)) fail("rope_theta", "must be > 0, got " + std::to_string(rope_theta));
 }
 
-ParamInventory llama_inventory(const LlamaConfig& cfg) {
-  cfg.validate();
-  const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), KV = static_cast<int64_t>(cfg.n_kv_head) * cfg.head_dim(),
-                I = cfg.intermediate_size;
-  ParamInventory inv;
-  auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role, int unit) {
-    inv.params.push_back(ParamSpec{std::move(name), std::move(shape), role, unit, 1});
-  };
+namespace {
+void add_param(ParamInventory& inv, std::string name, std::vector<int64_t> shape, ParamRole role, int unit) {
+  inv.params.push_back(ParamSpec{std::move(name), std::move(shape), role, unit, 1});
+}
+}  // namespace
+
+void append_llama_embedding(ParamInventory& inv, const LlamaConfig& cfg) {
   inv.unit_names.push_back("embedding");
-  add("model.embed_tokens.weight", {Vp, C}, ParamRole::embedding, 0);
-  for (int i = 0; i < cfg.n_layer; ++i) {
-    const int u = 1 + i;
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    inv.unit_names.push_back("layers." + std::to_string(i));
-    add(p + "input_layernorm.weight", {C}, ParamRole::norm, u);
-    add(p + "self_attn.q_proj.weight", {C, C}, ParamRole::matrix, u);
-    add(p + "self_attn.k_proj.weight", {KV, C}, ParamRole::matrix, u);
-    add(p + "self_attn.v_proj.weight", {KV, C}, ParamRole::matrix, u);
-    add(p + "self_attn.o_proj.weight", {C, C}, ParamRole::matrix, u);
-    add(p + "post_attention_layernorm.weight", {C}, ParamRole::norm, u);
-    add(p + "mlp.gate_proj.weight", {I, C}, ParamRole::matrix, u);
-    add(p + "mlp.up_proj.weight", {I, C}, ParamRole::matrix, u);
-    add(p + "mlp.down_proj.weight", {C, I}, ParamRole::matrix, u);
-  }
+  add_param(inv, "model.embed_tokens.weight", {cfg.padded_vocab_size(), cfg.n_embd}, ParamRole::embedding, 0);
+}
+
+void append_llama_attention(ParamInventory& inv, const LlamaConfig& cfg, int layer) {
+  const int64_t C = cfg.n_embd, KV = static_cast<int64_t>(cfg.n_kv_head) * cfg.head_dim();
+  const int u = 1 + layer;
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  inv.unit_names.push_back("layers." + std::to_string(layer));
+  add_param(inv, p + "input_layernorm.weight", {C}, ParamRole::norm, u);
+  add_param(inv, p + "self_attn.q_proj.weight", {C, C}, ParamRole::matrix, u);
+  add_param(inv, p + "self_attn.k_proj.weight", {KV, C}, ParamRole::matrix, u);
+  add_param(inv, p + "self_attn.v_proj.weight", {KV, C}, ParamRole::matrix, u);
+  add_param(inv, p + "self_attn.o_proj.weight", {C, C}, ParamRole::matrix, u);
+  add_param(inv, p + "post_attention_layernorm.weight", {C}, ParamRole::norm, u);
+}
+
+void append_llama_head(ParamInventory& inv, const LlamaConfig& cfg) {
   const int head = cfg.n_layer + 1;
   inv.unit_names.push_back("head");
-  add("model.norm.weight", {C}, ParamRole::norm, head);
-  if (!cfg.tie_embeddings) add("lm_head.weight", {Vp, C}, ParamRole::head, head);
+  add_param(inv, "model.norm.weight", {cfg.n_embd}, ParamRole::norm, head);
+  if (!cfg.tie_embeddings) add_param(inv, "lm_head.weight", {cfg.padded_vocab_size(), cfg.n_embd}, ParamRole::head, head);
+}
+
+ParamInventory llama_inventory(const LlamaConfig& cfg) {
+  cfg.validate();
+  const int64_t C = cfg.n_embd, I = cfg.intermediate_size;
+  ParamInventory inv;
+  append_llama_embedding(inv, cfg);
+  for (int i = 0; i < cfg.n_layer; ++i) {
+    append_llama_attention(inv, cfg, i);
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add_param(inv, p + "mlp.gate_proj.weight", {I, C}, ParamRole::matrix, 1 + i);
+    add_param(inv, p + "mlp.up_proj.weight", {I, C}, ParamRole::matrix, 1 + i);
+    add_param(inv, p + "mlp.down_proj.weight", {C, I}, ParamRole::matrix, 1 + i);
+  }
+  append_llama_head(inv, cfg);
   return inv;
 }
 

@@ -47,4 +47,12 @@ struct LlamaConfig {
 /// Matrices are [fan_out, fan_in] (Linear convention, as HF stores them). No biases.
 ParamInventory llama_inventory(const LlamaConfig& cfg);
 
+/// The parts of llama_inventory() a family with Llama attention shares (models/moe_spec.h):
+/// unit 0 with the embedding, layer i's attention half (input_layernorm, self_attn.{q,k,v,o}_proj,
+/// post_attention_layernorm, as listed above, into unit 1+i with the unit's name), and the head
+/// unit. Each appends to `inv` in llama_inventory's order.
+void append_llama_embedding(ParamInventory& inv, const LlamaConfig& cfg);
+void append_llama_attention(ParamInventory& inv, const LlamaConfig& cfg, int layer);
+void append_llama_head(ParamInventory& inv, const LlamaConfig& cfg);
+
 }  // namespace mfsdp

@@ -3,9 +3,27 @@
 #include <stdexcept>
 
 #include "models/gpt_spec.h"
+#include "models/moe_spec.h"
 
 namespace mfsdp {
 namespace {
+
+MoeConfig moe_config(const ModelShape& m) {
+  MoeConfig c;
+  c.n_layer = m.n_layer;
+  c.n_head = m.n_head;
+  c.n_kv_head = m.n_kv_head;
+  c.n_embd = m.n_embd;
+  c.seq_len = m.seq_len;
+  c.vocab_size = static_cast<int>(m.vocab);
+  c.tie_embeddings = false;
+  c.num_experts = m.num_experts;
+  c.num_experts_per_tok = m.experts_per_tok;
+  c.moe_intermediate_size = static_cast<int>(m.intermediate);
+  c.shared_expert_intermediate_size = static_cast<int>(m.shared_intermediate);
+  c.validate();
+  return c;
+}
 
 ParamInventory llama_inventory(const ModelShape& m) {
   if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.n_embd % m.n_head || m.n_kv_head < 1 ||
@@ -61,7 +79,18 @@ ModelShape llama(const char* name, int L, int C, int H, int KV, int64_t I, int64
   return m;
 }
 
-// Published shapes: GPT-2 (Radford et al. 2019), Llama 1 (Touvron et al. 2023), Llama 3 (Meta 2024).
+// A Qwen2-MoE-shaped decoder (every layer sparse, untied head).
+ModelShape qwen2_moe(const char* name, int L, int C, int H, int64_t I, int E, int k, int64_t shared, int64_t V, int T) {
+  ModelShape m = llama(name, L, C, H, H, I, V, T);
+  m.family = "qwen2_moe";
+  m.num_experts = E;
+  m.experts_per_tok = k;
+  m.shared_intermediate = shared;
+  return m;
+}
+
+// Published shapes: GPT-2 (Radford et al. 2019), Llama 1 (Touvron et al. 2023), Llama 3 (Meta 2024);
+// qwen2-moe-100m is ours (98M parameters, 54M active), for benchmarks and plans of small MoEs.
 const std::vector<ModelShape>& presets() {
   static const std::vector<ModelShape> p{
       gpt2("gpt2-124m", 12, 12, 768),
@@ -74,6 +103,7 @@ const std::vector<ModelShape>& presets() {
       llama("llama-30b", 60, 6656, 52, 52, 17920, 32000, 2048),
       llama("llama-65b", 80, 8192, 64, 64, 22016, 32000, 2048),
       llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+      qwen2_moe("qwen2-moe-100m", 8, 512, 8, 256, 16, 2, 512, 32000, 1024),
   };
   return p;
 }
@@ -81,7 +111,7 @@ const std::vector<ModelShape>& presets() {
 }  // namespace
 
 GPTConfig ModelShape::gpt_config() const {
-  if (family == "llama") throw std::invalid_argument("model shape " + name + " is a llama shape, not gpt2");
+  if (family != "gpt2") throw std::invalid_argument("model shape " + name + " is a " + family + " shape, not gpt2");
   GPTConfig c;
   c.n_layer = n_layer;
   c.n_head = n_head;
@@ -94,6 +124,7 @@ GPTConfig ModelShape::gpt_config() const {
 }
 
 ParamInventory ModelShape::inventory() const {
+  if (family == "qwen2_moe") return moe_inventory(moe_config(*this));
   return family == "llama" ? llama_inventory(*this) : gpt_inventory(gpt_config());
 }
 
@@ -104,6 +135,7 @@ int64_t ModelShape::num_params() const {
 }
 
 double ModelShape::flops_per_token(int context) const {
+  if (family == "qwen2_moe") return moe_config(*this).flops_per_token(context);
   if (family != "llama") return gpt_config().flops_per_token(context);
   int64_t n_matmul = 0;
   for (const auto& p : inventory().params)
@@ -153,6 +185,9 @@ ModelShape model_shape_from_json(const nlohmann::json& j) {
   m.vocab = j.value("vocab", m.vocab);
   m.seq_len = j.value("seq_len", m.seq_len);
   m.tie_embeddings = j.value("tie_embeddings", m.family == "gpt2");
+  m.num_experts = j.value("num_experts", m.num_experts);
+  m.experts_per_tok = j.value("experts_per_tok", m.experts_per_tok);
+  m.shared_intermediate = j.value("shared_intermediate", m.shared_intermediate);
   return m;
 }
 
@@ -160,7 +195,9 @@ nlohmann::json to_json(const ModelShape& m) {
   return {{"name", m.name},         {"family", m.family},     {"n_layer", m.n_layer},
           {"n_embd", m.n_embd},     {"n_head", m.n_head},     {"n_kv_head", m.n_kv_head},
           {"intermediate", m.intermediate}, {"vocab", m.vocab}, {"seq_len", m.seq_len},
-          {"tie_embeddings", m.tie_embeddings}, {"params", m.num_params()}};
+          {"tie_embeddings", m.tie_embeddings}, {"num_experts", m.num_experts},
+          {"experts_per_tok", m.experts_per_tok}, {"shared_intermediate", m.shared_intermediate},
+          {"params", m.num_params()}};
 }
 
 }  // namespace mfsdp

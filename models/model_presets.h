@@ -17,7 +17,10 @@ namespace mfsdp {
 /// The shape of a decoder-only transformer; enough to build its parameter inventory and count
 /// its training FLOPs. `family` is "gpt2" (fused QKV [3C, C], GELU MLP [4C, C] / [C, 4C], biases,
 /// learned positions, LayerNorm) or "llama" (q/o [C, C], k/v [n_kv_head*hd, C] with hd = C /
-/// n_head, SwiGLU gate/up [I, C] and down [C, I], RMSNorm [C], no biases, untied head [V, C]).
+/// n_head, SwiGLU gate/up [I, C] and down [C, I], RMSNorm [C], no biases, untied head [V, C]) or
+/// "qwen2_moe" (Llama attention, and per layer a router [E, C] with `num_experts` SwiGLU experts
+/// of width `intermediate`, top `experts_per_tok`, and a shared expert of width
+/// `shared_intermediate` when > 0: models/moe_spec.h's moe_inventory).
 struct ModelShape {
   std::string name, family = "gpt2";
   int n_layer = 12, n_embd = 768, n_head = 12, n_kv_head = 12;
@@ -25,6 +28,8 @@ struct ModelShape {
   int64_t vocab = 50257;        ///< gpt2: padded to a multiple of 64 in the inventory
   int seq_len = 1024;
   bool tie_embeddings = true;   ///< gpt2 only; llama heads are untied
+  int num_experts = 0, experts_per_tok = 0;  ///< qwen2_moe only
+  int64_t shared_intermediate = 0;           ///< qwen2_moe only; 0 = no shared expert
 
   /// The FSDP inventory (unit 0 embedding, 1..L blocks, L+1 head); gpt2 = models/gpt_spec.h's
   /// gpt_inventory. Throws std::invalid_argument on a bad shape (n_head not dividing C, ...).
@@ -32,7 +37,8 @@ struct ModelShape {
   /// Parameter count of inventory().
   int64_t num_params() const;
   /// Training FLOPs per token, forward + backward: 6 * N_matmul + 12 * n_layer * n_embd * context
-  /// (PaLM appendix B; N_matmul = matrices and the head, not lookups, norms or biases).
+  /// (PaLM appendix B; N_matmul = matrices and the head, not lookups, norms or biases; for
+  /// qwen2_moe the matrices one token multiplies: k of the experts).
   double flops_per_token(int context) const;
   /// The GPTConfig of a gpt2-family shape (n_layer, n_head, n_embd, seq_len, vocab,
   /// tie_embeddings), validated. Throws std::invalid_argument for a llama shape or a bad value.
@@ -43,13 +49,14 @@ struct ModelShape {
 };
 
 /// Preset names, e.g. "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama-7b", "llama-13b",
-/// "llama3-8b", "llama-30b", "llama-65b", "llama3-70b".
+/// "llama3-8b", "llama-30b", "llama-65b", "llama3-70b", "qwen2-moe-100m".
 std::vector<std::string> model_preset_names();
 /// The named preset, with n_layer replaced by `layers` when layers > 0. Throws
 /// std::invalid_argument naming the preset and listing the known ones.
 ModelShape model_preset(const std::string& name, int layers = 0);
 /// A shape from JSON: {"name", "family", "n_layer", "n_embd", "n_head", "n_kv_head",
-/// "intermediate", "vocab", "seq_len", "tie_embeddings"}; missing keys take ModelShape's defaults
+/// "intermediate", "vocab", "seq_len", "tie_embeddings", "num_experts", "experts_per_tok",
+/// "shared_intermediate"}; missing keys take ModelShape's defaults
 /// (for llama, n_kv_head defaults to n_head). Throws nlohmann::json errors on wrong types.
 ModelShape model_shape_from_json(const nlohmann::json& j);
 nlohmann::json to_json(const ModelShape& m);

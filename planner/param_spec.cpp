@@ -11,6 +11,7 @@ const char* param_role_name(ParamRole r) {
     case ParamRole::head: return "head";
     case ParamRole::norm: return "norm";
     case ParamRole::bias: return "bias";
+    case ParamRole::router: return "router";
   }
   throw std::invalid_argument("[param_role_name] unknown role value " +
                               std::to_string(static_cast<int>(r)));
@@ -18,10 +19,10 @@ const char* param_role_name(ParamRole r) {
 
 ParamRole parse_param_role(const std::string& s) {
   for (ParamRole r : {ParamRole::matrix, ParamRole::embedding, ParamRole::head, ParamRole::norm,
-                      ParamRole::bias})
+                      ParamRole::bias, ParamRole::router})
     if (s == param_role_name(r)) return r;
   throw std::invalid_argument("[parse_param_role] unknown role '" + s +
-                              "' (expected matrix, embedding, head, norm or bias)");
+                              "' (expected matrix, embedding, head, norm, bias or router)");
 }
 
 }  // namespace mfsdp

@@ -6,8 +6,9 @@
 
 namespace mfsdp {
 
-/// Role of a parameter; decides its optimizer: only `matrix` goes to Muon.
-enum class ParamRole : uint8_t { matrix = 0, embedding = 1, head = 2, norm = 3, bias = 4 };
+/// Role of a parameter; decides its optimizer: only `matrix` goes to Muon. `router` is a
+/// Mixture-of-Experts router or gate matrix ([experts, C], [1, C]), kept on AdamW.
+enum class ParamRole : uint8_t { matrix = 0, embedding = 1, head = 2, norm = 3, bias = 4, router = 5 };
 
 const char* param_role_name(ParamRole r);
 /// Parses a role name as written by param_role_name; throws std::invalid_argument otherwise.

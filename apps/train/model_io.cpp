@@ -6,6 +6,7 @@
 #include "models/gpt_hf.h"
 #include "models/llama.h"
 #include "models/llama_hf.h"
+#include "models/moe.h"
 
 namespace mfsdp {
 namespace {
@@ -20,6 +21,14 @@ std::string describe_family(const LlamaConfig& c) {
                      "{} head, {:.2f}M parameters",
                      c.n_layer, c.n_head, c.n_kv_head, c.n_embd, c.intermediate_size, c.seq_len, c.vocab_size,
                      c.padded_vocab_size(), c.tie_embeddings ? "tied" : "untied", c.num_params() / 1e6);
+}
+std::string describe_family(const MoeConfig& c) {
+  return fmt::format("MoE (Qwen2-MoE) {} layers, {} heads ({} key/value), width {}, {} experts of SwiGLU {} (top {}{}), "
+                     "shared expert {}, context {}, vocab {} (padded {}), {} head, {:.2f}M parameters ({:.2f}M active)",
+                     c.n_layer, c.n_head, c.n_kv_head, c.n_embd, c.num_experts, c.moe_intermediate_size,
+                     c.num_experts_per_tok, c.norm_topk_prob ? ", renormalised" : "", c.shared_expert_intermediate_size,
+                     c.seq_len, c.vocab_size, c.padded_vocab_size(), c.tie_embeddings ? "tied" : "untied",
+                     c.num_params() / 1e6, c.num_active_params() / 1e6);
 }
 TensorMap import_family(const GPTConfig& c, const std::string& path) { return import_hf_gpt2(path, c); }
 TensorMap import_family(const LlamaConfig& c, const std::string& path) { return import_hf_llama(path, c); }
@@ -41,6 +50,18 @@ std::string init_from_mismatch_family(const LlamaConfig& c, const std::string& p
   const HfCheckpoint ck(path);  // a directory's config.json is checked by the import
   return ck.config().is_null() ? "" : hf_llama_config_mismatch(ck.config(), c);
 }
+// The MoE family has no Hugging Face import or export yet; the config refuses model.init_from and
+// output.export for it (train_config.cpp), so these only guard a caller that skipped the config.
+[[noreturn]] void no_moe_interop(const char* what) {
+  throw std::runtime_error(std::string(what) + " is not implemented for model.arch \"qwen2_moe\" yet");
+}
+TensorMap import_family(const MoeConfig&, const std::string&) { no_moe_interop("Hugging Face import"); }
+void export_family(const MoeConfig&, const std::string&, const TensorMap&, const std::map<std::string, std::string>&) {
+  no_moe_interop("Hugging Face export");
+}
+std::string init_from_mismatch_family(const MoeConfig&, const std::string&) { no_moe_interop("model.init_from"); }
+int32_t start_token_family(const MoeConfig&) { return 0; }
+const char* layout_family(const MoeConfig&) { return "none (qwen2_moe has no export yet)"; }
 int32_t start_token_family(const GPTConfig& c) { return c.vocab_size > 50256 ? 50256 : 0; }
 int32_t start_token_family(const LlamaConfig&) { return 0; }
 const char* layout_family(const GPTConfig&) { return "Hugging Face GPT-2"; }
@@ -66,6 +87,10 @@ class Trainable final : public TrainableModel {
   }
   int32_t start_token() const override { return start_token_family(cfg_); }
   const char* export_layout() const override { return layout_family(cfg_); }
+  std::vector<std::vector<int64_t>> take_expert_counts() override {
+    if constexpr (requires(Model& m) { m.take_expert_counts(); }) return model_.take_expert_counts();
+    else return {};
+  }
 
  private:
   Config cfg_;
@@ -76,6 +101,7 @@ class Trainable final : public TrainableModel {
 
 std::unique_ptr<TrainableModel> make_trainable_model(const TrainConfig& cfg) {
   if (cfg.model.arch == "llama") return std::make_unique<Trainable<Llama, LlamaConfig>>(cfg.model.llama());
+  if (cfg.model.arch == "qwen2_moe") return std::make_unique<Trainable<MoeTransformer, MoeConfig>>(cfg.model.moe());
   return std::make_unique<Trainable<GPT, GPTConfig>>(cfg.model.gpt());
 }
 

@@ -45,9 +45,14 @@ class TrainableModel {
   virtual int32_t start_token() const = 0;
   /// The name of the export layout, e.g. "Hugging Face GPT-2".
   virtual const char* export_layout() const = 0;
+  /// Mixture-of-Experts models: this rank's (token, slot) assignments per layer and expert in the
+  /// training forwards since the previous call ([layer][expert]), then a new count. Empty for
+  /// models without experts (the same on every rank).
+  virtual std::vector<std::vector<int64_t>> take_expert_counts() { return {}; }
 };
 
-/// The model of `cfg`: model.arch "gpt2" (models/gpt.h) or "llama" (models/llama.h). Throws
+/// The model of `cfg`: model.arch "gpt2" (models/gpt.h), "llama" (models/llama.h) or "qwen2_moe"
+/// (models/moe.h). Throws
 /// std::invalid_argument naming the model.* field when the architecture is invalid.
 std::unique_ptr<TrainableModel> make_trainable_model(const TrainConfig& cfg);
 

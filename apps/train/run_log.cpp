@@ -128,4 +128,18 @@ json local_counters(const Communicator& comm, Device device) {
               {"raw_allocs", blocks.raw_allocs}, {"cached_bytes", blocks.cached_bytes}};
 }
 
+nlohmann::json expert_load_json(const std::vector<std::vector<int64_t>>& counts) {
+  if (counts.empty()) return nullptr;
+  nlohmann::json layers = nlohmann::json::array();
+  for (const std::vector<int64_t>& layer : counts) {
+    int64_t total = 0;
+    for (int64_t c : layer) total += c;
+    std::vector<double> fraction;
+    for (int64_t c : layer) fraction.push_back(total > 0 ? static_cast<double>(c) / static_cast<double>(total) : 0.0);
+    const auto [lo, hi] = std::minmax_element(fraction.begin(), fraction.end());
+    layers.push_back({{"assignments", total}, {"fraction", fraction}, {"min", *lo}, {"max", *hi}});
+  }
+  return layers;
+}
+
 }  // namespace mfsdp

@@ -75,4 +75,9 @@ struct ProgressWindow {
 /// collective): the "rank0" object of metrics.jsonl train records.
 nlohmann::json local_counters(const Communicator& comm, Device device);
 
+/// The "expert_load" of a train record from (token, slot) assignments per layer and expert
+/// summed over every rank: per layer {"assignments": total, "fraction": each expert's share,
+/// "min", "max": the smallest and largest share}; null without layers (a dense model).
+nlohmann::json expert_load_json(const std::vector<std::vector<int64_t>>& counts);
+
 }  // namespace mfsdp

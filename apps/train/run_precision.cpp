@@ -13,6 +13,7 @@ namespace {
 
 int64_t mlp_width(const TrainConfig& cfg) {
   if (cfg.model.arch == "llama" && cfg.model.intermediate_size > 0) return cfg.model.intermediate_size;
+  if (cfg.model.arch == "qwen2_moe") return cfg.model.moe_intermediate_size;
   return 4 * static_cast<int64_t>(cfg.model.n_embd);
 }
 
@@ -49,6 +50,7 @@ RunPrecision decide_precision(const TrainConfig& cfg, Device device, int world, 
   p.probed = probed && device == Device::CPU;
   if (p.probed) p.matmul_rates = matmul_rates, p.ns_rates = ns_rates;
   p.matmul = decide_one(cfg.precision.matmul, cfg.optim.param_dtype, device, p.probed, matmul_rates, kBf16Margin);
+  if (cfg.model.arch == "qwen2_moe") p.matmul = DType::f32;  // the MoE op's only matmul dtype (runtime/ops_moe.h)
   const bool gram = cfg.optim.muon.orthogonalizer == Orthogonalizer::gram_newton_schulz;
   const DType ns = gram && cfg.precision.ns == DTypeChoice::auto_
                        ? DType::f32 : decide_one(cfg.precision.ns, DType::f32, device, p.probed, ns_rates, kBf16StepMargin);

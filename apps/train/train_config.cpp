@@ -282,6 +282,46 @@ class Reader {
   std::string default_where_;
 };
 
+// model.* keys of the MoE family: read for model.arch "qwen2_moe", refused when set otherwise.
+void read_moe(const Reader& r, ModelSection& m) {
+  if (m.arch != "qwen2_moe") {
+    const ModelSection d;
+    const std::pair<const char*, json> moe_only[] = {
+        {"model.num_experts", d.num_experts},
+        {"model.num_experts_per_tok", d.num_experts_per_tok},
+        {"model.moe_intermediate_size", d.moe_intermediate_size},
+        {"model.shared_expert_intermediate_size", d.shared_expert_intermediate_size},
+        {"model.norm_topk_prob", d.norm_topk_prob},
+        {"model.router_aux_loss_coef", d.router_aux_loss_coef},
+        {"model.router_z_loss_coef", d.router_z_loss_coef},
+        {"model.router_optimizer", d.router_optimizer}};
+    for (const auto& [k, def] : moe_only)
+      if ((!r.at(k).is_string() || !r.str(k).empty()) && r.at(k) != def) r.fail(k, "only applies to model.arch \"qwen2_moe\" (model.arch is \"" + m.arch + "\")");
+    return;
+  }
+  m.num_experts = r.i32("model.num_experts", 1, 1 << 16);
+  m.num_experts_per_tok = r.i32("model.num_experts_per_tok", 1, m.num_experts);
+  m.moe_intermediate_size = r.i32("model.moe_intermediate_size", 0, 1 << 20);
+  m.moe_intermediate_size = m.moe().moe_intermediate_size;
+  m.shared_expert_intermediate_size = r.i32("model.shared_expert_intermediate_size", 0, 1 << 20);
+  m.norm_topk_prob = r.flag("model.norm_topk_prob");
+  m.router_aux_loss_coef = r.num("model.router_aux_loss_coef", 0.0, 1e3);
+  m.router_z_loss_coef = r.num("model.router_z_loss_coef", 0.0, 1e3);
+  m.router_optimizer = r.choice("model.router_optimizer", {"adamw", "muon"});
+  if (!m.init_from.raw.empty())
+    r.fail("model.init_from", "Hugging Face import is not implemented for model.arch \"qwen2_moe\" yet");
+}
+
+// The MoE op (runtime/ops_moe.h) runs on the CPU in f32: refuse what would reach it otherwise.
+void check_moe_runtime(const Reader& r, const TrainConfig& c) {
+  const std::string why = " (model.arch \"qwen2_moe\": the MoE op runs f32 on the CPU only, for now)";
+  if (c.runtime.device != Device::CPU) r.fail("runtime.device", "must be cpu" + why);
+  if (c.optim.param_dtype != DType::f32) r.fail("precision.param_dtype", "must be f32" + why);
+  if (c.precision.matmul == DTypeChoice::bf16) r.fail("precision.matmul_dtype", "must not be bf16" + why);
+  if (!c.output.export_path.raw.empty())
+    r.fail("output.export", "Hugging Face export is not implemented for model.arch \"qwen2_moe\" yet");
+}
+
 void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {
   m.n_layer = r.i32("model.n_layer", 1, 1 << 12);  // bounds keep every size product in int64
   m.n_head = r.i32("model.n_head", 1, 1 << 12);
@@ -300,9 +340,9 @@ void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {
   }
   m.init_from = r.path_value("model.init_from", base_dir);
   m.init_std = r.num("model.init_std", 0.0, 1e3, true);
-  m.arch = r.choice("model.arch", {"gpt2", "llama"});
-  if (m.arch == "llama") {
-    // Llama's head is untied unless the config says otherwise.
+  m.arch = r.choice("model.arch", {"gpt2", "llama", "qwen2_moe"});
+  if (m.arch != "gpt2") {
+    // Llama's (and the MoE family's) head is untied unless the config says otherwise.
     m.tie_embeddings = r.given("model.tie_embeddings") && r.flag("model.tie_embeddings");
     m.n_kv_head = r.i32("model.n_kv_head", 0, 1 << 12);
     if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
@@ -326,8 +366,9 @@ void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {
                                                        {"model.norm_eps", d.norm_eps},
                                                        {"model.rope_theta", d.rope_theta}};
     for (const auto& [k, def] : llama_only)
-      if (r.at(k) != def) r.fail(k, "only applies to model.arch \"llama\" (model.arch is \"gpt2\")");
+      if (r.at(k) != def) r.fail(k, "only applies to model.arch \"llama\" or \"qwen2_moe\" (model.arch is \"gpt2\")");
   }
+  read_moe(r, m);
 }
 
 void read_data(const Reader& r, const std::string& base_dir, int64_t vocab_size, DataSection& d) {
@@ -513,6 +554,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.logging.trace_start = r.i64("logging.trace_start", 1, int64_t(1) << 40);
   c.logging.trace_steps = r.i64("logging.trace_steps", 1, 1000);
   c.output.export_path = r.path_value("output.export", base_dir);
+  if (c.model.arch == "qwen2_moe") check_moe_runtime(r, c);
   c.training.resume = r.str("training.resume");
   c.checkpoint.dir = r.path_value("checkpoint.dir", base_dir);
   c.checkpoint.interval = r.i64("checkpoint.interval", 0);

@@ -11,6 +11,7 @@
 #include "comm/comm_backend.h"
 #include "models/gpt_spec.h"
 #include "models/llama_spec.h"
+#include "models/moe_spec.h"
 #include "planner/shard_plan.h"
 #include "runtime/engine/engine_options.h"
 #include "runtime/engine/resolve.h"
@@ -36,7 +37,7 @@ struct ConfigPath {
 };
 
 struct ModelSection {
-  std::string arch = "gpt2";  ///< "gpt2" or "llama"
+  std::string arch = "gpt2";  ///< "gpt2", "llama" or "qwen2_moe"
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
@@ -48,15 +49,28 @@ struct ModelSection {
   /// exported .safetensors file
   ConfigPath init_from;
   double init_std = 0.02;  ///< std of the normal init of matrices and embeddings
-  // Llama only (model.arch "llama"); after parsing they hold the resolved values.
+  // Llama and MoE only (model.arch "llama", "qwen2_moe"); after parsing they hold the resolved values.
   int n_kv_head = 0;             ///< key/value heads; 0 = n_head
   int intermediate_size = 0;     ///< SwiGLU width; 0 = 8/3 n_embd rounded up to a multiple of 256
   double norm_eps = 1e-5;        ///< RMSNorm epsilon
   double rope_theta = 10000.0;   ///< RoPE base
+  // MoE only (model.arch "qwen2_moe"; models/moe_spec.h MoeConfig).
+  int num_experts = 8;
+  int num_experts_per_tok = 2;
+  int moe_intermediate_size = 0;  ///< 0 = the resolved intermediate_size / num_experts_per_tok, rounded up
+  int shared_expert_intermediate_size = 0;  ///< 0 = no shared expert
+  bool norm_topk_prob = false;
+  double router_aux_loss_coef = 0.001;
+  double router_z_loss_coef = 0.0;
+  std::string router_optimizer = "adamw";  ///< "adamw" (role router) or "muon" (role matrix)
   /// The model architecture as models/gpt_spec.h expects it (model.arch "gpt2").
   GPTConfig gpt() const;
   /// The model architecture as models/llama_spec.h expects it (model.arch "llama").
   LlamaConfig llama() const;
+  /// The model architecture as models/moe_spec.h expects it (model.arch "qwen2_moe").
+  MoeConfig moe() const;
+  /// The parameter inventory of model.arch (validated; throws std::invalid_argument naming the field).
+  ParamInventory inventory() const;
   /// What the engine's rules and the planner need of the model before it is built (as its
   /// UnitModel will report: GPT has attention heads of n_embd / n_head rows, Llama reports none;
   /// both have n_embd / n_head features per head).

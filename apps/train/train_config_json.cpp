@@ -1,5 +1,6 @@
 // The config structs' own methods: the effective config as JSON (the schema the parser checks
 // against is TrainConfig{}.to_json()) and the model and checkpoint views of the sections.
+#include <algorithm>
 #include <filesystem>
 
 #include "apps/train/train_config.h"
@@ -17,7 +18,12 @@ json TrainConfig::to_json(bool resolved_paths) const {
                 {"vocab_size", model.vocab_size}, {"tie_embeddings", model.tie_embeddings},
                 {"init_from", p(model.init_from)}, {"init_std", model.init_std},
                 {"n_kv_head", model.n_kv_head},   {"intermediate_size", model.intermediate_size},
-                {"norm_eps", model.norm_eps},     {"rope_theta", model.rope_theta}};
+                {"norm_eps", model.norm_eps},     {"rope_theta", model.rope_theta},
+                {"num_experts", model.num_experts}, {"num_experts_per_tok", model.num_experts_per_tok},
+                {"moe_intermediate_size", model.moe_intermediate_size},
+                {"shared_expert_intermediate_size", model.shared_expert_intermediate_size},
+                {"norm_topk_prob", model.norm_topk_prob}, {"router_aux_loss_coef", model.router_aux_loss_coef},
+                {"router_z_loss_coef", model.router_z_loss_coef}, {"router_optimizer", model.router_optimizer}};
   j["data"] = {{"train", p(data.train)},         {"val", p(data.val)},         {"tokenizer", data.tokenizer},
                {"tokenizer_path", p(data.tokenizer_path)}, {"shuffle", data.shuffle}, {"seed", data.seed}};
   const MuonOptions& mu = optim.muon;
@@ -103,8 +109,30 @@ LlamaConfig ModelSection::llama() const {
   return l;
 }
 
+MoeConfig ModelSection::moe() const {
+  MoeConfig m;
+  static_cast<LlamaConfig&>(m) = llama();
+  m.num_experts = num_experts;
+  m.num_experts_per_tok = num_experts_per_tok;
+  m.moe_intermediate_size = moe_intermediate_size > 0
+                                ? moe_intermediate_size
+                                : (m.intermediate_size + num_experts_per_tok - 1) / std::max(1, num_experts_per_tok);
+  m.shared_expert_intermediate_size = shared_expert_intermediate_size;
+  m.norm_topk_prob = norm_topk_prob;
+  m.router_aux_loss_coef = router_aux_loss_coef;
+  m.router_z_loss_coef = router_z_loss_coef;
+  m.router_on_muon = router_optimizer == "muon";
+  return m;
+}
+
+ParamInventory ModelSection::inventory() const {
+  if (arch == "llama") return llama_inventory(llama());
+  if (arch == "qwen2_moe") return moe_inventory(moe());
+  return gpt_inventory(gpt());
+}
+
 ModelFacts ModelSection::facts() const {
-  const bool gpt = arch == "gpt2";  // models/gpt.h reports its heads; models/llama.h does not
+  const bool gpt = arch == "gpt2";  // models/gpt.h reports its heads; models/llama.h and moe.h do not
   const int64_t head_size = n_head > 0 ? n_embd / n_head : 0;  // both: n_embd / n_head features per head
   return {gpt ? head_size : 0, gpt, head_size};
 }

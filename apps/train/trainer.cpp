@@ -69,6 +69,7 @@ class Trainer {
   int any_rank_preempted();
   void wait_for_lead_io(Communicator& group, int64_t bytes, const std::string& what);
   void log_progress(int64_t step, const StepStats& s);
+  nlohmann::json global_expert_load();
   void save(int64_t step);
   void finish(bool preempted);
   void print_sample();
@@ -281,8 +282,32 @@ double Trainer::run_eval(int64_t step, const EvalSplit& split) {
   return v;
 }
 
+// Each element of `mine` summed over the ranks of `group`, in rank order (host gather: a few
+// integers per rank).
+std::vector<int64_t> sum_over(Communicator& group, const std::vector<int64_t>& mine) {
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(group.world_size())), sum(mine.size(), 0);
+  group.all_gather_host(mine.data(), all.data(), static_cast<int64_t>(mine.size() * sizeof(int64_t)), CommPhase::other);
+  for (size_t i = 0; i < all.size(); ++i) sum[i % mine.size()] += all[i];
+  return sum;
+}
+
+// The experts' load since the last record over every rank (replicas included); null for dense
+// models. Every rank has the same model, so either every rank takes part in the gathers or none.
+nlohmann::json Trainer::global_expert_load() {
+  std::vector<std::vector<int64_t>> counts = model_->take_expert_counts();
+  if (counts.empty()) return nullptr;
+  std::vector<int64_t> flat;
+  for (const auto& layer : counts) flat.insert(flat.end(), layer.begin(), layer.end());
+  flat = sum_over(comm_, flat);
+  if (opts_.replicas) flat = sum_over(*opts_.replicas, flat);
+  for (size_t l = 0, i = 0; l < counts.size(); ++l)
+    for (int64_t& c : counts[l]) c = flat[i++];
+  return expert_load_json(counts);
+}
+
 // One progress line and metrics record for the steps since the last one.
 void Trainer::log_progress(int64_t step, const StepStats& s) {
+  const nlohmann::json expert_load = global_expert_load();  // a collective for MoE models
   const double now = now_seconds(), dt = now - window_.t_start;
   const double tok_s = window_.tokens / std::max(dt, 1e-9);
   const double mfu = model_flops_utilization(model_->flops_per_token(), tok_s, precision_.peak_tflops_total);
@@ -298,7 +323,7 @@ void Trainer::log_progress(int64_t step, const StepStats& s) {
                  {"lr_adamw", s.lr_adamw}, {"grad_norm", s.grad_norm}, {"clip_coef", s.clip_coef},
                  {"tokens_per_second", tok_s}, {"mfu", mfu}, {"tokens", tokens_seen_},
                  {"max_attention_logit", cfg_.optim.qk_clip > 0 ? json(s.max_attention_logit) : json(nullptr)},
-                 {"qk_clipped_heads", s.qk_clipped_heads},
+                 {"qk_clipped_heads", s.qk_clipped_heads}, {"expert_load", expert_load},
                  {"seconds", {{"forward", s.seconds.forward}, {"backward", s.seconds.backward}, {"reduce", s.seconds.reduce},
                               {"optimizer", s.seconds.optimizer}, {"step", s.seconds.total}}},
                  {"elapsed_seconds", now - opts_.program_start},

@@ -10,7 +10,7 @@ using namespace mfsdp::test;
 
 TEST_CASE("role, placement and optimizer names round-trip", "[basics]") {
   for (ParamRole r : {ParamRole::matrix, ParamRole::embedding, ParamRole::head, ParamRole::norm,
-                      ParamRole::bias})
+                      ParamRole::bias, ParamRole::router})
     REQUIRE(parse_param_role(param_role_name(r)) == r);
   REQUIRE(std::string(param_role_name(ParamRole::embedding)) == "embedding");
   REQUIRE_THROWS_WITH(parse_param_role("weights"), Catch::Contains("unknown role 'weights'"));

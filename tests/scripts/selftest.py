@@ -131,10 +131,12 @@ def test_regen(tmp):
     import gen_muon_fixture
     import gen_llama_fixture
     import gen_normuon_fixture
+    import gen_moe_fixture
     for mod, fname in ((gen_gpt2_fixture, "gpt2_tiny.safetensors"),
                        (gen_muon_fixture, "muon_reference.safetensors"),
                        (gen_normuon_fixture, "normuon_reference.safetensors"),
-                       (gen_llama_fixture, "llama_tiny.safetensors")):
+                       (gen_llama_fixture, "llama_tiny.safetensors"),
+                       (gen_moe_fixture, "moe_tiny.safetensors")):
         out = os.path.join(tmp, fname)
         tensors, meta = mod.build()
         g.save_safetensors(out, tensors, meta)

@@ -1,0 +1,76 @@
+// Plans for a Mixture-of-Experts inventory: every expert matrix owned whole by one rank, routers on
+// AdamW (or Muon when asked), and Newton-Schulz balanced over many same-shape expert matrices.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <numeric>
+
+#include "models/moe_spec.h"
+#include "planner/cost_model.h"
+#include "tests/planner/plan_checks.h"
+
+using namespace mfsdp;
+using namespace mfsdp::test;
+
+namespace {
+
+// 4 layers of 64 experts (3 matrices each), Llama attention, a shared expert.
+MoeConfig moe_64x4() {
+  MoeConfig c;
+  c.n_layer = 4;
+  c.n_head = 8;
+  c.n_kv_head = 4;
+  c.n_embd = 512;
+  c.seq_len = 1024;
+  c.vocab_size = 1024;
+  c.num_experts = 64;
+  c.num_experts_per_tok = 4;
+  c.moe_intermediate_size = 256;
+  c.shared_expert_intermediate_size = 1024;
+  return c;
+}
+
+// Newton-Schulz FLOPs per rank, summed from the plan's Muon shards on their owners with
+// muon_flops(rows, cols) (the cost model's formula, not the planner's stats).
+std::vector<double> ns_flops_per_rank(const ShardPlan& plan, int world) {
+  std::vector<double> per(world, 0.0);
+  for (const MatrixShard& s : plan.shards)
+    if (s.optimizer == OptimizerKind::muon) per.at(s.owner) += muon_flops(s.shape[0], s.shape[1], 5);
+  return per;
+}
+
+}  // namespace
+
+TEST_CASE("MoE: 64 experts x 3 matrices x 4 layers at world 8, Newton-Schulz max/mean <= 1.05", "[moe]") {
+  const MoeConfig cfg = moe_64x4();
+  const ParamInventory inv = moe_inventory(cfg);
+  const int world = 8;
+  const ShardPlan plan = make_plan(inv, world, Placement::matrixfsdp);
+  check_layout_elements(plan, inv);
+  int experts = 0;
+  for (const MatrixShard& s : plan.shards) {
+    INFO(s.name);
+    if (s.name.find(".mlp.experts.") != std::string::npos) {
+      ++experts;
+      CHECK(s.optimizer == OptimizerKind::muon);
+      CHECK(s.owner >= 0);  // whole, on one rank
+      CHECK(s.pieces.size() == 1);
+    }
+    if (s.name.ends_with("mlp.gate.weight") || s.name.ends_with("shared_expert_gate.weight"))
+      CHECK(s.optimizer == OptimizerKind::adamw);
+  }
+  CHECK(experts == 64 * 3 * 4);
+  const std::vector<double> ns = ns_flops_per_rank(plan, world);
+  const double total = std::accumulate(ns.begin(), ns.end(), 0.0);
+  const double max_over_mean = *std::max_element(ns.begin(), ns.end()) / (total / world);
+  INFO("Newton-Schulz max/mean " << max_over_mean);
+  CHECK(max_over_mean <= 1.05);
+  CHECK(plan.stats.muon_params == 4 * (4 + 64 * 3 + 3));
+
+  // router_on_muon: the routers become Muon matrices too; the shared expert's gate stays AdamW
+  MoeConfig muon_router = cfg;
+  muon_router.router_on_muon = true;
+  const ShardPlan p2 = make_plan(moe_inventory(muon_router), world, Placement::matrixfsdp);
+  CHECK(p2.shard("model.layers.2.mlp.gate.weight").optimizer == OptimizerKind::muon);
+  CHECK(p2.shard("model.layers.2.mlp.shared_expert_gate.weight").optimizer == OptimizerKind::adamw);
+  check_layout_elements(make_plan(inv, 3, Placement::fsdp2), inv);
+}

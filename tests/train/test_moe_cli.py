@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the Mixture-of-Experts family (model.arch qwen2_moe) in mfsdp-train under
+mpirun (stdlib only).
+
+usage: test_moe_cli.py BIN_DIR CASE with CASE one of
+  exactness   configs/moe_tiny_test.json for 6 steps under matrixfsdp at -np 1/2/4 with grad_accum
+              4/2/1, fsdp2 at -np 2 and 4, zero1 at -np 4 (one micro-batch per rank,
+              as zero1 is exact), and HSDP (sharding.replicate 2) at -np 4: the
+              same loss lines, validation loss and state fingerprint as -np 1 (bitwise); the run
+              without the router losses ends elsewhere (their gradients reach the routers); the
+              loss falls; metrics.jsonl's expert_load is the same at every world size and counts
+              k = 2 assignments per layer for every token of each window
+  refusals    MoE keys on another architecture, bf16 matmuls and an export are refused on every
+              rank with the key named (exit 2)
+Exit 0 on success, 1 on failure.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+from cli_common import ENV, ROOT, check, read_jsonl, run_case, with_run_dir
+
+MOE_TINY = os.path.join(ROOT, "configs", "moe_tiny_test.json")
+LOSS_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+) \| lr (\S+) \| grad norm (\S+)")
+
+
+def train(bin_dir, np, *sets, expect=0):
+    """mpirun -np NP mfsdp-train --config moe_tiny_test.json --threads 1 with `sets` as --set, in a
+    fresh run directory. Returns (exit code, output, summary.json or None)."""
+    sets = with_run_dir(sets)
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", MOE_TINY,
+           "--threads", "1"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    if p.returncode != expect:
+        print(out[-4000:])
+    run_dir = next(s.split("=", 1)[1] for s in sets if s.startswith("logging.run_dir="))
+    summary = None
+    if p.returncode == 0:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        summary["train_records"] = [m for m in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+                                    if m["type"] == "train"]
+    return p.returncode, out, summary
+
+
+def check_expert_load(key, records):
+    """Each train record's expert_load: 2 layers, k * (tokens of its window) assignments per layer,
+    shares of 4 experts summing to 1 with min and max among them."""
+    before = 0
+    for r in records:
+        layers = r["expert_load"]
+        check(isinstance(layers, list) and len(layers) == 2, f"{key}: expert_load {layers!r}")
+        for layer in layers or []:
+            check(layer["assignments"] == 2 * (r["tokens"] - before),
+                  f"{key} step {r['step']}: {layer['assignments']} assignments for {r['tokens'] - before} tokens")
+            check(len(layer["fraction"]) == 4 and abs(sum(layer["fraction"]) - 1) < 1e-12
+                  and layer["min"] == min(layer["fraction"]) and layer["max"] == max(layer["fraction"]),
+                  f"{key} step {r['step']}: {layer}")
+        before = r["tokens"]
+
+
+def case_exactness(bin_dir, tmp):
+    common = ("training.steps=6", "training.micro_batch_size=2", "training.eval_interval=6",
+              "training.sample_tokens=0", "data.shuffle=true")
+    runs = [("matrixfsdp", 1, 4, 1), ("matrixfsdp", 2, 2, 1), ("matrixfsdp", 4, 1, 1), ("fsdp2", 2, 2, 1),
+            ("fsdp2", 4, 1, 1), ("zero1", 4, 1, 1), ("matrixfsdp", 4, 1, 2)]
+    seen = {}
+    for placement, np, accum, replicate in runs:
+        rc, out, s = train(bin_dir, np, *common, f"sharding.placement={placement}", f"training.grad_accum={accum}",
+                           f"sharding.replicate={replicate}")
+        key = (placement, np, replicate)
+        check(rc == 0, f"{key}: exit {rc}")
+        if rc:
+            return 1
+        seen[key] = (LOSS_LINE.findall(out), s["state_fingerprint"], s["final_val_loss"],
+                     [r["expert_load"] for r in s["train_records"]])
+        check_expert_load(key, s["train_records"])
+        print(f"{placement} -np {np} x grad_accum {accum} (replicate {replicate}): state fingerprint "
+              f"{s['state_fingerprint']}, final val loss {s['final_val_loss']!r}")
+    lines1, fp1, val1, load1 = seen[("matrixfsdp", 1, 1)]
+    check(len(lines1) == 6, f"expected 6 loss lines, got {len(lines1)}")
+    check(float(lines1[-1][1]) < float(lines1[0][1]) - 0.1, f"the loss did not fall: {lines1[0][1]} -> {lines1[-1][1]}")
+    for key, (lines, fp, val, load) in seen.items():
+        check(load == load1, f"{key}: expert_load differs from matrixfsdp -np 1")
+        check(lines == lines1, f"{key} printed other loss lines than matrixfsdp -np 1")
+        check(fp == fp1, f"{key}: state fingerprint {fp} != {fp1}")
+        check(val == val1, f"{key}: final val loss {val!r} != {val1!r}")
+    rc, out, s = train(bin_dir, 2, *common, "training.grad_accum=2", "model.router_aux_loss_coef=0",
+                       "model.router_z_loss_coef=0")
+    check(rc == 0 and s["state_fingerprint"] != fp1, "without the router losses the run ends in the same state")
+    return 0
+
+
+def case_refusals(bin_dir, tmp):
+    cases = [
+        (("model.arch=llama", "model.num_experts=16"),
+         'model.num_experts: only applies to model.arch "qwen2_moe" (model.arch is "llama")'),
+        (("precision.matmul_dtype=bf16",), "precision.matmul_dtype: must not be bf16"),
+        ((f"output.export={os.path.join(tmp, 'moe.safetensors')}",), "output.export: Hugging Face export is not "
+                                                                     'implemented for model.arch "qwen2_moe"'),
+        (("model.num_experts_per_tok=5",), "model.num_experts_per_tok: must be <= 4, got 5"),
+    ]
+    for sets, message in cases:
+        rc, out, _ = train(bin_dir, 2, *sets, expect=2)
+        check(rc == 2, f"{sets}: exit {rc}, expected 2")
+        check(out.count(message) == 2, f"{sets}: expected the message on both ranks: {message!r}\n{out[-1500:]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_case(globals(), "mfsdp_moe"))
