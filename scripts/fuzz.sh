@@ -17,11 +17,11 @@ OUT="$PWD/build-fuzz"  # absolute: a target may change its working directory
 mkdir -p "$OUT/crashes"
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fopenmp -I. -Itests/fuzz)
 declare -A SOURCES=(
-  [config]="apps/train/train_config.cpp apps/train/train_config_json.cpp apps/train/config_file.cpp apps/train/preemption.cpp runtime/engine/resolve.cpp runtime/cuda/cudnn_attention_stub.cpp models/gpt_spec.cpp planner/param_spec.cpp planner/shard_plan.cpp planner/cost_model.cpp runtime/data/token_shards.cpp optim/muon_options.cpp optim/schedule.cpp"
+  [config]="apps/train/train_config.cpp apps/train/train_config_json.cpp apps/train/config_file.cpp apps/train/preemption.cpp runtime/engine/resolve.cpp runtime/cuda/cudnn_attention_stub.cpp models/gpt_spec.cpp models/llama_spec.cpp models/moe_spec.cpp planner/param_spec.cpp planner/shard_plan.cpp planner/cost_model.cpp runtime/data/token_shards.cpp optim/muon_options.cpp optim/schedule.cpp"
   [safetensors]="checkpoint/safetensors.cpp"
   [token_shard]="runtime/data/token_shards.cpp"
   [tokenizer]="runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
-  [hf_config]="models/hf_checkpoint.cpp checkpoint/safetensors.cpp checkpoint/atomic_file.cpp"
+  [hf_config]="models/hf_checkpoint.cpp checkpoint/safetensors.cpp"
   [jsonl]="runtime/data/prepare.cpp runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
   [prepare_cli]="apps/mfsdp_prepare.cpp runtime/data/prepare.cpp runtime/data/tokenizer.cpp runtime/data/bpe.cpp runtime/data/token_shards.cpp"
 )

@@ -181,7 +181,8 @@ SILENT = r"no answer within 2 s from node%d \(ranks \d, \d\)"
 # A crawling link may carry some answers in time and not others: the other node is named silent
 # (all or part of it) or as the slowest to answer.
 SILENT_OR_SLOW = (r"(?:no answer within 2 s from [^;]*node%d \(ranks? \d"
-                  r"|every peer answered a liveness probe within 2 s \([^)]*\)[^)]*\); the slowest, rank \d on node%d)")
+                  r"|every peer answered a liveness probe within 2 s \((?:[^()]*\([^)]*\))*[^()]*\); the slowest, "
+                  r"rank \d on node%d)")
 
 
 def find_report(out_dir, probe, reporters):
