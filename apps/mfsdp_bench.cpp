@@ -33,7 +33,7 @@ struct BenchArgs {
 
 /// Declares every option of mfsdp-bench on `app`, bound to the fields of `a`.
 void add_bench_options(CLI::App& app, BenchArgs& a) {
-  app.add_option("--models", a.models, "model presets (models/model_presets.h; gpt2-* are runnable)")->capture_default_str();
+  app.add_option("--models", a.models, "model presets (models/model_presets.h: GPT-2, Llama and MoE shapes)")->capture_default_str();
   app.add_option("--layers", a.layers, "override the presets' layer count (0 = keep)")
       ->capture_default_str()
       ->check(CLI::Range(0, cli::kMaxLayers));
@@ -64,6 +64,9 @@ void add_bench_options(CLI::App& app, BenchArgs& a) {
   app.add_option("--replicate", base.replicas, "HSDP replicas R (divides the world; ddp is skipped)")
       ->capture_default_str()
       ->check(CLI::Range(1, cli::kMaxReplicas));
+  cli::add_choice(app, "--batch-orthogonalize", base.batch_orthogonalize, kToggleNames,
+                  "on: an owner's same-shape Muon matrices in one batched call, off: one at a time, auto: the "
+                  "engine's default");
   app.add_option("--json", a.json_path, "write every result and the ratios as JSON");
 }
 

@@ -2,7 +2,10 @@
 // shapes, at the OpenMP thread count of the environment (OMP_NUM_THREADS), next to the plain GEMM
 // rate of the same products (f32 SGEMM and the bf16 GEMM, the CPU backend's kernels) in this run,
 // and ns_dtype auto (the dtype the start-up GEMM probe picks for the shape).
-// usage: mfsdp-bench-orthogonalize [REPS] [--tiny]   (--tiny: one 32x48 call per method, for ctest)
+// Then grouped against per-matrix Newton-Schulz for 64 same-shape expert matrices (the shapes of
+// qwen2-moe-100m's experts): one orthogonalize_strided_cpu call over the stack against 64
+// orthogonalize_cpu calls, f32 and bf16 products.
+// usage: mfsdp-bench-orthogonalize [REPS] [--tiny]   (--tiny: 32x48 and 4 experts of 32x48, for ctest)
 #include <omp.h>
 
 #include <algorithm>
@@ -62,6 +65,26 @@ void print_gemm_rates(int64_t m, int64_t n, int reps) {
               "plain gemm bf16", b16 * 1e3, flop / 1e9, flop / 1e9 / b16);
 }
 
+/// Grouped (one strided call over `count` matrices) against per-matrix Newton-Schulz, 5 steps.
+void print_grouped_rates(int64_t count, int64_t r, int64_t c, int reps) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> g(static_cast<size_t>(count * r * c)), out(g.size());
+  for (float& x : g) x = dist(rng);
+  const double gflop = count * orthogonalizer_flops(r, c, 5, Orthogonalizer::newton_schulz5) / 1e9;
+  for (NsDType dt : {NsDType::f32, NsDType::bf16}) {
+    const double one = best_seconds(reps, [&] {
+      for (int64_t i = 0; i < count; ++i)
+        orthogonalize_cpu(g.data() + i * r * c, out.data() + i * r * c, r, c, 5, Orthogonalizer::newton_schulz5, dt);
+    });
+    const double grouped = best_seconds(reps, [&] {
+      orthogonalize_strided_cpu(g.data(), out.data(), count, r, c, 5, Orthogonalizer::newton_schulz5, dt);
+    });
+    std::printf("%3ld x %4ldx%-5ld %-5s %12.2f %12.2f %8.2fx %10.1f\n", static_cast<long>(count), static_cast<long>(r),
+                static_cast<long>(c), ns_dtype_name(dt), one * 1e3, grouped * 1e3, one / grouped, gflop / grouped);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,5 +141,12 @@ int main(int argc, char** argv) {
                   auto_name.c_str(), best_auto * 1e3, gflop, gflop / best_auto, describe_rates(probe).c_str());
     }
   }
+  const int64_t experts = tiny ? 4 : 64;
+  const std::vector<std::pair<int64_t, int64_t>> expert_shapes =
+      tiny ? std::vector<std::pair<int64_t, int64_t>>{{32, 48}} : std::vector<std::pair<int64_t, int64_t>>{{256, 512}, {512, 256}};
+  std::printf("\ngrouped Newton-Schulz (newton_schulz5, 5 steps), %d OpenMP threads, best of %d: ms per stack\n",
+              omp_get_max_threads(), reps);
+  std::printf("%-20s %-5s %12s %12s %9s %10s\n", "stack", "dtype", "per-matrix", "grouped", "speed-up", "GFLOP/s");
+  for (auto [r, c] : expert_shapes) print_grouped_rates(experts, r, c, reps);
   return 0;
 }

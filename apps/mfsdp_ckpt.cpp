@@ -31,6 +31,7 @@
 #include "apps/train/train_config.h"
 #include "models/gpt_hf.h"
 #include "models/llama_hf.h"
+#include "models/moe_hf.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "comm/comm_factory.h"
 
@@ -142,13 +143,20 @@ int export_hf(const std::string& dir, const std::string& out) {
   check_claimed_sizes(m);
   NamedTensors params;
   for (const auto& t : m.tensors) params[t.name] = read_tensor(m, t.name, StateKind::param);
-  if (cfg.model.arch == "qwen2_moe")
-    throw CheckpointError(dir + ": Hugging Face export is not implemented for model.arch \"qwen2_moe\" yet");
-  const bool llama = cfg.model.arch == "llama";
-  if (llama) export_hf_llama(out, cfg.model.llama(), params, DType::f32, {{"step", std::to_string(m.step)}});
-  else export_hf_gpt2(out, cfg.model.gpt(), params, DType::f32, {{"step", std::to_string(m.step)}});
+  const std::map<std::string, std::string> meta{{"step", std::to_string(m.step)}};
+  const char* layout = "GPT-2";
+  if (cfg.model.arch == "qwen2_moe") {
+    if (const std::string why = hf_moe_layout_refusal(cfg.model.moe()); !why.empty()) throw CheckpointError(dir + ": " + why);
+    export_hf_moe(out, cfg.model.moe(), params, DType::f32, meta);
+    layout = "Qwen2-MoE";
+  } else if (cfg.model.arch == "llama") {
+    export_hf_llama(out, cfg.model.llama(), params, DType::f32, meta);
+    layout = "Llama";
+  } else {
+    export_hf_gpt2(out, cfg.model.gpt(), params, DType::f32, meta);
+  }
   std::printf("exported step %lld of %s to %s (Hugging Face %s layout, f32)\n", static_cast<long long>(m.step),
-              dir.c_str(), out.c_str(), llama ? "Llama" : "GPT-2");
+              dir.c_str(), out.c_str(), layout);
   return 0;
 }
 

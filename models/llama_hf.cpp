@@ -42,10 +42,7 @@ nlohmann::json hf_llama_config_json(const LlamaConfig& cfg) {
           {"torch_dtype", "float32"}};
 }
 
-std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaConfig& cfg) {
-  const std::string where = "config.json";
-  const std::string type = hf_config_string(config, "model_type", "", where);
-  if (type != "llama") return where + ": model_type is \"" + type + "\", model.arch is \"llama\"";
+std::string hf_llama_shared_mismatch(const nlohmann::json& config, const LlamaConfig& cfg, const std::string& where) {
   const int64_t heads = hf_config_int(config, "num_attention_heads", -1, where);
   nlohmann::json c = config;  // num_key_value_heads absent or null: one per attention head
   if (!c.contains("num_key_value_heads") || c["num_key_value_heads"].is_null()) c["num_key_value_heads"] = heads;
@@ -54,7 +51,6 @@ std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaCo
                                          {"num_attention_heads", cfg.n_head, "model.n_head"},
                                          {"num_key_value_heads", cfg.n_kv_head, "model.n_kv_head"},
                                          {"hidden_size", cfg.n_embd, "model.n_embd"},
-                                         {"intermediate_size", cfg.intermediate_size, "model.intermediate_size"},
                                          {"vocab_size", cfg.vocab_size, "model.vocab_size"}},
                                         where);
   if (!e.empty()) return e;
@@ -73,8 +69,6 @@ std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaCo
   if (config.contains("rope_scaling") && !config["rope_scaling"].is_null())
     return where + ": rope_scaling " + config["rope_scaling"].dump() + " is not supported (only the default rope)";
   if (hf_config_string(config, "hidden_act", "silu", where) != "silu") return where + ": hidden_act must be \"silu\"";
-  if (hf_config_bool(config, "attention_bias", false, where) || hf_config_bool(config, "mlp_bias", false, where))
-    return where + ": attention_bias / mlp_bias are not supported";
   const bool tied = hf_config_bool(config, "tie_word_embeddings", false, where);
   if (tied != cfg.tie_embeddings)
     return where + std::string(": tie_word_embeddings is ") + (tied ? "true" : "false") + " but model.tie_embeddings is " +
@@ -82,34 +76,63 @@ std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaCo
   return "";
 }
 
-void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const NamedTensors& params, DType dtype,
-                     const std::map<std::string, std::string>& extra_metadata) {
-  const ParamInventory inv = llama_inventory(cfg);
-  const std::string who = "[export_hf_llama] " + path + ": ";
-  check_full_params(inv, params, who, "Llama");
+std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaConfig& cfg) {
+  const std::string where = "config.json";
+  const std::string type = hf_config_string(config, "model_type", "", where);
+  if (type != "llama") return where + ": model_type is \"" + type + "\", model.arch is \"llama\"";
+  if (std::string e = hf_llama_shared_mismatch(config, cfg, where); !e.empty()) return e;
+  if (std::string e = hf_int_mismatch(config, {{"intermediate_size", cfg.intermediate_size, "model.intermediate_size"}}, where);
+      !e.empty())
+    return e;
+  if (hf_config_bool(config, "attention_bias", false, where) || hf_config_bool(config, "mlp_bias", false, where))
+    return where + ": attention_bias / mlp_bias are not supported";
+  return "";
+}
+
+void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const NamedTensors& params, DType dtype,
+                       const std::map<std::string, std::string>& extra_metadata) {
+  const std::string who = "[export_hf] " + path + ": ";
+  check_full_params(file.inventory, params, who, file.family);
   std::vector<NamedArray> tensors;
-  for (const ParamSpec& p : inv.params) {
+  for (const ParamSpec& p : file.inventory.params) {
     const std::vector<float>& v = params.at(p.name);
-    const std::vector<int64_t> fs = file_shape(p, cfg);
+    const std::vector<int64_t> fs = file_shape(p, file.base);
     tensors.push_back(NamedArray{p.name, fs, std::vector<float>(v.begin(), v.begin() + shape_numel(fs))});
   }
+  for (const auto& [name, shape] : file.zero_tensors)
+    tensors.push_back(NamedArray{name, shape, std::vector<float>(static_cast<size_t>(shape_numel(shape)), 0.0f)});
   std::map<std::string, std::string> meta = extra_metadata;
   meta["format"] = "pt";  // what transformers requires of a from_pretrained file
-  meta["mfsdp_layout"] = "hf-llama";
+  meta["mfsdp_layout"] = file.layout;
   const HfExportPaths out = hf_export_paths(path);
   if (!out.config.empty()) std::filesystem::create_directories(path);
   write_f32_safetensors(out.weights, tensors, dtype, meta);
-  if (!out.config.empty()) write_hf_config(out.config, hf_llama_config_json(cfg));
+  if (!out.config.empty()) write_hf_config(out.config, file.config);
 }
 
-NamedTensors import_hf_llama(const std::string& path, const LlamaConfig& cfg) {
-  const ParamInventory inv = llama_inventory(cfg);
-  const HfCheckpoint file(path);
-  const std::string who = "[import_hf_llama] " + path + ": ";
-  if (!file.config().is_null()) {
+namespace {
+
+std::vector<float> read_checked(const HfCheckpoint& ck, const std::string& name, const std::vector<int64_t>& shape,
+                                const std::string& who) {
+  const TensorInfo& t = ck.info(name);
+  if (t.shape != shape)
+    throw std::runtime_error(who + name + ": expected shape " + shape_str(shape) + ", file has " + shape_str(t.shape));
+  try {
+    return ck.read_f32(name);
+  } catch (const SafetensorsError& e) {
+    throw std::runtime_error(who + name + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+NamedTensors import_hf_decoder(const std::string& path, const HfDecoderFile& file) {
+  const HfCheckpoint ck(path);
+  const std::string who = "[import_hf] " + path + ": ";
+  if (!ck.config().is_null()) {
     std::string e;
     try {  // a field of the wrong type throws, naming it
-      e = hf_llama_config_mismatch(file.config(), cfg);
+      e = file.config_mismatch(ck.config());
     } catch (const std::runtime_error& x) {
       e = x.what();
     }
@@ -117,31 +140,55 @@ NamedTensors import_hf_llama(const std::string& path, const LlamaConfig& cfg) {
   }
   NamedTensors out;
   std::set<std::string> used;
-  for (const ParamSpec& p : inv.params) {
-    if (!file.contains(p.name))
+  for (const ParamSpec& p : file.inventory.params) {
+    if (!ck.contains(p.name))
       throw std::runtime_error(who + p.name + ": missing from the checkpoint" +
                                (p.name == "lm_head.weight" ? " (was it saved with tie_word_embeddings?)" : ""));
-    const TensorInfo& t = file.info(p.name);
-    const std::vector<int64_t> fs = file_shape(p, cfg);
-    if (t.shape != fs)
-      throw std::runtime_error(who + p.name + ": expected shape " + shape_str(fs) + ", file has " + shape_str(t.shape));
-    std::vector<float> v;
-    try {
-      v = file.read_f32(p.name);
-    } catch (const SafetensorsError& e) {
-      throw std::runtime_error(who + p.name + ": " + e.what());
-    }
+    std::vector<float> v = read_checked(ck, p.name, file_shape(p, file.base), who);
     v.resize(static_cast<size_t>(p.numel()), 0.0f);  // padded vocabulary rows
     out.emplace(p.name, std::move(v));
     used.insert(p.name);
   }
+  for (const auto& [name, shape] : file.zero_tensors) {
+    if (!ck.contains(name)) continue;
+    for (float x : read_checked(ck, name, shape, who))
+      if (x != 0.0f)
+        throw std::runtime_error(who + name + ": holds nonzero values, and the " + file.family +
+                                 " model of this project has no such parameter (it is zero in our exports)");
+    used.insert(name);
+  }
   static const std::regex inv_freq(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
-  for (const std::string& name : file.names()) {
-    if (used.count(name) || std::regex_match(name, inv_freq) || (cfg.tie_embeddings && name == "lm_head.weight")) continue;
+  for (const std::string& name : ck.names()) {
+    if (used.count(name) || std::regex_match(name, inv_freq) || (file.base.tie_embeddings && name == "lm_head.weight"))
+      continue;
     throw std::runtime_error(who + name + ": not a parameter of this config" +
                              (name == "lm_head.weight" ? " (model.tie_embeddings is true)" : ""));
   }
   return out;
+}
+
+namespace {
+
+HfDecoderFile llama_file(const LlamaConfig& cfg) {
+  HfDecoderFile f;
+  f.inventory = llama_inventory(cfg);
+  f.base = cfg;
+  f.family = "Llama";
+  f.layout = "hf-llama";
+  f.config = hf_llama_config_json(cfg);
+  f.config_mismatch = [cfg](const nlohmann::json& c) { return hf_llama_config_mismatch(c, cfg); };
+  return f;
+}
+
+}  // namespace
+
+void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const NamedTensors& params, DType dtype,
+                     const std::map<std::string, std::string>& extra_metadata) {
+  export_hf_decoder(path, llama_file(cfg), params, dtype, extra_metadata);
+}
+
+NamedTensors import_hf_llama(const std::string& path, const LlamaConfig& cfg) {
+  return import_hf_decoder(path, llama_file(cfg));
 }
 
 }  // namespace mfsdp

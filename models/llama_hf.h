@@ -6,9 +6,11 @@
 // lm_head.weight have Vp = padded_vocab_size() rows in memory and vocab_size rows in the file
 // (import pads with zeros).
 #pragma once
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "models/hf_checkpoint.h"
 #include "models/llama_spec.h"
@@ -26,6 +28,39 @@ nlohmann::json hf_llama_config_json(const LlamaConfig& cfg);
 /// else a message naming the first differing field and its model.* key, e.g.
 /// "config.json: num_key_value_heads is 2 but model.n_kv_head is 4".
 std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaConfig& cfg);
+
+/// The fields every Llama-attention family shares with config.json (num_hidden_layers,
+/// num_attention_heads, num_key_value_heads (absent: = heads), hidden_size, vocab_size, head_dim,
+/// rms_norm_eps, rope_theta, default rope, silu, tie_word_embeddings): "" when they agree, else
+/// the first mismatch as hf_llama_config_mismatch words it. `where` prefixes the message.
+std::string hf_llama_shared_mismatch(const nlohmann::json& config, const LlamaConfig& cfg, const std::string& where);
+
+/// What a Hugging Face file of a Llama-attention family holds besides our parameters: the facts
+/// export_hf_decoder and import_hf_decoder need (the Llama and MoE families fill it).
+struct HfDecoderFile {
+  ParamInventory inventory;  ///< our parameters, named as in the file, in the order written
+  LlamaConfig base;          ///< vocabulary rows (Vp in memory, vocab_size in the file) and head tying
+  std::string family;        ///< in messages: "Llama", "Qwen2-MoE"
+  std::string layout;        ///< the "mfsdp_layout" metadata value: "hf-llama", "hf-qwen2-moe"
+  nlohmann::json config;     ///< config.json written beside a directory export
+  /// Tensors the file's class has and our family holds at zero (Qwen2-MoE's q/k/v biases):
+  /// export writes them as zeros, import accepts them only when every value is zero.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> zero_tensors;
+  /// "" when a checkpoint's config.json describes this model, else the first mismatch.
+  std::function<std::string(const nlohmann::json&)> config_mismatch;
+};
+
+/// Writes `params` (exactly the names of file.inventory with its element counts) to `path` as
+/// F32 or BF16, then file.zero_tensors as zeros: a directory gets model.safetensors and
+/// config.json, a path ending in ".safetensors" just that file. Metadata: "format": "pt",
+/// "mfsdp_layout": file.layout plus `extra_metadata`. Errors as export_hf_llama.
+void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const NamedTensors& params, DType dtype,
+                       const std::map<std::string, std::string>& extra_metadata);
+
+/// Reads `path` (as import_hf_llama) into file.inventory's names. A directory's config.json must
+/// pass file.config_mismatch; rotary inv_freq buffers are ignored; file.zero_tensors must be all
+/// zero when present. Throws std::runtime_error naming the path and the first mismatch.
+NamedTensors import_hf_decoder(const std::string& path, const HfDecoderFile& file);
 
 /// Writes `params` (exactly the names of llama_inventory(cfg) with the inventory's element counts)
 /// to `path` as F32 or BF16: a directory gets model.safetensors and config.json, a path ending in

@@ -8,23 +8,6 @@
 namespace mfsdp {
 namespace {
 
-MoeConfig moe_config(const ModelShape& m) {
-  MoeConfig c;
-  c.n_layer = m.n_layer;
-  c.n_head = m.n_head;
-  c.n_kv_head = m.n_kv_head;
-  c.n_embd = m.n_embd;
-  c.seq_len = m.seq_len;
-  c.vocab_size = static_cast<int>(m.vocab);
-  c.tie_embeddings = false;
-  c.num_experts = m.num_experts;
-  c.num_experts_per_tok = m.experts_per_tok;
-  c.moe_intermediate_size = static_cast<int>(m.intermediate);
-  c.shared_expert_intermediate_size = static_cast<int>(m.shared_intermediate);
-  c.validate();
-  return c;
-}
-
 ParamInventory llama_inventory(const ModelShape& m) {
   if (m.n_layer < 1 || m.n_embd < 1 || m.n_head < 1 || m.n_embd % m.n_head || m.n_kv_head < 1 ||
       m.n_head % m.n_kv_head || m.intermediate < 1 || m.vocab < 1)
@@ -90,7 +73,9 @@ ModelShape qwen2_moe(const char* name, int L, int C, int H, int64_t I, int E, in
 }
 
 // Published shapes: GPT-2 (Radford et al. 2019), Llama 1 (Touvron et al. 2023), Llama 3 (Meta 2024);
-// qwen2-moe-100m is ours (98M parameters, 54M active), for benchmarks and plans of small MoEs.
+// qwen2-moe-100m is ours (98M parameters, 54M active), for benchmarks and plans of small MoEs;
+// qwen2-moe-a2.7b is Qwen1.5-MoE-A2.7B's shape (Qwen team 2024: 60 experts of 1408, top 4, shared
+// expert 5632) without its q/k/v biases.
 const std::vector<ModelShape>& presets() {
   static const std::vector<ModelShape> p{
       gpt2("gpt2-124m", 12, 12, 768),
@@ -104,6 +89,7 @@ const std::vector<ModelShape>& presets() {
       llama("llama-65b", 80, 8192, 64, 64, 22016, 32000, 2048),
       llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
       qwen2_moe("qwen2-moe-100m", 8, 512, 8, 256, 16, 2, 512, 32000, 1024),
+      qwen2_moe("qwen2-moe-a2.7b", 24, 2048, 16, 1408, 60, 4, 5632, 151936, 8192),
   };
   return p;
 }
@@ -123,8 +109,41 @@ GPTConfig ModelShape::gpt_config() const {
   return c;
 }
 
+LlamaConfig ModelShape::llama_config() const {
+  if (family != "llama") throw std::invalid_argument("model shape " + name + " is a " + family + " shape, not llama");
+  LlamaConfig c;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_kv_head = n_kv_head;
+  c.n_embd = n_embd;
+  c.intermediate_size = static_cast<int>(intermediate);
+  c.seq_len = seq_len;
+  c.vocab_size = static_cast<int>(vocab);
+  c.tie_embeddings = false;
+  c.validate();
+  return c;
+}
+
+MoeConfig ModelShape::moe_config() const {
+  if (family != "qwen2_moe") throw std::invalid_argument("model shape " + name + " is a " + family + " shape, not qwen2_moe");
+  MoeConfig c;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_kv_head = n_kv_head;
+  c.n_embd = n_embd;
+  c.seq_len = seq_len;
+  c.vocab_size = static_cast<int>(vocab);
+  c.tie_embeddings = false;
+  c.num_experts = num_experts;
+  c.num_experts_per_tok = experts_per_tok;
+  c.moe_intermediate_size = static_cast<int>(intermediate);
+  c.shared_expert_intermediate_size = static_cast<int>(shared_intermediate);
+  c.validate();
+  return c;
+}
+
 ParamInventory ModelShape::inventory() const {
-  if (family == "qwen2_moe") return moe_inventory(moe_config(*this));
+  if (family == "qwen2_moe") return moe_inventory(moe_config());
   return family == "llama" ? llama_inventory(*this) : gpt_inventory(gpt_config());
 }
 
@@ -135,7 +154,7 @@ int64_t ModelShape::num_params() const {
 }
 
 double ModelShape::flops_per_token(int context) const {
-  if (family == "qwen2_moe") return moe_config(*this).flops_per_token(context);
+  if (family == "qwen2_moe") return moe_config().flops_per_token(context);
   if (family != "llama") return gpt_config().flops_per_token(context);
   int64_t n_matmul = 0;
   for (const auto& p : inventory().params)

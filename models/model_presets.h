@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/gpt_spec.h"
+#include "models/moe_spec.h"
 #include "planner/param_spec.h"
 #include "planner/projection.h"
 
@@ -43,13 +44,19 @@ struct ModelShape {
   /// The GPTConfig of a gpt2-family shape (n_layer, n_head, n_embd, seq_len, vocab,
   /// tie_embeddings), validated. Throws std::invalid_argument for a llama shape or a bad value.
   GPTConfig gpt_config() const;
+  /// The LlamaConfig of a llama-family shape, validated (head untied). Throws
+  /// std::invalid_argument for another family or a bad value.
+  LlamaConfig llama_config() const;
+  /// The MoeConfig of a qwen2_moe-family shape, validated (head untied, routed experts of width
+  /// `intermediate`). Throws std::invalid_argument for another family or a bad value.
+  MoeConfig moe_config() const;
   /// What the cluster projection needs (planner/projection.h): the inventory, the sizes and
   /// 6 * N_matmul, so that profile().flops_per_token(T) == flops_per_token(T).
   ModelProfile profile() const;
 };
 
 /// Preset names, e.g. "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama-7b", "llama-13b",
-/// "llama3-8b", "llama-30b", "llama-65b", "llama3-70b", "qwen2-moe-100m".
+/// "llama3-8b", "llama-30b", "llama-65b", "llama3-70b", "qwen2-moe-100m", "qwen2-moe-a2.7b".
 std::vector<std::string> model_preset_names();
 /// The named preset, with n_layer replaced by `layers` when layers > 0. Throws
 /// std::invalid_argument naming the preset and listing the known ones.

@@ -57,6 +57,12 @@ ParamInventory moe_inventory(const MoeConfig& cfg) {
   return inv;
 }
 
+std::string hf_moe_layout_refusal(const MoeConfig& cfg) {
+  if (cfg.shared_expert_intermediate_size > 0) return "";
+  return "model.shared_expert_intermediate_size: the Hugging Face Qwen2-MoE layout always has a shared expert, "
+         "so it must be > 0 for an export or import (got 0)";
+}
+
 int64_t MoeConfig::num_params() const { return inventory_numel(moe_inventory(*this)); }
 
 int64_t MoeConfig::num_active_params() const {

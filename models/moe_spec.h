@@ -2,6 +2,7 @@
 // inventory of the Qwen2-MoE / Mixtral-style family (models/moe.h).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "models/llama_spec.h"
 #include "planner/param_spec.h"
@@ -44,5 +45,10 @@ struct MoeConfig : LlamaConfig {
 ///   when Is > 0: mlp.shared_expert.{gate,up}_proj.weight [Is, C], down_proj.weight [C, Is]
 ///     (matrix) and mlp.shared_expert_gate.weight [1, C] (router).
 ParamInventory moe_inventory(const MoeConfig& cfg);
+
+/// "" when `cfg` fits Hugging Face's Qwen2-MoE layout (models/moe_hf.h), else why not, naming the
+/// model.* key: Qwen2MoeSparseMoeBlock always has a shared expert, so
+/// shared_expert_intermediate_size must be > 0.
+std::string hf_moe_layout_refusal(const MoeConfig& cfg);
 
 }  // namespace mfsdp

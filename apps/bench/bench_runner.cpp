@@ -4,6 +4,8 @@
 #include <stdexcept>
 
 #include "models/gpt.h"
+#include "models/llama.h"
+#include "models/moe.h"
 #include "planner/planner.h"
 #include "runtime/engine/sharded_engine.h"
 #include "runtime/memory.h"
@@ -37,6 +39,7 @@ nlohmann::json BenchResult::to_json() const {
                    {"params", c.model.num_params()},
                    {"warmup", c.warmup},           {"steps", c.steps},
                    {"world", world},               {"replicas", c.replicas},
+                   {"family", c.model.family},     {"batch_orthogonalize", kToggleNames.name(c.batch_orthogonalize)},
                    {"tokens_per_second", tokens_per_second}, {"loss", loss}};
   for (size_t i = 0; i < ms.size(); ++i) j["ms"][bench_time_phases()[i]] = ms[i];
   for (size_t i = 0; i < bytes.size(); ++i) j["bytes"][comm_phase_name(static_cast<CommPhase>(i))] = bytes[i];
@@ -64,20 +67,20 @@ std::vector<double> phase_bytes(const CommCounters& a, const CommCounters* b, in
   return out;
 }
 
+// The runnable model of `m`'s family with a context of at least `seq` tokens.
+std::unique_ptr<UnitModel> make_bench_model(ModelShape m, int seq) {
+  m.seq_len = std::max(seq, m.seq_len);
+  if (m.family == "llama") return std::make_unique<Llama>(m.llama_config());
+  if (m.family == "qwen2_moe") return std::make_unique<MoeTransformer>(m.moe_config());
+  return std::make_unique<GPT>(m.gpt_config());
+}
+
 }  // namespace
 
 BenchResult run_bench_case(Communicator& comm, Communicator* replica, const BenchCase& c) {
-  if (c.model.family != "gpt2") throw std::invalid_argument("mfsdp-bench measures gpt2 shapes only, got " + c.model.family);
   if (c.dtype != DType::f32)
     throw std::invalid_argument(std::string("mfsdp-bench: dtype ") + dtype_name(c.dtype) + " is not available on CPU (f32 only)");
   if (c.batch < 1 || c.seq < 1 || c.steps < 1 || c.warmup < 0) throw std::invalid_argument("mfsdp-bench: bad sizes");
-  GPTConfig cfg;
-  cfg.n_layer = c.model.n_layer;
-  cfg.n_head = c.model.n_head;
-  cfg.n_embd = c.model.n_embd;
-  cfg.vocab_size = static_cast<int>(c.model.vocab);
-  cfg.seq_len = std::max(c.seq, c.model.seq_len);
-  cfg.tie_embeddings = c.model.tie_embeddings;
   BenchResult res;
   res.c = c;
   res.world = comm.world_size() * (replica ? replica->world_size() : 1);
@@ -86,20 +89,22 @@ BenchResult run_bench_case(Communicator& comm, Communicator* replica, const Benc
   std::vector<std::vector<double>> times(bench_time_phases().size());
   std::vector<double> peaks;
   {
-    GPT model(cfg);
+    const std::unique_ptr<UnitModel> built = make_bench_model(c.model, c.seq);
+    UnitModel& model = *built;
     PlannerOptions popt;
     popt.ns_steps = c.ns_steps;
     popt.node_of_rank = c.node_of_rank;
     const ShardPlan plan = make_plan(model.inventory(), comm.world_size(), c.placement, popt);
     EngineOptions opts;
     opts.muon.ns_steps = c.ns_steps;
+    opts.batch_orthogonalize = c.batch_orthogonalize;
     mt.reset_peaks();
     ShardedEngine engine(model, comm, plan, opts, replica);
     engine.init_parameters(1);
     std::vector<int32_t> tok(static_cast<size_t>(c.batch) * c.seq), tgt(tok.size());
     for (size_t i = 0; i < tok.size(); ++i) {
-      tok[i] = static_cast<int32_t>((i * 31 + static_cast<size_t>(rank) * 7) % cfg.vocab_size);
-      tgt[i] = static_cast<int32_t>((i * 17 + 1) % cfg.vocab_size);
+      tok[i] = static_cast<int32_t>((i * 31 + static_cast<size_t>(rank) * 7) % c.model.vocab);
+      tgt[i] = static_cast<int32_t>((i * 17 + 1) % c.model.vocab);
     }
     const std::vector<MicroBatch> micro{{tokens_tensor(tok, {c.batch, c.seq}), tokens_tensor(tgt, {c.batch, c.seq})}};
     for (int s = 0; s < c.warmup; ++s) engine.train_step(micro, s);

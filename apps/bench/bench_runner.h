@@ -16,7 +16,7 @@ namespace mfsdp {
 /// What to measure. `replicas` > 1 runs HSDP: `comm` is then the shard group and `replica` the
 /// replica group (comm/comm_factory.h make_hsdp_groups).
 struct BenchCase {
-  ModelShape model;           ///< gpt2 family (the runnable model)
+  ModelShape model;           ///< any family of models/model_presets.h (GPT, Llama, MoE)
   Placement placement = Placement::matrixfsdp;
   int ns_steps = 5;           ///< Newton-Schulz iterations of Muon
   int batch = 1, seq = 64;    ///< sequences of `seq` tokens per rank per step
@@ -24,6 +24,7 @@ struct BenchCase {
   int replicas = 1;
   DType dtype = DType::f32;  ///< compute and communication dtype (the CPU engine is f32 only)
   std::vector<int> node_of_rank;  ///< shard-group rank -> node (PlannerOptions); empty: one node
+  Toggle batch_orthogonalize = Toggle::automatic;  ///< EngineOptions::batch_orthogonalize
 };
 
 /// Phase names of BenchResult::ms, in order: forward, backward, reduce, optimizer, total.
@@ -44,9 +45,10 @@ struct BenchResult {
   nlohmann::json to_json() const;
 };
 
-/// Runs `c` on `comm` (and `replica` for HSDP; may be null when c.replicas == 1): builds the GPT,
-/// plans for comm.world_size(), trains c.warmup + c.steps steps. Collective over every rank.
-/// Throws std::invalid_argument for a non-gpt2 model, a dtype other than f32, or bad sizes.
+/// Runs `c` on `comm` (and `replica` for HSDP; may be null when c.replicas == 1): builds the
+/// model of c.model's family, plans for comm.world_size(), trains c.warmup + c.steps steps.
+/// Collective over every rank. Throws std::invalid_argument for a dtype other than f32, a bad
+/// shape or bad sizes.
 BenchResult run_bench_case(Communicator& comm, Communicator* replica, const BenchCase& c);
 
 /// The median of `v` (mean of the middle two for even sizes); 0 for an empty vector.

@@ -7,6 +7,7 @@
 #include "models/llama.h"
 #include "models/llama_hf.h"
 #include "models/moe.h"
+#include "models/moe_hf.h"
 
 namespace mfsdp {
 namespace {
@@ -50,18 +51,17 @@ std::string init_from_mismatch_family(const LlamaConfig& c, const std::string& p
   const HfCheckpoint ck(path);  // a directory's config.json is checked by the import
   return ck.config().is_null() ? "" : hf_llama_config_mismatch(ck.config(), c);
 }
-// The MoE family has no Hugging Face import or export yet; the config refuses model.init_from and
-// output.export for it (train_config.cpp), so these only guard a caller that skipped the config.
-[[noreturn]] void no_moe_interop(const char* what) {
-  throw std::runtime_error(std::string(what) + " is not implemented for model.arch \"qwen2_moe\" yet");
+TensorMap import_family(const MoeConfig& c, const std::string& path) { return import_hf_moe(path, c); }
+void export_family(const MoeConfig& c, const std::string& path, const TensorMap& p,
+                   const std::map<std::string, std::string>& meta) {
+  export_hf_moe(path, c, p, DType::f32, meta);
 }
-TensorMap import_family(const MoeConfig&, const std::string&) { no_moe_interop("Hugging Face import"); }
-void export_family(const MoeConfig&, const std::string&, const TensorMap&, const std::map<std::string, std::string>&) {
-  no_moe_interop("Hugging Face export");
+std::string init_from_mismatch_family(const MoeConfig& c, const std::string& path) {
+  const HfCheckpoint ck(path);  // a directory's config.json is checked by the import
+  return ck.config().is_null() ? "" : hf_moe_config_mismatch(ck.config(), c);
 }
-std::string init_from_mismatch_family(const MoeConfig&, const std::string&) { no_moe_interop("model.init_from"); }
 int32_t start_token_family(const MoeConfig&) { return 0; }
-const char* layout_family(const MoeConfig&) { return "none (qwen2_moe has no export yet)"; }
+const char* layout_family(const MoeConfig&) { return "Hugging Face Qwen2-MoE"; }
 int32_t start_token_family(const GPTConfig& c) { return c.vocab_size > 50256 ? 50256 : 0; }
 int32_t start_token_family(const LlamaConfig&) { return 0; }
 const char* layout_family(const GPTConfig&) { return "Hugging Face GPT-2"; }

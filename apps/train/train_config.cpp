@@ -309,7 +309,7 @@ void read_moe(const Reader& r, ModelSection& m) {
   m.router_z_loss_coef = r.num("model.router_z_loss_coef", 0.0, 1e3);
   m.router_optimizer = r.choice("model.router_optimizer", {"adamw", "muon"});
   if (!m.init_from.raw.empty())
-    r.fail("model.init_from", "Hugging Face import is not implemented for model.arch \"qwen2_moe\" yet");
+    if (const std::string why = hf_moe_layout_refusal(m.moe()); !why.empty()) r.fail("model.init_from", why);
 }
 
 // The MoE op (runtime/ops_moe.h) runs on the CPU in f32: refuse what would reach it otherwise.
@@ -319,7 +319,7 @@ void check_moe_runtime(const Reader& r, const TrainConfig& c) {
   if (c.optim.param_dtype != DType::f32) r.fail("precision.param_dtype", "must be f32" + why);
   if (c.precision.matmul == DTypeChoice::bf16) r.fail("precision.matmul_dtype", "must not be bf16" + why);
   if (!c.output.export_path.raw.empty())
-    r.fail("output.export", "Hugging Face export is not implemented for model.arch \"qwen2_moe\" yet");
+    if (const std::string why = hf_moe_layout_refusal(c.model.moe()); !why.empty()) r.fail("output.export", why);
 }
 
 void read_model(const Reader& r, const std::string& base_dir, ModelSection& m) {

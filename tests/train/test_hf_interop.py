@@ -2,13 +2,15 @@
 """Hugging Face interoperability of mfsdp-train, checked with the real `transformers` library.
 
 usage: test_hf_interop.py BIN_DIR CASE   with CASE one of
-  export   GPT-2 and Llama trained a few steps at world 2 and exported as a directory
+  export   GPT-2, Llama and Qwen2-MoE trained a few steps at world 2 and exported as a directory
            (output.export without .safetensors): config.json + model.safetensors load with
-           AutoModelForCausalLM.from_pretrained and reproduce our --eval-only loss within 1e-4
+           AutoModelForCausalLM.from_pretrained, with no missing or unexpected keys, and reproduce
+           our --eval-only loss within 1e-4
   import   small random GPT2LMHeadModel / LlamaForCausalLM made by transformers itself and saved with
            save_pretrained (plain and sharded with max_shard_size, GQA for Llama) are read by
            model.init_from: --eval-only reproduces transformers' loss within 1e-4; training continues
-           from the sharded Llama and its export loads back into transformers
+           from the sharded Llama and its export loads back into transformers; a Qwen2MoeForCausalLM
+           (renormalised top-k) likewise, refused when an attention bias is nonzero
 Needs torch, numpy and transformers: the test virtual environment (scripts/test_venv.sh) is used
 when the running interpreter lacks them; without it the case exits 77 (skipped).
 """
@@ -37,6 +39,9 @@ from cli_common import ENV, TINY, check, run_case  # noqa: E402
 
 T, V, SEQS = 32, 65, 4  # tiny_test.json: context 32, character vocabulary
 LLAMA_SETS = ["model.arch=llama", "model.n_kv_head=1", "model.intermediate_size=96"]
+# tiny_test.json as a Mixture of Experts: 4 experts of 16, top 2, a shared expert of 24
+MOE_SETS = ["model.arch=qwen2_moe", "model.n_kv_head=1", "model.num_experts=4", "model.num_experts_per_tok=2",
+            "model.moe_intermediate_size=16", "model.shared_expert_intermediate_size=24"]
 LOSS_RE = re.compile(r"validation loss ([0-9.]+) over (\d+) sequences")
 
 
@@ -75,9 +80,13 @@ def our_eval_loss(bin_dir, tmp, name, model_dir, val, *sets):
 
 
 def hf_loss(model_dir, toks):
-    """Mean next-token cross-entropy of transformers' model over SEQS windows of T+1 tokens."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
+    """Mean next-token cross-entropy of transformers' model over SEQS windows of T+1 tokens; the
+    load must find every tensor it expects and no other."""
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32,
+                                                                    attn_implementation="eager",
+                                                                    output_loading_info=True)
+    model.eval()
+    check(not info["missing_keys"] and not info["unexpected_keys"], f"{model_dir}: loading info {info}")
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(SEQS):
@@ -97,7 +106,7 @@ def case_export(bin_dir, tmp):
     val = os.path.join(tmp, "val.bin")
     toks = write_val_shard(val, 1)
     for arch, sets, hf_class in (("gpt2", [], "GPT2LMHeadModel"), ("gpt2_untied", ["model.tie_embeddings=false"], "GPT2LMHeadModel"),
-                                 ("llama", LLAMA_SETS, "LlamaForCausalLM")):
+                                 ("llama", LLAMA_SETS, "LlamaForCausalLM"), ("moe", MOE_SETS, "Qwen2MoeForCausalLM")):
         out_dir = os.path.join(tmp, f"{arch}_hf")
         rc, out = mfsdp(bin_dir, tmp, f"train_{arch}", "training.steps=40", f"output.export={out_dir}", *sets)
         check(rc == 0, f"{arch}: training failed (rc {rc})")
@@ -132,7 +141,24 @@ def save_hf_models(tmp):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
     dirs["llama_sharded"] = os.path.join(tmp, "hf_llama_sharded")
     llama.save_pretrained(dirs["llama_sharded"], max_shard_size="20KB")
-    for k in ("gpt2_sharded", "llama_sharded"):
+    moe_cfg = transformers.Qwen2MoeConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=1, max_position_embeddings=T, rms_norm_eps=1e-5,
+                                          rope_theta=10000.0, tie_word_embeddings=False, initializer_range=0.2,
+                                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                          shared_expert_intermediate_size=24, intermediate_size=24,
+                                          norm_topk_prob=True, use_sliding_window=False)
+    moe = transformers.Qwen2MoeForCausalLM(moe_cfg)
+    with torch.no_grad():
+        for n, p in moe.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    dirs["moe_sharded"] = os.path.join(tmp, "hf_moe_sharded")
+    moe.save_pretrained(dirs["moe_sharded"], max_shard_size="20KB")
+    with torch.no_grad():  # Qwen2-MoE's attention biases, which our family does not have
+        moe.model.layers[1].self_attn.k_proj.bias.fill_(0.5)
+    dirs["moe_biased"] = os.path.join(tmp, "hf_moe_biased")
+    moe.save_pretrained(dirs["moe_biased"])
+    for k in ("gpt2_sharded", "llama_sharded", "moe_sharded"):
         check(os.path.exists(os.path.join(dirs[k], "model.safetensors.index.json")), f"{k}: transformers did not shard")
     return dirs
 
@@ -141,8 +167,9 @@ def case_import(bin_dir, tmp):
     val = os.path.join(tmp, "val.bin")
     toks = write_val_shard(val, 2)
     dirs = save_hf_models(tmp)
-    for name in ("gpt2", "gpt2_sharded", "llama_sharded"):
-        sets = LLAMA_SETS if name.startswith("llama") else []
+    moe_import = MOE_SETS + ["model.norm_topk_prob=true"]
+    for name in ("gpt2", "gpt2_sharded", "llama_sharded", "moe_sharded"):
+        sets = LLAMA_SETS if name.startswith("llama") else moe_import if name.startswith("moe") else []
         theirs = hf_loss(dirs[name], toks)
         check(theirs > 4.4, f"{name}: transformers' loss {theirs:.4f} is too close to uniform to tell models apart")
         compare(f"import {name}", our_eval_loss(bin_dir, tmp, f"eval_{name}", dirs[name], val, *sets), theirs)
@@ -150,6 +177,14 @@ def case_import(bin_dir, tmp):
     rc, out = mfsdp(bin_dir, tmp, "bad_kv", f"model.init_from={dirs['llama_sharded']}", f"data.val={val}",
                     "model.arch=llama", "model.intermediate_size=96", args=("--eval-only",))
     check(rc == 2 and "num_key_value_heads" in out and "model.n_kv_head" in out, f"kv-head mismatch: rc {rc}: {out[-400:]}")
+    rc, out = mfsdp(bin_dir, tmp, "moe_biased", f"model.init_from={dirs['moe_biased']}", f"data.val={val}", *moe_import,
+                    args=("--eval-only",))
+    check(rc != 0 and "model.layers.1.self_attn.k_proj.bias: holds nonzero values" in out,
+          f"a nonzero attention bias: rc {rc}: {out[-400:]}")
+    rc, out = mfsdp(bin_dir, tmp, "moe_topk", f"model.init_from={dirs['moe_sharded']}", f"data.val={val}", *MOE_SETS,
+                    args=("--eval-only",))
+    check(rc == 2 and "norm_topk_prob is true but model.norm_topk_prob is false" in out,
+          f"norm_topk_prob mismatch: rc {rc}: {out[-400:]}")
     # continue training public weights, export, load back
     out_dir = os.path.join(tmp, "llama_continued")
     rc, out = mfsdp(bin_dir, tmp, "continue", f"model.init_from={dirs['llama_sharded']}", "training.steps=5",

@@ -10,7 +10,11 @@ usage: test_moe_cli.py BIN_DIR CASE with CASE one of
               without the router losses ends elsewhere (their gradients reach the routers); the
               loss falls; metrics.jsonl's expert_load is the same at every world size and counts
               k = 2 assignments per layer for every token of each window
-  refusals    MoE keys on another architecture, bf16 matmuls and an export are refused on every
+  resume      a run saved at step 3 (-np 2, matrixfsdp, grad_accum 2) resumes at -np 1 (matrixfsdp),
+              -np 4 (fsdp2) and -np 4 (HSDP, replicate 2), the same 8 sequences per step: each ends with
+              the uninterrupted -np 2 run's loss lines for steps 4-6, validation loss and state
+              fingerprint (bitwise)
+  refusals    MoE keys on another architecture, bf16 matmuls and an export without a shared expert are refused on every
               rank with the key named (exit 2)
 Exit 0 on success, 1 on failure.
 """
@@ -96,13 +100,42 @@ def case_exactness(bin_dir, tmp):
     return 0
 
 
+def case_resume(bin_dir, tmp):
+    common = ("training.micro_batch_size=2", "training.eval_interval=6", "training.sample_tokens=0",
+              "data.shuffle=true", "schedule.decay=constant")
+    rc, ref_out, ref = train(bin_dir, 2, *common, "training.steps=6", "training.grad_accum=2")
+    check(rc == 0, f"the uninterrupted run failed ({rc})")
+    save = os.path.join(tmp, "save")
+    rc, _, _ = train(bin_dir, 2, *common, "training.steps=3", "training.grad_accum=2", f"logging.run_dir={save}")
+    check(rc == 0, f"the saving run failed ({rc})")
+    if not ref or rc:
+        return 1
+    ckpt = os.path.join(save, "checkpoints", "step_00000003")
+    ref_lines = [l for l in LOSS_LINE.findall(ref_out) if int(l[0]) > 3]
+    check(len(ref_lines) == 3, f"expected the loss lines of steps 4-6, got {ref_lines}")
+    for placement, np, accum, replicate in [("matrixfsdp", 1, 4, 1), ("fsdp2", 4, 1, 1), ("matrixfsdp", 4, 1, 2)]:
+        key = (placement, np, replicate)
+        rc, out, s = train(bin_dir, np, *common, "training.steps=6", f"training.grad_accum={accum}",
+                           f"sharding.placement={placement}", f"sharding.replicate={replicate}", f"training.resume={ckpt}")
+        check(rc == 0 and "resumed at step 3" in out, f"{key}: resume failed ({rc})")
+        if rc:
+            continue
+        check(LOSS_LINE.findall(out) == ref_lines, f"{key}: loss lines {LOSS_LINE.findall(out)} != {ref_lines}")
+        check(s["state_fingerprint"] == ref["state_fingerprint"],
+              f"{key}: state fingerprint {s['state_fingerprint']} != {ref['state_fingerprint']}")
+        check(s["final_val_loss"] == ref["final_val_loss"], f"{key}: val loss {s['final_val_loss']!r} != {ref['final_val_loss']!r}")
+        print(f"resumed at -np {np} {placement} (replicate {replicate}): fingerprint {s['state_fingerprint']}")
+    return 0
+
+
 def case_refusals(bin_dir, tmp):
     cases = [
         (("model.arch=llama", "model.num_experts=16"),
          'model.num_experts: only applies to model.arch "qwen2_moe" (model.arch is "llama")'),
         (("precision.matmul_dtype=bf16",), "precision.matmul_dtype: must not be bf16"),
-        ((f"output.export={os.path.join(tmp, 'moe.safetensors')}",), "output.export: Hugging Face export is not "
-                                                                     'implemented for model.arch "qwen2_moe"'),
+        ((f"output.export={os.path.join(tmp, 'moe.safetensors')}", "model.shared_expert_intermediate_size=0"),
+         "output.export: model.shared_expert_intermediate_size: the Hugging Face Qwen2-MoE layout always has a "
+         "shared expert"),
         (("model.num_experts_per_tok=5",), "model.num_experts_per_tok: must be <= 4, got 5"),
     ]
     for sets, message in cases:

@@ -1,0 +1,103 @@
+#include "models/moe_hf.h"
+
+#include <stdexcept>
+
+#include "models/llama_hf.h"
+
+namespace mfsdp {
+namespace {
+
+HfDecoderFile moe_file(const MoeConfig& cfg) {
+  if (const std::string why = hf_moe_layout_refusal(cfg); !why.empty()) throw std::invalid_argument(why);
+  HfDecoderFile f;
+  f.inventory = moe_inventory(cfg);
+  f.base = cfg;
+  f.family = "Qwen2-MoE";
+  f.layout = "hf-qwen2-moe";
+  f.config = hf_moe_config_json(cfg);
+  const int64_t C = cfg.n_embd, KV = static_cast<int64_t>(cfg.n_kv_head) * cfg.head_dim();
+  for (int i = 0; i < cfg.n_layer; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
+    f.zero_tensors.push_back({p + "q_proj.bias", {C}});
+    f.zero_tensors.push_back({p + "k_proj.bias", {KV}});
+    f.zero_tensors.push_back({p + "v_proj.bias", {KV}});
+  }
+  f.config_mismatch = [cfg](const nlohmann::json& c) { return hf_moe_config_mismatch(c, cfg); };
+  return f;
+}
+
+}  // namespace
+
+nlohmann::json hf_moe_config_json(const MoeConfig& cfg) {
+  return {{"architectures", {"Qwen2MoeForCausalLM"}},
+          {"model_type", "qwen2_moe"},
+          {"vocab_size", cfg.vocab_size},
+          {"hidden_size", cfg.n_embd},
+          {"intermediate_size", cfg.shared_expert_intermediate_size},
+          {"num_hidden_layers", cfg.n_layer},
+          {"num_attention_heads", cfg.n_head},
+          {"num_key_value_heads", cfg.n_kv_head},
+          {"max_position_embeddings", cfg.seq_len},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", cfg.norm_eps},
+          {"rope_theta", cfg.rope_theta},
+          {"rope_scaling", nullptr},
+          {"use_sliding_window", false},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", nlohmann::json::array()},
+          {"num_experts", cfg.num_experts},
+          {"num_experts_per_tok", cfg.num_experts_per_tok},
+          {"moe_intermediate_size", cfg.moe_intermediate_size},
+          {"shared_expert_intermediate_size", cfg.shared_expert_intermediate_size},
+          {"norm_topk_prob", cfg.norm_topk_prob},
+          {"router_aux_loss_coef", cfg.router_aux_loss_coef},
+          {"initializer_range", cfg.init_std},
+          {"tie_word_embeddings", cfg.tie_embeddings},
+          {"torch_dtype", "float32"}};
+}
+
+std::string hf_moe_config_mismatch(const nlohmann::json& config, const MoeConfig& cfg) {
+  const std::string where = "config.json";
+  const std::string type = hf_config_string(config, "model_type", "", where);
+  if (type != "qwen2_moe") return where + ": model_type is \"" + type + "\", model.arch is \"qwen2_moe\"";
+  if (std::string e = hf_llama_shared_mismatch(config, cfg, where); !e.empty()) return e;
+  // transformers' Qwen2MoeConfig defaults for absent fields
+  nlohmann::json c = config;
+  const std::pair<const char*, int64_t> defaults[] = {{"num_experts", 60},
+                                                     {"num_experts_per_tok", 4},
+                                                     {"moe_intermediate_size", 1408},
+                                                     {"shared_expert_intermediate_size", 5632}};
+  for (const auto& [key, value] : defaults)
+    if (!c.contains(key) || c[key].is_null()) c[key] = value;
+  if (std::string e = hf_int_mismatch(
+          c,
+          {{"num_experts", cfg.num_experts, "model.num_experts"},
+           {"num_experts_per_tok", cfg.num_experts_per_tok, "model.num_experts_per_tok"},
+           {"moe_intermediate_size", cfg.moe_intermediate_size, "model.moe_intermediate_size"},
+           {"shared_expert_intermediate_size", cfg.shared_expert_intermediate_size, "model.shared_expert_intermediate_size"}},
+          where);
+      !e.empty())
+    return e;
+  if (const int64_t step = hf_config_int(config, "decoder_sparse_step", 1, where); step != 1)
+    return where + ": decoder_sparse_step is " + std::to_string(step) + "; only 1 (every layer sparse) is supported";
+  const bool norm = hf_config_bool(config, "norm_topk_prob", false, where);
+  if (norm != cfg.norm_topk_prob)
+    return where + ": norm_topk_prob is " + (norm ? "true" : "false") + " but model.norm_topk_prob is " +
+           (cfg.norm_topk_prob ? "true" : "false");
+  if (config.contains("mlp_only_layers") && !config["mlp_only_layers"].is_null() && !config["mlp_only_layers"].empty())
+    return where + ": mlp_only_layers " + config["mlp_only_layers"].dump() + " is not supported (every layer is sparse)";
+  if (hf_config_bool(config, "use_sliding_window", false, where))
+    return where + ": use_sliding_window is not supported (full causal attention only)";
+  return "";
+}
+
+void export_hf_moe(const std::string& path, const MoeConfig& cfg, const NamedTensors& params, DType dtype,
+                   const std::map<std::string, std::string>& extra_metadata) {
+  export_hf_decoder(path, moe_file(cfg), params, dtype, extra_metadata);
+}
+
+NamedTensors import_hf_moe(const std::string& path, const MoeConfig& cfg) {
+  return import_hf_decoder(path, moe_file(cfg));
+}
+
+}  // namespace mfsdp
