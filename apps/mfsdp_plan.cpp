@@ -170,8 +170,11 @@ void print_tables(const Args& a, const PlanInputs& in, const ParamInventory& inv
   }
   std::printf("\nPer-unit segments (%s)\n%s", placement_name(placement), unit_table(plan).c_str());
   if (!in.options.node_of_rank.empty()) print_node_balance(plan);
-  if (a.per_rank || a.world <= 16)
+  if (a.per_rank || a.world <= 16) {
     std::printf("\nPer-rank (%s)\n%s", placement_name(placement), rank_table(plan).c_str());
+    if (const std::string experts = expert_table(plan); !experts.empty())
+      std::printf("\nExperts per rank (%s)\n%s", placement_name(placement), experts.c_str());
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "planner/report.h"
 
 #include <algorithm>
+#include <map>
+#include <regex>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -142,6 +144,41 @@ std::string rank_table(const ShardPlan& plan) {
                format_count(elems[r]), format_flops(plan.stats.rank_flops.at(r)),
                format_bytes(static_cast<double>(plan.stats.rank_bytes.at(r)))});
   return t.str();
+}
+
+std::string expert_table(const ShardPlan& plan) {
+  static const std::regex expert(R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
+  // rank -> (layer, expert) -> the letters of the matrices it owns, in g, u, d order
+  std::vector<std::map<std::pair<int, int>, std::string>> owned(static_cast<size_t>(plan.world_size));
+  int matrices = 0;
+  for (const auto& s : plan.shards) {
+    std::smatch m;
+    if (!std::regex_match(s.name, m, expert) || s.pieces.empty()) continue;
+    const int rank = s.owner >= 0 ? s.owner : s.pieces.front().rank;
+    std::string& letters = owned.at(static_cast<size_t>(rank))[{std::stoi(m[1]), std::stoi(m[2])}];
+    letters += m[3].str()[0];
+    std::sort(letters.begin(), letters.end(), [](char a, char b) {
+      const std::string order = "gud";
+      return order.find(a) < order.find(b);
+    });
+    ++matrices;
+  }
+  if (matrices == 0) return "";
+  TextTable t({"rank", "expert matrices", "whole experts"});
+  std::string lists;
+  for (int r = 0; r < plan.world_size; ++r) {
+    int count = 0, whole = 0;
+    std::string list;
+    for (const auto& [key, letters] : owned[static_cast<size_t>(r)]) {
+      count += static_cast<int>(letters.size());
+      whole += letters == "gud";
+      list += (list.empty() ? "" : " ") + std::to_string(key.first) + "." + std::to_string(key.second) +
+              (letters == "gud" ? "" : ":" + letters);
+    }
+    t.add_row({std::to_string(r), std::to_string(count), std::to_string(whole)});
+    lists += "rank " + std::to_string(r) + ": " + (list.empty() ? "-" : list) + "\n";
+  }
+  return t.str() + "experts by rank (layer.expert, \":\" and the matrices g/u/d when the rank holds only some):\n" + lists;
 }
 
 }  // namespace mfsdp

@@ -40,5 +40,11 @@ std::string balance_table(const std::vector<std::pair<std::string, const ShardPl
 std::string unit_table(const ShardPlan& plan);
 /// One row per rank: rank | matrices | tail tensors | elements | optimizer FLOPs | bytes.
 std::string rank_table(const ShardPlan& plan);
+/// Mixture-of-Experts plans (parameters named `model.layers.<l>.mlp.experts.<e>.<m>_proj.weight`):
+/// one row per rank with the routed expert matrices it owns (owner = the rank of each matrix's
+/// whole-matrix owner, or of its first piece): rank | expert matrices | whole experts, then a line
+/// per rank listing "<l>.<e>" for an expert whose gate, up and down matrices are all on the rank
+/// and "<l>.<e>:<g|u|d...>" for the matrices of a split one. "" when the plan has no experts.
+std::string expert_table(const ShardPlan& plan);
 
 }  // namespace mfsdp

@@ -2,10 +2,13 @@
 // AdamW (or Muon when asked), and Newton-Schulz balanced over many same-shape expert matrices.
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <sstream>
 
 #include "models/moe_spec.h"
 #include "planner/cost_model.h"
+#include "planner/report.h"
 #include "tests/planner/plan_checks.h"
 
 using namespace mfsdp;
@@ -73,4 +76,40 @@ TEST_CASE("MoE: 64 experts x 3 matrices x 4 layers at world 8, Newton-Schulz max
   CHECK(p2.shard("model.layers.2.mlp.gate.weight").optimizer == OptimizerKind::muon);
   CHECK(p2.shard("model.layers.2.mlp.shared_expert_gate.weight").optimizer == OptimizerKind::adamw);
   check_layout_elements(make_plan(inv, 3, Placement::fsdp2), inv);
+}
+
+TEST_CASE("MoE: mfsdp-plan's experts table lists every expert matrix under its owner", "[moe]") {
+  const ShardPlan plan = make_plan(moe_inventory(moe_64x4()), 8, Placement::matrixfsdp);
+  const std::string table = expert_table(plan);
+  INFO(table);
+  std::vector<std::string> letters(8);  // per rank, the g/u/d letters the table shows
+  std::map<std::string, int> owner;     // "layer.expert" + letter -> owner, from the plan
+  for (const MatrixShard& s : plan.shards) {
+    const auto at = s.name.find(".mlp.experts.");
+    if (at == std::string::npos) continue;
+    const std::string layer = s.name.substr(13, s.name.find('.', 13) - 13);
+    const std::string rest = s.name.substr(at + 13);
+    owner[layer + "." + rest.substr(0, rest.find('.')) + rest[rest.find('.') + 1]] = s.owner;
+  }
+  REQUIRE(owner.size() == 64 * 3 * 4);
+  std::istringstream lines(table);
+  std::string line;
+  int listed = 0;
+  while (std::getline(lines, line)) {
+    if (!line.starts_with("rank ") || line.find(':') == std::string::npos || line.starts_with("rank  ")) continue;
+    const int rank = std::stoi(line.substr(5));
+    std::istringstream items(line.substr(line.find(':') + 2));
+    std::string item;
+    while (items >> item) {
+      const auto colon = item.find(':');
+      const std::string expert = item.substr(0, colon);
+      for (char m : colon == std::string::npos ? std::string("gud") : item.substr(colon + 1)) {
+        INFO(expert << m);
+        CHECK(owner.at(expert + m) == rank);
+        ++listed;
+      }
+    }
+  }
+  CHECK(listed == 64 * 3 * 4);
+  CHECK(expert_table(make_plan(llama_inventory(LlamaConfig{}), 4, Placement::matrixfsdp)).empty());
 }
