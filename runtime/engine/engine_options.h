@@ -59,8 +59,9 @@ struct EngineOptions {
   std::optional<int> prefetch_depth;
   int64_t prefetch_limit_bytes = 0;
   /// Orthogonalize an owner's same-shape Muon matrices together (one strided-batched bf16
-  /// Newton-Schulz chain per shape on CUDA, no padding); automatic = on for CUDA only (on the CPU a
-  /// batch is a loop, so it only costs a batch buffer). Bitwise equal either way.
+  /// Newton-Schulz chain per shape on CUDA; on the CPU small matrices, min(rows, cols) < 256, run
+  /// across the batch on the OpenMP threads instead of one band each), no padding; automatic = on
+  /// for both devices. Bitwise equal either way; costs one batch buffer and a momentum copy.
   Toggle batch_orthogonalize = Toggle::automatic;
   /// The attention kernel of every forward and backward (ops.h AttentionKernel; names:
   /// kAttentionNames; unset is "auto"): cudnn (cuDNN's fused attention in bf16, CUDA builds with cuDNN, head sizes

@@ -137,7 +137,7 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   r.traits = placement_traits(placement, replicas > 1);
   const auto fixed = [](bool on) { return on ? Toggle::on : Toggle::off; };
   r.options.prefetch_depth = in.prefetch_depth.value_or(cuda ? 1 : 0);
-  r.options.batch_orthogonalize = fixed(toggle_value(in.batch_orthogonalize, cuda));
+  r.options.batch_orthogonalize = fixed(toggle_value(in.batch_orthogonalize, true));  // bitwise equal, never slower
   // a replica chain and ddp's all-reduce block whatever the switch says
   r.options.overlap_reduce =
       fixed(toggle_value(in.overlap_reduce, cuda) && replicas == 1 && !r.traits.all_reduce_gradients);

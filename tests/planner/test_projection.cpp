@@ -310,20 +310,20 @@ TEST_CASE("the projection's engine switches are the engine's rulebook for the cl
   CHECK(g.batch_orthogonalize);
   CHECK(h.prefetch_depth == 0);  // and its CPU ones
   CHECK_FALSE(h.overlap_reduce);
-  CHECK_FALSE(h.batch_orthogonalize);
+  CHECK(h.batch_orthogonalize);  // on both devices
   CHECK(g.planner.ns_steps == m.ns_steps);
   CHECK_FALSE(g.planner.round_robin);
   // asked-for switches win over the device default; round-robin owners reach the planner
   ProjectionInput forced = m;
   forced.prefetch_depth = 3;
   forced.overlap_reduce = Toggle::off;
-  forced.batch_orthogonalize = Toggle::on;
+  forced.batch_orthogonalize = Toggle::off;
   forced.round_robin_owners = true;
   forced.ns_steps = 2;
   const EngineChoices f = engine_choices(forced, cpu);
   CHECK(f.prefetch_depth == 3);
   CHECK_FALSE(f.overlap_reduce);
-  CHECK(f.batch_orthogonalize);
+  CHECK_FALSE(f.batch_orthogonalize);
   CHECK(f.planner.round_robin);
   CHECK(f.planner.ns_steps == 2);
   // the rulebook's rules: no overlapped reduction under replicas or for ddp's all-reduce, even asked for
@@ -341,7 +341,7 @@ TEST_CASE("the projection's engine switches are the engine's rulebook for the cl
   EngineChoices hand;
   hand.prefetch_depth = 3;
   hand.overlap_reduce = false;
-  hand.batch_orthogonalize = true;
+  hand.batch_orthogonalize = false;
   hand.planner.ns_steps = 2;
   hand.planner.round_robin = true;
   CHECK(project(forced, cpu, 8).step_ms == project(forced, cpu, 8, hand).step_ms);
