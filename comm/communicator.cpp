@@ -84,6 +84,43 @@ std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_v(const vo
   return std::make_unique<CompletedCollective>();
 }
 
+std::vector<int64_t> Communicator::exchange_counts(const std::vector<int64_t>& send_counts, CommPhase ph) {
+  const int n = world_size();
+  detail::check_counts("exchange_counts", send_counts, n);
+  std::vector<int64_t> all(static_cast<size_t>(n) * n);
+  all_gather_host(send_counts.data(), all.data(), static_cast<int64_t>(sizeof(int64_t)) * n, ph);
+  std::vector<int64_t> recv(static_cast<size_t>(n));
+  for (int s = 0; s < n; ++s) recv[static_cast<size_t>(s)] = all[static_cast<size_t>(s) * n + rank()];
+  return recv;
+}
+
+void Communicator::all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                const std::vector<int64_t>& recv_counts, DType dt, CommPhase ph) {
+  const int n = world_size(), me = rank();
+  const int64_t sent = detail::check_counts("all_to_all_v", send_counts, n);
+  const int64_t received = detail::check_counts("all_to_all_v", recv_counts, n);
+  detail::check_buffer("all_to_all_v", "send", send, sent);
+  detail::check_buffer("all_to_all_v", "recv", recv, received);
+  if (send_counts[me] != recv_counts[me])
+    throw std::invalid_argument("[all_to_all_v] rank " + std::to_string(me) + " sends itself " +
+                                std::to_string(send_counts[me]) + " elements but expects " +
+                                std::to_string(recv_counts[me]));
+  const int64_t e = dtype_size(dt);
+  const std::vector<int64_t> send_at = detail::offsets_of(send_counts), recv_at = detail::offsets_of(recv_counts);
+  std::vector<P2P> ops;
+  for (int r = 0; r < n; ++r) {
+    if (recv_counts[r] > 0)
+      ops.push_back({false, r, static_cast<unsigned char*>(recv) + recv_at[r] * e, recv_counts[r], dt});
+    if (send_counts[r] > 0)
+      ops.push_back({true, r, const_cast<unsigned char*>(static_cast<const unsigned char*>(send)) + send_at[r] * e,
+                     send_counts[r], dt});
+  }
+  send_recv(ops, ph);
+  PhaseCounters& c = counters_.at(ph);  // the own segment is a local copy, not traffic
+  c.bytes_sent -= send_counts[me] * e;
+  c.bytes_received -= recv_counts[me] * e;
+}
+
 namespace detail {
 
 const char* comm_op_name(CommOpId op) {

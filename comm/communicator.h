@@ -97,6 +97,8 @@ class PendingCollective {
 ///   all_reduce_scalar        sent 8*(N-1)                received 8*(N-1)
 ///   broadcast(count, root)   root: sent count*(N-1)*e    others: received count*e
 ///   send_recv                sum of send counts*e        sum of recv counts*e
+///   all_to_all_v             sum of send_counts[d]*e     sum of recv_counts[s]*e  (d, s != r)
+///   exchange_counts          = all_gather_host of 8*N bytes
 ///   barrier                  0 bytes (one call in phase `other`)
 /// The debug-mode signature exchange is not counted.
 class Communicator {
@@ -178,6 +180,23 @@ class Communicator {
   /// have completed. Between one pair of ranks, sends and receives are matched in call order.
   /// Not a collective: only the ranks that take part call it (no debug signature check).
   virtual void send_recv(const std::vector<P2P>& ops, CommPhase ph) = 0;
+
+  /// The counts of an all_to_all_v: this rank will send send_counts[d] elements to rank d (world
+  /// entries, each >= 0); returns recv_counts, recv_counts[s] = what rank s will send here. One
+  /// all_gather_host of world int64s per rank (counted in `ph`). Collective. Throws
+  /// std::invalid_argument for a wrong length or a negative count, before communicating.
+  std::vector<int64_t> exchange_counts(const std::vector<int64_t>& send_counts, CommPhase ph);
+  /// Variable all-to-all (the dispatch and combine of tokens to expert owners): `send` holds the
+  /// segments for ranks 0..world-1 back to back (send_counts[d] elements for rank d), `recv`
+  /// receives the segments from ranks 0..world-1 back to back (recv_counts[s] elements from s, as
+  /// exchange_counts returned them). Pure data movement, in rank order, so the bytes are the same
+  /// however messages arrive. Built on one grouped send_recv (MPI point-to-point, NCCL grouped
+  /// send/recv, host-staged CUDA); the own segment takes the same path and is not counted, so the
+  /// counters show sum_{d != rank} send_counts[d] * e sent and the like received. Collective over
+  /// the ranks with nonzero counts; every rank should call it. Throws std::invalid_argument for
+  /// counts of the wrong length or sign, or a null buffer with a nonzero total, before communicating.
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                    const std::vector<int64_t>& recv_counts, DType dt, CommPhase ph);
 
   const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = CommCounters{}; }

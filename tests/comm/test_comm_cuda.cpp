@@ -173,6 +173,21 @@ void compare_backends(Communicator& dev, Communicator& ref) {
     dsend.put(hg);
     dev.send_recv({{true, next, dsend.p, 100, dt}, {false, prev, drecv.p, 100, dt}}, CommPhase::other);
     REQUIRE(drecv.get() == host_values(dt, 100, prev, 0));
+    // all_to_all_v (the own segment included): the same bytes as the MPI backend
+    std::vector<int64_t> sc(n);
+    for (int d = 0; d < n; ++d) sc[d] = 10 * ((me + 2 * d) % 5);
+    const std::vector<int64_t> rc = dev.exchange_counts(sc, CommPhase::other);
+    REQUIRE(rc == ref.exchange_counts(sc, CommPhase::other));
+    const int64_t st = std::accumulate(sc.begin(), sc.end(), int64_t{0}), rt = std::accumulate(rc.begin(), rc.end(), int64_t{0});
+    auto ha = host_values(dt, st, me, 0);
+    std::vector<unsigned char> hao(static_cast<size_t>(rt * e));
+    DevBuf da(std::max<size_t>(ha.size(), 2)), dao(std::max<size_t>(hao.size(), 2));
+    if (!ha.empty()) da.put(ha);
+    ref.all_to_all_v(ha.data(), sc, hao.data(), rc, dt, CommPhase::other);
+    dev.all_to_all_v(da.p, sc, dao.p, rc, dt, CommPhase::other);
+    auto got = dao.get();
+    got.resize(hao.size());
+    REQUIRE(got == hao);
   }
   CHECK(dev.all_reduce_scalar(me + 1.0, ReduceOp::sum, CommPhase::other) == n * (n + 1) / 2.0);
   ref.all_reduce_scalar(me + 1.0, ReduceOp::sum, CommPhase::other);

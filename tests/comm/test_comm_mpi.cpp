@@ -281,6 +281,52 @@ TEST_CASE("comm.mpi all_reduce, all_reduce_scalar, broadcast, send_recv", "[comm
   }
 }
 
+TEST_CASE("comm.mpi all_to_all_v moves every segment to its rank, in rank order", "[comm]") {
+  auto c = make_mpi_communicator(MPI_COMM_WORLD);
+  const int n = c->world_size(), r = c->rank();
+  // rank s sends (s + 2 d) % 5 elements to rank d (zero counts included), element i valued
+  // 1000 s + 10 d + i: every received value names its source, destination and position
+  auto count = [](int s, int d) { return static_cast<int64_t>((s + 2 * d) % 5); };
+  for (DType dt : {DType::f32, DType::i32}) {
+    std::vector<int64_t> send_counts(n);
+    for (int d = 0; d < n; ++d) send_counts[d] = count(r, d);
+    const std::vector<int64_t> recv_counts = c->exchange_counts(send_counts, CommPhase::other);
+    for (int s = 0; s < n; ++s) CHECK(recv_counts[s] == count(s, r));
+    std::vector<int32_t> send;
+    for (int d = 0; d < n; ++d)
+      for (int64_t i = 0; i < send_counts[d]; ++i) send.push_back(1000 * r + 10 * d + static_cast<int32_t>(i));
+    std::vector<float> send_f(send.begin(), send.end());
+    const int64_t total = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+    std::vector<int32_t> recv(static_cast<size_t>(total), -1);
+    std::vector<float> recv_f(recv.size(), -1.0f);
+    c->reset_counters();
+    if (dt == DType::f32) c->all_to_all_v(send_f.data(), send_counts, recv_f.data(), recv_counts, dt, CommPhase::other);
+    else c->all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, dt, CommPhase::other);
+    size_t k = 0;
+    for (int s = 0; s < n; ++s)
+      for (int64_t i = 0; i < recv_counts[s]; ++i, ++k) {
+        const int32_t want = 1000 * s + 10 * r + static_cast<int32_t>(i);
+        if (dt == DType::f32) CHECK(recv_f[k] == static_cast<float>(want));
+        else CHECK(recv[k] == want);
+      }
+    // the own segment is no traffic
+    const PhaseCounters& pc = c->counters().at(CommPhase::other);
+    CHECK(pc.bytes_sent == 4 * (std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0}) - send_counts[r]));
+    CHECK(pc.bytes_received == 4 * (total - recv_counts[r]));
+  }
+  // argument errors throw on every rank before any message
+  std::vector<int64_t> wrong(n + 1, 0), negative(n, 0);
+  negative[0] = -1;
+  CHECK_THROWS_WITH(c->exchange_counts(wrong, CommPhase::other), Catch::Contains("exchange_counts"));
+  CHECK_THROWS_WITH(c->all_to_all_v(nullptr, negative, nullptr, std::vector<int64_t>(n, 0), DType::f32, CommPhase::other),
+                    Catch::Contains("all_to_all_v"));
+  std::vector<int64_t> self(n, 0), other(n, 0);
+  self[r] = 1;
+  float x = 0;
+  CHECK_THROWS_WITH(c->all_to_all_v(&x, self, &x, other, DType::f32, CommPhase::other),
+                    Catch::Contains("sends itself 1 elements but expects 0"));
+}
+
 TEST_CASE("comm.mpi reduce_scatter_v is bitwise deterministic and rank-ordered", "[comm]") {
   auto c = make_mpi_communicator();
   CommOptions tiny;
