@@ -29,6 +29,7 @@ struct BenchArgs {
   int64_t vocab = 0;  ///< 0: the preset's
   int threads = 0;    ///< CPU threads per rank; 0: the node's cores shared by its ranks
   std::string json_path;
+  bool expert_parallel = false;  ///< also matrixfsdp with experts staying with their owners (MoE presets)
 };
 
 /// Declares every option of mfsdp-bench on `app`, bound to the fields of `a`.
@@ -67,6 +68,9 @@ void add_bench_options(CLI::App& app, BenchArgs& a) {
   cli::add_choice(app, "--batch-orthogonalize", base.batch_orthogonalize, kToggleNames,
                   "on: an owner's same-shape Muon matrices in one batched call, off: one at a time, auto: the "
                   "engine's default");
+  app.add_flag("--expert-parallel", a.expert_parallel,
+               "for MoE presets also measure matrixfsdp with experts staying with their owners "
+               "(sharding.expert_parallel): token traffic in place of expert weight traffic");
   app.add_option("--json", a.json_path, "write every result and the ratios as JSON");
 }
 
@@ -96,6 +100,11 @@ std::vector<BenchResult> run_bench_cases(std::unique_ptr<Communicator>& world, c
           c.placement = parse_placement(p);
           if (c.replicas > 1 && !placement_traits(c.placement).replicable()) continue;
           results.push_back(run_bench_case(*groups.shard, groups.replica.get(), c));
+          if (a.expert_parallel && c.placement == Placement::matrixfsdp && c.replicas == 1 &&
+              c.model.family == "qwen2_moe") {
+            c.expert_parallel = true;
+            results.push_back(run_bench_case(*groups.shard, groups.replica.get(), c));
+          }
           if (rank == 0) std::fflush(stdout);
         }
   } catch (const std::exception& e) {

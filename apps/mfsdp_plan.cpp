@@ -145,16 +145,19 @@ void print_tables(const Args& a, const PlanInputs& in, const ParamInventory& inv
   const Placement placement = in.placement;
   const bool owner_placement = placement == Placement::matrixfsdp || placement == Placement::zero1;
   ShardPlan baseline, fsdp2;
+  const bool ep = in.options.expert_parallel;
   std::vector<std::pair<std::string, const ShardPlan*>> cols{
-      {std::string(placement_name(placement)) + (owner_placement ? " (LPT)" : ""), &plan}};
+      {std::string(placement_name(placement)) + (owner_placement ? (ep ? " (LPT, whole experts)" : " (LPT)") : ""), &plan}};
+  PlannerOptions others = in.options;  // the baselines split experts as they always do
+  others.expert_parallel = false;
   if (owner_placement) {
-    PlannerOptions rr = in.options;
+    PlannerOptions rr = others;
     rr.round_robin = true;
     baseline = make_plan(inv, a.world, placement, rr);
     cols.emplace_back(std::string(placement_name(placement)) + " (round-robin)", &baseline);
   }
   if (placement != Placement::fsdp2) {
-    fsdp2 = make_plan(inv, a.world, Placement::fsdp2, in.options);
+    fsdp2 = make_plan(inv, a.world, Placement::fsdp2, others);
     cols.emplace_back("fsdp2", &fsdp2);
   }
   std::printf("config: %s\n", a.config_path.c_str());

@@ -149,6 +149,7 @@ std::pair<double, double> compare(const ClusterSpec& c, const std::string& bench
   size_t row = 0;
   for (const json& r : b.at("results")) {
     const std::string where = bench_path + ": results[" + std::to_string(row++) + "]";
+    if (r.is_object() && r.value("expert_parallel", false)) continue;  // the projection gathers experts
     ProjectionInput in;
     ModelShape shape = model_preset(bench_field<std::string>(r, "model", where), bench_field<int>(r, "layers", where));
     if (r.is_object() && r.contains("vocab")) {  // mfsdp-bench --vocab; older files have the preset's

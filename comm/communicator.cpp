@@ -21,6 +21,7 @@ const char* comm_phase_name(CommPhase p) {
     case CommPhase::grad_reduce: return "grad_reduce";
     case CommPhase::opt_step: return "opt_step";
     case CommPhase::other: return "other";
+    case CommPhase::experts: return "experts";
     default: return "?";
   }
 }

@@ -12,9 +12,10 @@
 namespace mfsdp {
 
 /// Tag that says which part of a training step a collective belongs to; counters are kept per tag.
-enum class CommPhase : int { fwd_gather = 0, bwd_gather, grad_reduce, opt_step, other, count };
+/// `experts`: token rows travelling to and from expert owners under expert parallelism.
+enum class CommPhase : int { fwd_gather = 0, bwd_gather, grad_reduce, opt_step, other, experts, count };
 
-/// "fwd_gather", "bwd_gather", "grad_reduce", "opt_step", "other" ("?" for out-of-range values).
+/// "fwd_gather", "bwd_gather", "grad_reduce", "opt_step", "other", "experts" ("?" for out-of-range values).
 const char* comm_phase_name(CommPhase p);
 
 /// Reduction operator. `mean` is the sum divided by the world size (after summation).

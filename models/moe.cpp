@@ -16,6 +16,14 @@ std::vector<std::vector<int64_t>> MoeTransformer::take_expert_counts() {
   return out;
 }
 
+void MoeTransformer::set_expert_exchange(const ExpertExchange* exchange, const std::vector<int>& owner_of_expert) {
+  check_arg(!exchange || owner_of_expert.size() == static_cast<size_t>(cfg_.n_layer) * cfg_.num_experts,
+            "MoeTransformer", "expert parallelism: " + std::to_string(owner_of_expert.size()) + " owners for " +
+                                  std::to_string(cfg_.n_layer * cfg_.num_experts) + " experts");
+  exchange_ = exchange;
+  owner_of_expert_ = exchange ? owner_of_expert : std::vector<int>{};
+}
+
 void MoeTransformer::init_param(const MoeConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
   Llama::init_param(cfg, spec, seed, out);
 }
@@ -35,12 +43,28 @@ Tensor MoeTransformer::block(int layer, const Tensor& x, double token_share) con
   Tensor x1 = llama_attention_residual(cfg_, layer, lookup(), x);
   // the MoE op gathers rows of its f32 input (it runs f32 matmuls)
   Tensor h = rms_norm(x1, param(p + "post_attention_layernorm.weight"), static_cast<float>(cfg_.norm_eps));
-  const std::string m = p + "mlp.";
-  std::vector<SwigluWeights> experts;
-  experts.reserve(cfg_.num_experts);
+  return add(x1, feed_forward(layer, h, token_share));
+}
+
+void MoeTransformer::forward_unit_without_rows(int u) const {
+  if (!exchange_ || u < 1 || u > cfg_.n_layer) return;
+  NoGradGuard no_grad;
+  feed_forward(u - 1, Tensor::zeros({0, cfg_.n_embd}), 1.0);
+}
+
+Tensor MoeTransformer::feed_forward(int layer, const Tensor& h, double token_share) const {
+  const std::string m = "model.layers." + std::to_string(layer) + ".mlp.";
+  MoeOptions opt;
+  if (exchange_) {
+    opt.exchange = exchange_;
+    const auto first = owner_of_expert_.begin() + static_cast<ptrdiff_t>(layer) * cfg_.num_experts;
+    opt.expert_owner.assign(first, first + cfg_.num_experts);
+  }
+  std::vector<SwigluWeights> experts(cfg_.num_experts);  // under expert parallelism only the owned ones
   for (int j = 0; j < cfg_.num_experts; ++j) {
+    if (exchange_ && opt.expert_owner[j] != exchange_->rank) continue;
     const std::string e = m + "experts." + std::to_string(j) + ".";
-    experts.push_back({param(e + "gate_proj.weight"), param(e + "up_proj.weight"), param(e + "down_proj.weight")});
+    experts[j] = {param(e + "gate_proj.weight"), param(e + "up_proj.weight"), param(e + "down_proj.weight")};
   }
   SwigluWeights shared;
   Tensor shared_gate;
@@ -49,15 +73,17 @@ Tensor MoeTransformer::block(int layer, const Tensor& x, double token_share) con
               param(m + "shared_expert.down_proj.weight")};
     shared_gate = param(m + "shared_expert_gate.weight");
   }
-  MoeOptions opt;
   opt.top_k = cfg_.num_experts_per_tok;
   opt.norm_topk_prob = cfg_.norm_topk_prob;
   opt.aux_loss_weight = cfg_.router_aux_loss_coef / cfg_.n_layer * token_share;
   opt.z_loss_weight = cfg_.router_z_loss_coef / cfg_.n_layer * token_share;
-  Tensor y = moe_feed_forward(h, param(m + "gate.weight"), experts, shared, shared_gate, opt, &routing_.at(layer));
+  MoeRouting routing;
+  Tensor y = moe_feed_forward(h, param(m + "gate.weight"), experts, shared, shared_gate, opt, &routing);
+  if (h.numel() == 0) return y;  // an exchange without rows of its own: no routing to report
+  routing_.at(layer) = routing;
   if (grad_mode_enabled())
-    for (int e = 0; e < cfg_.num_experts; ++e) counts_[layer][e] += routing_[layer].tokens_per_expert[e];
-  return add(x1, y);
+    for (int e = 0; e < cfg_.num_experts; ++e) counts_[layer][e] += routing.tokens_per_expert[e];
+  return y;
 }
 
 Tensor MoeTransformer::logits(const Tensor& x) const { return llama_logits(cfg_, lookup(), x); }

@@ -40,10 +40,20 @@ class MoeTransformer : public SequentialModel<MoeTransformer, MoeConfig> {
   /// Unit 1+layer: x [B, T, C] -> x [B, T, C]; the layer's auxiliary losses count
   /// coef / n_layer * token_share in the objective.
   Tensor block(int layer, const Tensor& x, double token_share = 1.0) const;
+  /// The layer's MoE feed-forward of h [..., C] (the post-attention normalised activations).
+  Tensor feed_forward(int layer, const Tensor& h, double token_share) const;
   /// Head unit: logits [B*T, Vp] (llama_logits).
   Tensor logits(const Tensor& x) const;
   /// Head unit with the loss (llama_head_loss): sum of token cross-entropies / divisor.
   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor = 0) const;
+
+  /// Expert parallelism (UnitModel): owner_of_expert is indexed by ParamSpec::expert
+  /// (layer * num_experts + expert); with an exchange, each layer passes only its owned experts'
+  /// weights to the op.
+  void set_expert_exchange(const ExpertExchange* exchange, const std::vector<int>& owner_of_expert) override;
+  /// Under expert parallelism, a block unit's MoE op on zero rows (it still runs its owned
+  /// experts on the other ranks' rows); nothing otherwise.
+  void forward_unit_without_rows(int u) const override;
 
   /// The routing of each layer's latest forward (auxiliary losses and tokens per expert).
   const std::vector<MoeRouting>& last_routing() const { return routing_; }
@@ -60,6 +70,8 @@ class MoeTransformer : public SequentialModel<MoeTransformer, MoeConfig> {
   ParamLookup lookup() const {
     return [this](const std::string& n) -> const Tensor& { return param(n); };
   }
+  const ExpertExchange* exchange_ = nullptr;
+  std::vector<int> owner_of_expert_;
   mutable std::vector<MoeRouting> routing_;
   mutable std::vector<std::vector<int64_t>> counts_;
 };

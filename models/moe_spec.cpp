@@ -31,8 +31,8 @@ ParamInventory moe_inventory(const MoeConfig& cfg) {
                 Is = cfg.shared_expert_intermediate_size;
   const ParamRole router_role = cfg.router_on_muon ? ParamRole::matrix : ParamRole::router;
   ParamInventory inv;
-  auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role, int unit) {
-    inv.params.push_back(ParamSpec{std::move(name), std::move(shape), role, unit, 1});
+  auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role, int unit, int expert = -1) {
+    inv.params.push_back(ParamSpec{std::move(name), std::move(shape), role, unit, 1, expert});
   };
   append_llama_embedding(inv, cfg);
   for (int i = 0; i < cfg.n_layer; ++i) {
@@ -42,9 +42,10 @@ ParamInventory moe_inventory(const MoeConfig& cfg) {
     add(p + "gate.weight", {E, C}, router_role, u);
     for (int j = 0; j < cfg.num_experts; ++j) {
       const std::string e = p + "experts." + std::to_string(j) + ".";
-      add(e + "gate_proj.weight", {Im, C}, ParamRole::matrix, u);
-      add(e + "up_proj.weight", {Im, C}, ParamRole::matrix, u);
-      add(e + "down_proj.weight", {C, Im}, ParamRole::matrix, u);
+      const int id = i * cfg.num_experts + j;
+      add(e + "gate_proj.weight", {Im, C}, ParamRole::matrix, u, id);
+      add(e + "up_proj.weight", {Im, C}, ParamRole::matrix, u, id);
+      add(e + "down_proj.weight", {C, Im}, ParamRole::matrix, u, id);
     }
     if (Is > 0) {
       add(p + "shared_expert.gate_proj.weight", {Is, C}, ParamRole::matrix, u);

@@ -41,7 +41,8 @@ struct MoeConfig : LlamaConfig {
 /// "layers.i": layer i's attention half as llama_inventory(), then
 ///   mlp.gate.weight [E, C] (router; matrix when router_on_muon),
 ///   mlp.experts.j.gate_proj.weight [Im, C], up_proj.weight [Im, C], down_proj.weight [C, Im]
-///     for j = 0..E-1 (matrix: each its own Muon matrix with its own owner),
+///     for j = 0..E-1 (matrix: each its own Muon matrix with its own owner; ParamSpec::expert
+///     = i * E + j on all three, so expert parallelism keeps them on one owner),
 ///   when Is > 0: mlp.shared_expert.{gate,up}_proj.weight [Is, C], down_proj.weight [C, Is]
 ///     (matrix) and mlp.shared_expert_gate.weight [1, C] (router).
 ParamInventory moe_inventory(const MoeConfig& cfg);

@@ -21,12 +21,16 @@ ParamRole parse_param_role(const std::string& s);
 /// 1..n_layer = transformer blocks, n_layer+1 = head unit for GPT).
 /// `qkv_blocks` > 1 marks a fused QKV weight whose rows split into that many equal matrices for
 /// Newton-Schulz when the split_qkv option is on (still one owner).
+/// `expert` >= 0 marks the matrices of one routed Mixture-of-Experts expert (the same number for
+/// its gate, up and down projections, unique over the model): under expert parallelism they get
+/// one owner together and are never gathered. -1: not an expert matrix.
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   ParamRole role = ParamRole::matrix;
   int unit = 0;
   int qkv_blocks = 1;
+  int expert = -1;
 
   int64_t numel() const {
     int64_t n = 1;

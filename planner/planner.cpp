@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -36,13 +37,17 @@ void validate_inventory(const ParamInventory& inv) {
 namespace {
 
 // Owner placements: pieces carry rank/param_offset/numel; segment offsets are assigned here.
-// In each (unit, rank) segment: owned Muon matrices first, then AdamW pieces, inventory order.
+// In each (unit, rank) segment: owned Muon matrices first, then AdamW pieces, inventory order;
+// under expert parallelism the expert matrices last (the tail a gather leaves out).
 void assign_segment_offsets(ShardPlan& plan) {
   const int N = plan.world_size;
+  const bool ep = plan.options.expert_parallel;
   std::vector<int64_t> cursor(plan.units.size() * static_cast<size_t>(N), 0);
-  for (OptimizerKind pass : {OptimizerKind::muon, OptimizerKind::adamw})
+  for (int pass = 0; pass < 3; ++pass)
     for (auto& s : plan.shards) {
-      if (s.optimizer != pass) continue;
+      const bool expert_tail = ep && s.expert >= 0;
+      const int my_pass = expert_tail ? 2 : s.optimizer == OptimizerKind::muon ? 0 : 1;
+      if (my_pass != pass) continue;
       for (auto& p : s.pieces) {
         int64_t& c = cursor[static_cast<size_t>(s.unit) * N + p.rank];
         p.segment_offset = c;
@@ -104,30 +109,55 @@ void spread_units(ShardPlan& plan, const std::vector<int>& mats, const std::vect
   }
 }
 
-// Longest-processing-time greedy for the matrices; returns matrix bytes per rank.
-std::vector<int64_t> place_matrices_lpt(ShardPlan& plan) {
-  const int N = plan.world_size;
-  const size_t U = plan.units.size();
-  std::vector<int> mats;
-  std::vector<double> flops(plan.shards.size(), 0.0);
-  std::vector<int64_t> bytes(plan.shards.size(), 0);
+// One LPT item: a Muon matrix, or under expert parallelism the matrices of one expert together.
+struct LptItem {
+  std::vector<int> shards;
+  double flops = 0;
+  int64_t bytes = 0;
+};
+
+std::vector<LptItem> lpt_items(const ShardPlan& plan, std::vector<double>& flops, std::vector<int64_t>& bytes) {
+  std::vector<LptItem> items;
+  std::map<int, size_t> item_of_expert;
   for (size_t i = 0; i < plan.shards.size(); ++i) {
     const auto& s = plan.shards[i];
     if (s.optimizer != OptimizerKind::muon) continue;
-    mats.push_back(static_cast<int>(i));
     flops[i] = shard_muon_flops(s, plan.options);
     bytes[i] = s.numel() * owner_bytes_per_element(OptimizerKind::muon);
+    size_t k = items.size();
+    if (plan.options.expert_parallel && s.expert >= 0) {
+      const auto [it, fresh] = item_of_expert.emplace(s.expert, items.size());
+      k = it->second;
+      if (fresh) items.emplace_back();
+    } else {
+      items.emplace_back();
+    }
+    items[k].shards.push_back(static_cast<int>(i));
+    items[k].flops += flops[i];
+    items[k].bytes += bytes[i];
   }
-  std::stable_sort(mats.begin(), mats.end(), [&](int a, int b) {
-    if (flops[a] != flops[b]) return flops[a] > flops[b];
-    if (bytes[a] != bytes[b]) return bytes[a] > bytes[b];
-    return a < b;
+  return items;
+}
+
+// Longest-processing-time greedy for the matrices (an expert's matrices as one item under expert
+// parallelism); returns matrix bytes per rank.
+std::vector<int64_t> place_matrices_lpt(ShardPlan& plan) {
+  const int N = plan.world_size;
+  const size_t U = plan.units.size();
+  std::vector<double> flops(plan.shards.size(), 0.0);
+  std::vector<int64_t> bytes(plan.shards.size(), 0);
+  std::vector<LptItem> items = lpt_items(plan, flops, bytes);
+  std::stable_sort(items.begin(), items.end(), [&](const LptItem& a, const LptItem& b) {
+    if (a.flops != b.flops) return a.flops > b.flops;
+    if (a.bytes != b.bytes) return a.bytes > b.bytes;
+    return a.shards[0] < b.shards[0];
   });
   std::vector<double> load(N, 0.0);
   std::vector<int64_t> rank_bytes(N, 0), unit_bytes(U * static_cast<size_t>(N), 0);
-  for (int i : mats) {
-    auto& s = plan.shards[i];
-    const int64_t* ub = &unit_bytes[static_cast<size_t>(s.unit) * N];
+  std::vector<int> mats;  // single matrices, which spread_units may trade
+  for (const LptItem& item : items) {
+    const int unit = plan.shards[item.shards[0]].unit;
+    const int64_t* ub = &unit_bytes[static_cast<size_t>(unit) * N];
     int best = 0;
     for (int r = 1; r < N; ++r) {
       if (load[r] != load[best]) {
@@ -138,10 +168,11 @@ std::vector<int64_t> place_matrices_lpt(ShardPlan& plan) {
         best = r;
       }
     }
-    s.pieces = {ShardPiece{best, 0, 0, s.numel()}};
-    load[best] += flops[i];
-    rank_bytes[best] += bytes[i];
-    unit_bytes[static_cast<size_t>(s.unit) * N + best] += bytes[i];
+    for (int i : item.shards) plan.shards[i].pieces = {ShardPiece{best, 0, 0, plan.shards[i].numel()}};
+    load[best] += item.flops;
+    rank_bytes[best] += item.bytes;
+    unit_bytes[static_cast<size_t>(unit) * N + best] += item.bytes;
+    if (item.shards.size() == 1) mats.push_back(item.shards[0]);
   }
   spread_units(plan, mats, flops, bytes);
   return rank_bytes;
@@ -298,13 +329,16 @@ ShardPlan make_plan(const ParamInventory& inv, int world_size, Placement placeme
                         std::any_of(node.begin(), node.end(), [&](int n) { return n < 0 || n >= world_size; })))
     throw std::invalid_argument("[make_plan] node_of_rank: expected " + std::to_string(world_size) +
                                 " node numbers in [0, world size), got " + std::to_string(node.size()));
+  if (options.expert_parallel && (placement != Placement::matrixfsdp || options.round_robin))
+    throw std::invalid_argument(std::string("[make_plan] expert_parallel needs placement matrixfsdp with LPT owners, got ") +
+                                placement_name(placement) + (options.round_robin ? " (round-robin)" : ""));
   validate_inventory(inv);
   ShardPlan plan;
   plan.world_size = world_size;
   plan.placement = placement;
   plan.options = options;
   for (const auto& name : inv.unit_names)
-    plan.units.push_back(UnitLayout{name, std::vector<int64_t>(world_size, 0)});
+    plan.units.push_back(UnitLayout{name, std::vector<int64_t>(world_size, 0), {}});
   for (const auto& p : inv.params) {
     MatrixShard s;
     s.name = p.name;
@@ -312,6 +346,7 @@ ShardPlan make_plan(const ParamInventory& inv, int world_size, Placement placeme
     s.role = p.role;
     s.unit = p.unit;
     s.qkv_blocks = p.qkv_blocks;
+    s.expert = p.expert;
     s.optimizer = p.role == ParamRole::matrix ? OptimizerKind::muon : OptimizerKind::adamw;
     plan.shards.push_back(std::move(s));
   }
@@ -332,6 +367,7 @@ ShardPlan make_plan(const ParamInventory& inv, int world_size, Placement placeme
   }
   for (auto& s : plan.shards)
     s.owner = (placement != Placement::ddp && s.pieces.size() == 1) ? s.pieces[0].rank : -1;
+  plan.set_gathered_numel();
   plan.stats = compute_stats(plan);
   return plan;
 }

@@ -335,6 +335,25 @@ void validate_coverage(const std::vector<UnitLayout>& units, int N, Placement pl
 
 }  // namespace
 
+void ShardPlan::set_gathered_numel() {
+  for (UnitLayout& u : units) u.gathered_numel = u.segment_numel;
+  if (!options.expert_parallel) return;
+  std::vector<std::vector<int64_t>> first_expert(units.size());  // per unit and rank: the lowest expert offset
+  for (UnitLayout& u : units) first_expert[&u - units.data()] = u.segment_numel;
+  for (const MatrixShard& s : shards)
+    if (s.expert >= 0)
+      for (const ShardPiece& p : s.pieces) {
+        units[s.unit].gathered_numel[p.rank] -= p.numel;
+        int64_t& first = first_expert[s.unit][p.rank];
+        first = std::min(first, p.segment_offset);
+      }
+  for (size_t u = 0; u < units.size(); ++u)
+    for (size_t r = 0; r < units[u].segment_numel.size(); ++r)
+      if (first_expert[u][r] != units[u].gathered_numel[r])
+        throw std::runtime_error("expert_parallel: unit " + units[u].name + " rank " + std::to_string(r) +
+                                 ": its expert matrices do not fill the tail of its segment");
+}
+
 void ShardPlan::validate() const {
   const int N = world_size;
   if (N < 1) fail("world_size " + std::to_string(N) + " < 1");
@@ -367,6 +386,7 @@ nlohmann::json ShardPlan::to_json() const {
                   {"orthogonalizer", orthogonalizer_name(options.orthogonalizer)},
                   {"head_dim", options.head_dim}};
   if (!options.node_of_rank.empty()) j["options"]["node_of_rank"] = options.node_of_rank;
+  if (options.expert_parallel) j["options"]["expert_parallel"] = true;
   json ju = json::array();
   for (const auto& u : units) ju.push_back({{"name", u.name}, {"segment_numel", u.segment_numel}});
   j["units"] = std::move(ju);
@@ -383,6 +403,7 @@ nlohmann::json ShardPlan::to_json() const {
                   {"optimizer", optimizer_name(s.optimizer)},
                   {"owner", s.owner},
                   {"pieces", std::move(pieces)}});
+    if (s.expert >= 0) js.back()["expert"] = s.expert;
   }
   j["shards"] = std::move(js);
   j["stats"] = {{"muon_params", stats.muon_params},
@@ -434,11 +455,12 @@ ShardPlan ShardPlan::from_json(const nlohmann::json& j) {
   if (auto v = fo.find(o, "orthogonalizer")) p.options.orthogonalizer = parse_enum(*v, parse_orthogonalizer);
   if (auto v = fo.find(o, "head_dim")) p.options.head_dim = v->get<int64_t>();
   if (auto v = fo.find(o, "node_of_rank")) p.options.node_of_rank = v->get<std::vector<int>>();
+  if (auto v = fo.find(o, "expert_parallel")) p.options.expert_parallel = v->get<bool>();
   const json& ju = f.at(j, "units").value();
   if (!ju.is_array()) f.fail("units", "is not an array");
   for (size_t u = 0; u < ju.size(); ++u) {
     const Fields fu = f.in("units[" + std::to_string(u) + "]");
-    p.units.push_back(UnitLayout{fu.at(ju[u], "name").string(), fu.at(ju[u], "segment_numel").get<std::vector<int64_t>>()});
+    p.units.push_back(UnitLayout{fu.at(ju[u], "name").string(), fu.at(ju[u], "segment_numel").get<std::vector<int64_t>>(), {}});
   }
   const json& js = f.at(j, "shards").value();
   if (!js.is_array()) f.fail("shards", "is not an array");
@@ -452,6 +474,7 @@ ShardPlan ShardPlan::from_json(const nlohmann::json& j) {
     s.qkv_blocks = fs.at(js[i], "qkv_blocks").get<int>();
     s.optimizer = parse_enum(fs.at(js[i], "optimizer"), parse_optimizer);
     s.owner = fs.at(js[i], "owner").get<int>();
+    if (auto v = fs.find(js[i], "expert")) s.expert = v->get<int>();
     const auto pieces = fs.at(js[i], "pieces").get<std::vector<std::vector<int64_t>>>();
     for (size_t k = 0; k < pieces.size(); ++k) {
       if (pieces[k].size() != 4)
@@ -475,6 +498,7 @@ ShardPlan ShardPlan::from_json(const nlohmann::json& j) {
   p.stats.split_tensors = ft.at(st, "split_tensors").get<int>();
   p.stats.padding_numel = ft.at(st, "padding_numel").get<int64_t>();
   try {
+    p.set_gathered_numel();
     p.validate();
   } catch (const std::runtime_error& e) {
     f.fail("", std::string("invalid plan: ") + e.what());

@@ -48,6 +48,11 @@ struct PlannerOptions {
   /// owner gather sends a whole matrix from its node, and two large owners on one node load that
   /// node's link in one direction while the other direction idles.
   std::vector<int> node_of_rank;
+  /// Expert parallelism (matrixfsdp): the matrices of each routed expert (ParamSpec::expert) get
+  /// one owner together, balanced as one item, and sit at the end of that owner's segment of
+  /// their unit, so a gather that leaves them out moves one contiguous prefix per rank
+  /// (UnitLayout::gathered_numel).
+  bool expert_parallel = false;
   bool operator==(const PlannerOptions&) const = default;
 };
 
@@ -72,6 +77,7 @@ struct MatrixShard {
   ParamRole role = ParamRole::matrix;
   int unit = 0;
   int qkv_blocks = 1;
+  int expert = -1;  ///< ParamSpec::expert
   OptimizerKind optimizer = OptimizerKind::adamw;
   int owner = -1;
   std::vector<ShardPiece> pieces;
@@ -105,6 +111,9 @@ struct UnitLayout {
 
   /// Sum of all segments (elements).
   int64_t total_numel() const;
+  /// Per rank, the leading part of its segment that an expert-parallel gather moves (the segment
+  /// less its expert matrices); equal to segment_numel without expert parallelism.
+  std::vector<int64_t> gathered_numel;
   /// Start of `rank`'s segment in the unit buffer: sum of segment_numel[0..rank).
   /// Throws std::out_of_range when rank is not in [0, world].
   int64_t segment_offset(int rank) const;
@@ -171,6 +180,10 @@ struct ShardPlan {
   const MatrixShard* find(const std::string& name) const;
   /// Indices into `shards` of the unit's parameters, inventory order.
   std::vector<int> shards_in_unit(int unit) const;
+  /// Fills every unit's gathered_numel from the pieces: the segment less its expert matrices
+  /// under options.expert_parallel, the whole segment otherwise. Throws std::runtime_error when
+  /// an expert piece is not in the tail of its segment (a gather could not skip it).
+  void set_gathered_numel();
   /// Checks every layout invariant (coverage, non-overlap, segment sizes, owners, routing, the
   /// fsdp2 row rule, whole matrices under matrixfsdp/zero1). Throws std::runtime_error naming the
   /// tensor/unit/rank and the values on the first violation.

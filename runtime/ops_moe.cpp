@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <string>
 
 #include "runtime/autograd.h"
@@ -46,7 +47,15 @@ struct MoeSaved {
   std::vector<ExpertActs> acts;  // per expert (undefined tensors for experts without tokens)
   ExpertActs shared_acts;
   std::vector<float> shared_gate_value;  // [N] sigmoid(x shared_gate^T)
+  // Expert parallelism: rows every rank routed to every expert ([world][E]), and as an owner, per
+  // own expert and source rank, the rows received and their activations.
+  std::vector<int64_t> counts;
+  std::vector<std::vector<std::pair<Tensor, ExpertActs>>> owned;  // [E][world]
 };
+
+bool owns(const MoeOptions& opt, int64_t e) {
+  return opt.exchange == nullptr || opt.expert_owner[static_cast<size_t>(e)] == opt.exchange->rank;
+}
 
 void check_expert(const SwigluWeights& w, int64_t C, const std::string& what) {
   // messages are built only for a failing check (this runs for every expert on every call)
@@ -73,7 +82,15 @@ void check_moe_args(const Tensor& x, const Tensor& router, const std::vector<Swi
                      "] on the CPU, got " + (router.defined() ? router.describe() : "undefined"));
   check_arg(opt.top_k >= 1 && opt.top_k <= static_cast<int64_t>(experts.size()), kOp,
             "top_k " + std::to_string(opt.top_k) + " outside [1, " + std::to_string(experts.size()) + "]");
-  for (size_t e = 0; e < experts.size(); ++e) check_expert(experts[e], C, "expert " + std::to_string(e));
+  if (opt.exchange != nullptr) {
+    check_arg(opt.expert_owner.size() == experts.size(), kOp,
+              "expert_owner names " + std::to_string(opt.expert_owner.size()) + " owners for " +
+                  std::to_string(experts.size()) + " experts");
+    for (int o : opt.expert_owner)
+      check_arg(o >= 0 && o < opt.exchange->world, kOp, "expert owner " + std::to_string(o) + " outside the group");
+  }
+  for (size_t e = 0; e < experts.size(); ++e)
+    if (owns(opt, static_cast<int64_t>(e))) check_expert(experts[e], C, "expert " + std::to_string(e));
   check_arg(shared.defined() == shared_gate.defined(), kOp, "the shared expert and its gate come together");
   if (!shared.defined()) return;
   check_expert(shared, C, "shared expert");
@@ -177,22 +194,29 @@ ExpertActs swiglu_forward(Kernels& k, const Tensor& xe, const SwigluWeights& w) 
   return a;
 }
 
-// Backward of one SwiGLU expert: adds the weights' gradients (when they require grad) and writes
-// dxe [n, C] (overwritten) from the output gradient dye [n, C].
+// Where a SwiGLU expert's weight gradients go (added; null: not wanted).
+struct SwigluGrads {
+  float *gate = nullptr, *up = nullptr, *down = nullptr;
+};
+
+SwigluGrads grad_buffers_of(const SwigluWeights& w) {
+  auto of = [](const Tensor& t) { return t.requires_grad() ? grad_buffer(t).data_f32() : nullptr; };
+  return {of(w.gate), of(w.up), of(w.down)};
+}
+
+// Backward of one SwiGLU expert: adds the weights' gradients into `grads` and writes dxe [n, C]
+// (overwritten) from the output gradient dye [n, C].
 void swiglu_backward(Kernels& k, const Tensor& xe, const SwigluWeights& w, const ExpertActs& a, const Tensor& dye,
-                     float* dxe) {
+                     float* dxe, const SwigluGrads& grads) {
   const int64_t n = xe.size(0), C = xe.size(1), I = w.gate.size(0);
   const Tensor h = Tensor::empty({n, I}), dh = Tensor::empty({n, I});
   k.swiglu_forward(a.g.data_f32(), a.u.data_f32(), h.data_f32(), n * I);
-  if (w.down.requires_grad())
-    k.gemm(true, false, C, I, n, 1.0f, dye.data_f32(), h.data_f32(), 1.0f, grad_buffer(w.down).data_f32());
+  if (grads.down) k.gemm(true, false, C, I, n, 1.0f, dye.data_f32(), h.data_f32(), 1.0f, grads.down);
   k.gemm(false, false, n, I, C, 1.0f, dye.data_f32(), w.down.data_f32(), 0.0f, dh.data_f32());
   const Tensor dg = Tensor::zeros({n, I}), du = Tensor::zeros({n, I});
   k.swiglu_backward(a.g.data_f32(), a.u.data_f32(), dh.data_f32(), dg.data_f32(), du.data_f32(), n * I);
-  if (w.gate.requires_grad())
-    k.gemm(true, false, I, C, n, 1.0f, dg.data_f32(), xe.data_f32(), 1.0f, grad_buffer(w.gate).data_f32());
-  if (w.up.requires_grad())
-    k.gemm(true, false, I, C, n, 1.0f, du.data_f32(), xe.data_f32(), 1.0f, grad_buffer(w.up).data_f32());
+  if (grads.gate) k.gemm(true, false, I, C, n, 1.0f, dg.data_f32(), xe.data_f32(), 1.0f, grads.gate);
+  if (grads.up) k.gemm(true, false, I, C, n, 1.0f, du.data_f32(), xe.data_f32(), 1.0f, grads.up);
   k.gemm(false, false, n, C, I, 1.0f, dg.data_f32(), w.gate.data_f32(), 0.0f, dxe);
   k.gemm(false, false, n, C, I, 1.0f, du.data_f32(), w.up.data_f32(), 1.0f, dxe);
 }
@@ -264,7 +288,7 @@ void shared_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx) 
     dlogit[n] = static_cast<float>(dot) * g * (1.0f - g);
   }
   const Tensor x2 = s.x.reshape({r.N, r.C});
-  swiglu_backward(k, x2, s.shared, s.shared_acts, dys, dxs.data_f32());
+  swiglu_backward(k, x2, s.shared, s.shared_acts, dys, dxs.data_f32(), grad_buffers_of(s.shared));
   if (s.shared_gate.requires_grad())
     k.gemm(true, false, 1, r.C, r.N, 1.0f, dlogit.data(), s.x.data_f32(), 1.0f,
            grad_buffer(s.shared_gate).data_f32());
@@ -304,39 +328,170 @@ void router_backward(Kernels& k, const MoeSaved& s, const std::vector<float>& dw
   k.gemm(false, false, r.N, r.C, r.E, 1.0f, dlogits.data(), s.router.data_f32(), 1.0f, dx);
 }
 
-// The routed experts' backward, ascending expert index: each expert's weights' gradients, its
-// part of dx (added row by row) and the combine weights' gradient dw [N, K].
-void experts_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx, std::vector<float>& dw) {
+// The output gradient of every expert row, w * dy[token] in expert-major row order [N K, C], and
+// the combine weights' gradient dw [N, K] (dy[token] . the row's expert output).
+Tensor expert_output_grads(const MoeSaved& s, const float* dy, std::vector<float>& dw) {
   const Routes& r = s.routes;
   std::vector<int64_t> slot_of(r.N * r.K);
   for (int64_t i = 0; i < r.N * r.K; ++i) slot_of[r.row_of[i]] = i;
+  const Tensor dye = Tensor::empty({r.N * r.K, r.C});
+  float* dye_p = dye.data_f32();
   for (int64_t e = 0; e < r.E; ++e) {
-    for (const Tensor* t : {&s.experts[e].gate, &s.experts[e].up, &s.experts[e].down})
-      if (t->requires_grad()) grad_buffer(*t);  // an expert without tokens gets a zero gradient
     const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin;
     if (n == 0) continue;
-    const Tensor dye = Tensor::empty({n, r.C}), dxe = Tensor::empty({n, r.C});
     const float* ye = s.acts[e].y.data_f32();
-    float* dye_p = dye.data_f32();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t slot = slot_of[begin + i], tok = r.token[begin + i];
       const float w = r.weight[slot];
       double dot = 0;
       for (int64_t c = 0; c < r.C; ++c) {
-        dye_p[i * r.C + c] = w * dy[tok * r.C + c];
+        dye_p[(begin + i) * r.C + c] = w * dy[tok * r.C + c];
         dot += static_cast<double>(dy[tok * r.C + c]) * ye[i * r.C + c];
       }
       dw[slot] = static_cast<float>(dot);
     }
-    swiglu_backward(k, gather_rows(s.x.data_f32(), r, begin, n), s.experts[e], s.acts[e], dye, dxe.data_f32());
-    const float* dxe_p = dxe.data_f32();
+  }
+  return dye;
+}
+
+// dx[token] += each expert row's input gradient (dxe [N K, C], expert-major), ascending expert index.
+void add_expert_input_grads(const Routes& r, const float* dxe, float* dx) {
+  for (int64_t e = 0; e < r.E; ++e) {
+    const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       float* row = dx + r.token[begin + i] * r.C;
-      for (int64_t c = 0; c < r.C; ++c) row[c] += dxe_p[i * r.C + c];
+      const float* g = dxe + (begin + i) * r.C;
+      for (int64_t c = 0; c < r.C; ++c) row[c] += g[c];
     }
   }
+}
+
+// The routed experts' backward with every expert here, ascending expert index: each expert's
+// weights' gradients, its part of dx and the combine weights' gradient dw [N, K].
+void experts_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx, std::vector<float>& dw) {
+  const Routes& r = s.routes;
+  const Tensor dye = expert_output_grads(s, dy, dw), dxe = Tensor::empty({r.N * r.K, r.C});
+  for (int64_t e = 0; e < r.E; ++e) {
+    const SwigluGrads grads = grad_buffers_of(s.experts[e]);  // an expert without tokens gets a zero gradient
+    const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin;
+    if (n == 0) continue;
+    swiglu_backward(k, gather_rows(s.x.data_f32(), r, begin, n), s.experts[e], s.acts[e],
+                    dye.view(begin * r.C, {n, r.C}), dxe.data_f32() + begin * r.C, grads);
+  }
+  add_expert_input_grads(r, dxe.data_f32(), dx);
+}
+
+// ---- expert parallelism: rows travel to their expert's owner and back ----
+
+// Per destination rank, the elements of the expert-major rows [N K, C] whose expert it owns.
+std::vector<int64_t> counts_by_owner(const MoeSaved& s) {
+  const Routes& r = s.routes;
+  std::vector<int64_t> c(static_cast<size_t>(s.opt.exchange->world), 0);
+  for (int64_t e = 0; e < r.E; ++e) c[s.opt.expert_owner[e]] += (r.offset[e + 1] - r.offset[e]) * r.C;
+  return c;
+}
+
+// Per source rank, the elements it sends this owner (its rows of the experts owned here).
+std::vector<int64_t> counts_from_sources(const MoeSaved& s) {
+  const Routes& r = s.routes;
+  std::vector<int64_t> c(static_cast<size_t>(s.opt.exchange->world), 0);
+  for (size_t src = 0; src < c.size(); ++src)
+    for (int64_t e = 0; e < r.E; ++e)
+      if (owns(s.opt, e)) c[src] += s.counts[src * r.E + e] * r.C;
+  return c;
+}
+
+// Expert-major rows [N K, C] <-> the same rows grouped by owner (owner 0's experts ascending,
+// then owner 1's, ...): `to_owners` packs rows into packed, else unpacks packed into rows.
+void regroup_by_owner(const MoeSaved& s, float* rows, float* packed, bool to_owners) {
+  const Routes& r = s.routes;
+  int64_t at = 0;
+  for (int d = 0; d < s.opt.exchange->world; ++d)
+    for (int64_t e = 0; e < r.E; ++e) {
+      if (s.opt.expert_owner[e] != d) continue;
+      const int64_t len = (r.offset[e + 1] - r.offset[e]) * r.C;
+      float* row = rows + r.offset[e] * r.C;
+      if (to_owners) std::copy_n(row, len, packed + at);
+      else std::copy_n(packed + at, len, row);
+      at += len;
+    }
+}
+
+// Sends expert-major rows [N K, C] to the owners, runs `owner_fn(e, src, in, out)` on every
+// (own expert, source rank) block of n rows (in: [n, C] received, out: [n, C] returned) in
+// source-major order, and returns what came back, expert-major.
+template <class F>
+Tensor round_trip(const MoeSaved& s, const Tensor& rows, F&& owner_fn) {
+  const Routes& r = s.routes;
+  const ExpertExchange& ex = *s.opt.exchange;
+  const std::vector<int64_t> to_owner = counts_by_owner(s), from_src = counts_from_sources(s);
+  std::vector<float> send(static_cast<size_t>(r.N * r.K * r.C));
+  regroup_by_owner(s, rows.data_f32(), send.data(), true);
+  std::vector<float> recv(static_cast<size_t>(std::accumulate(from_src.begin(), from_src.end(), int64_t{0})));
+  ex.all_to_all(send.data(), to_owner, recv.data(), from_src);
+  std::vector<float> back(recv.size());
+  int64_t at = 0;
+  for (int src = 0; src < ex.world; ++src)
+    for (int64_t e = 0; e < r.E; ++e) {
+      if (!owns(s.opt, e)) continue;
+      const int64_t n = s.counts[src * r.E + e];
+      owner_fn(e, src, recv.data() + at, back.data() + at, n);
+      at += n * r.C;
+    }
+  ex.all_to_all(back.data(), from_src, send.data(), to_owner);
+  const Tensor out = Tensor::empty({r.N * r.K, r.C});
+  regroup_by_owner(s, out.data_f32(), send.data(), false);
+  return out;
+}
+
+// Rows as their own [n, C] tensor (what the gathered op's GEMMs read).
+Tensor rows_tensor(const float* p, int64_t n, int64_t C) {
+  Tensor t = Tensor::empty({n, C});
+  std::copy_n(p, n * C, t.data_f32());
+  return t;
+}
+
+// Forward of the routed experts under expert parallelism: s.acts[e].y from the owners.
+void experts_forward_parallel(Kernels& k, MoeSaved& s) {
+  const Routes& r = s.routes;
+  std::vector<int64_t> mine(r.E);
+  for (int64_t e = 0; e < r.E; ++e) mine[e] = r.offset[e + 1] - r.offset[e];
+  s.counts = s.opt.exchange->all_gather_counts(mine);
+  s.owned.assign(r.E, std::vector<std::pair<Tensor, ExpertActs>>(s.opt.exchange->world));
+  const Tensor y = round_trip(s, gather_rows(s.x.data_f32(), r, 0, r.N * r.K),
+                              [&](int64_t e, int src, const float* in, float* out, int64_t n) {
+                                if (n == 0) return;
+                                Tensor xe = rows_tensor(in, n, r.C);
+                                ExpertActs a = swiglu_forward(k, xe, s.experts[e]);
+                                std::copy_n(a.y.data_f32(), n * r.C, out);
+                                if (grad_mode_enabled()) s.owned[e][src] = {std::move(xe), std::move(a)};
+                              });
+  for (int64_t e = 0; e < r.E; ++e)
+    if (mine[e] > 0) s.acts[e].y = y.view(r.offset[e] * r.C, {mine[e], r.C});
+}
+
+// Backward of the routed experts under expert parallelism: the owners add each source rank's
+// weight gradient into the expert's gradient, in rank order, and return the input gradients.
+void experts_backward_parallel(Kernels& k, const MoeSaved& s, const float* dy, float* dx, std::vector<float>& dw) {
+  const Routes& r = s.routes;
+  const Tensor dye = expert_output_grads(s, dy, dw);
+  // one zeroed gradient per weight and source, added like the owner's gradient reduction adds
+  auto backward = [&](int64_t e, int src, const float* in, float* out, int64_t n) {
+    const SwigluWeights& w = s.experts[e];
+    const SwigluGrads into = grad_buffers_of(w);
+    const Tensor tg = Tensor::zeros(w.gate.shape()), tu = Tensor::zeros(w.up.shape()), td = Tensor::zeros(w.down.shape());
+    if (n > 0) {
+      const auto& [xe, acts] = s.owned[e][src];
+      swiglu_backward(k, xe, w, acts, rows_tensor(in, n, r.C), out, {tg.data_f32(), tu.data_f32(), td.data_f32()});
+    }
+    const std::pair<float*, const Tensor*> adds[] = {{into.gate, &tg}, {into.up, &tu}, {into.down, &td}};
+    for (const auto& [g, t] : adds)
+      if (g) k.add(g, g, t->data_f32(), t->numel());
+  };
+  const Tensor dxe = round_trip(s, dye, backward);
+  add_expert_input_grads(r, dxe.data_f32(), dx);
 }
 
 void moe_backward(const MoeSaved& s, const Tensor& dy) {
@@ -344,7 +499,8 @@ void moe_backward(const MoeSaved& s, const Tensor& dy) {
   const Routes& r = s.routes;
   const Tensor dx = Tensor::zeros(s.x.shape());
   std::vector<float> dw(r.N * r.K, 0.0f);
-  experts_backward(k, s, dy.data_f32(), dx.data_f32(), dw);
+  if (s.opt.exchange) experts_backward_parallel(k, s, dy.data_f32(), dx.data_f32(), dw);
+  else experts_backward(k, s, dy.data_f32(), dx.data_f32(), dw);
   if (s.shared.defined()) shared_backward(k, s, dy.data_f32(), dx.data_f32());
   router_backward(k, s, dw, dx.data_f32());
   accumulate_grad(s.x, dx);
@@ -367,16 +523,21 @@ Tensor moe_feed_forward(const Tensor& x, const Tensor& router, const std::vector
   s->routes = route(k, x, router, opt);
   const Routes& r = s->routes;
   s->acts.resize(r.E);
-  for (int64_t e = 0; e < r.E; ++e) {
-    const int64_t n = r.offset[e + 1] - r.offset[e];
-    if (n > 0) s->acts[e] = swiglu_forward(k, gather_rows(x.data_f32(), r, r.offset[e], n), experts[e]);
+  if (opt.exchange) {
+    experts_forward_parallel(k, *s);
+  } else {
+    for (int64_t e = 0; e < r.E; ++e) {
+      const int64_t n = r.offset[e + 1] - r.offset[e];
+      if (n > 0) s->acts[e] = swiglu_forward(k, gather_rows(x.data_f32(), r, r.offset[e], n), experts[e]);
+    }
   }
   Tensor y = Tensor::empty(x.shape());
   combine(r, s->acts, y.data_f32());
   if (shared.defined()) shared_forward(k, *s, y.data_f32());
   if (routing != nullptr) fill_routing(r, *routing);
   std::vector<Tensor> inputs{x, router};
-  for (const SwigluWeights& w : experts) inputs.insert(inputs.end(), {w.gate, w.up, w.down});
+  for (size_t e = 0; e < experts.size(); ++e)
+    if (owns(opt, static_cast<int64_t>(e))) inputs.insert(inputs.end(), {experts[e].gate, experts[e].up, experts[e].down});
   if (shared.defined()) inputs.insert(inputs.end(), {shared.gate, shared.up, shared.down, shared_gate});
   const bool grad = grad_mode_enabled() &&
                     std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.requires_grad(); });

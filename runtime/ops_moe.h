@@ -4,6 +4,7 @@
 // op's backward.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "runtime/tensor.h"
@@ -18,6 +19,20 @@ struct SwigluWeights {
   bool defined() const { return gate.defined(); }
 };
 
+/// Expert parallelism: how the ranks of a group reach each other, for moe_feed_forward calls that
+/// every rank makes together, in the same order (the engine's units run in lockstep). Made from a
+/// Communicator by the engine (runtime/engine); the op sees only these two operations.
+struct ExpertExchange {
+  int rank = 0, world = 1;
+  /// Every rank's `mine` (the same length on every rank), concatenated in rank order.
+  std::function<std::vector<int64_t>(const std::vector<int64_t>& mine)> all_gather_counts;
+  /// Communicator::all_to_all_v of f32 elements: send_counts[d] elements of `send` (back to back
+  /// in rank order) to rank d, recv_counts[s] elements from rank s into `recv`.
+  std::function<void(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                     const std::vector<int64_t>& recv_counts)>
+      all_to_all;
+};
+
 /// The router's choices for moe_feed_forward.
 struct MoeOptions {
   int64_t top_k = 2;            ///< experts per token (num_experts_per_tok)
@@ -27,6 +42,16 @@ struct MoeOptions {
   /// this call's tokens in the objective). 0: the loss adds nothing.
   double aux_loss_weight = 0;
   double z_loss_weight = 0;
+  /// Expert parallelism (null: every expert's weights are here). With an exchange, expert e lives
+  /// only on rank expert_owner[e]: each rank routes its tokens, sends each expert's rows to its
+  /// owner (counts first, then the rows, in rank order), the owner runs the expert on every
+  /// rank's rows, one GEMM per source rank as that rank would, and sends the outputs back; the
+  /// backward sends the output gradients to the owners, which add each source rank's weight
+  /// gradient into the expert's gradient in rank order (the additions the owner's gradient
+  /// reduction makes) and return the input gradients. Bitwise equal to the gathered op at the
+  /// same world size. `experts[e]` need only be defined where expert_owner[e] == exchange->rank.
+  const ExpertExchange* exchange = nullptr;
+  std::vector<int> expert_owner;
 };
 
 /// What a forward routed, for the losses' values and load statistics (not differentiable).
@@ -56,7 +81,8 @@ struct MoeRouting {
 /// logits' gradient scaled by opt.aux_loss_weight and opt.z_loss_weight. `routing`, when not null,
 /// receives both values and the per-expert counts.
 /// CPU only; f32 matmuls only (throws std::invalid_argument "[moe_feed_forward] ..." on CUDA
-/// tensors, under bf16 matmuls, and on mismatched shapes).
+/// tensors, under bf16 matmuls, on mismatched shapes, and for an exchange whose expert_owner has
+/// not E ranks in [0, world)).
 Tensor moe_feed_forward(const Tensor& x, const Tensor& router, const std::vector<SwigluWeights>& experts,
                         const SwigluWeights& shared, const Tensor& shared_gate, const MoeOptions& opt,
                         MoeRouting* routing = nullptr);

@@ -40,6 +40,7 @@ nlohmann::json BenchResult::to_json() const {
                    {"warmup", c.warmup},           {"steps", c.steps},
                    {"world", world},               {"replicas", c.replicas},
                    {"family", c.model.family},     {"batch_orthogonalize", kToggleNames.name(c.batch_orthogonalize)},
+                   {"expert_parallel", c.expert_parallel},
                    {"tokens_per_second", tokens_per_second}, {"loss", loss}};
   for (size_t i = 0; i < ms.size(); ++i) j["ms"][bench_time_phases()[i]] = ms[i];
   for (size_t i = 0; i < bytes.size(); ++i) j["bytes"][comm_phase_name(static_cast<CommPhase>(i))] = bytes[i];
@@ -94,10 +95,12 @@ BenchResult run_bench_case(Communicator& comm, Communicator* replica, const Benc
     PlannerOptions popt;
     popt.ns_steps = c.ns_steps;
     popt.node_of_rank = c.node_of_rank;
+    popt.expert_parallel = c.expert_parallel;
     const ShardPlan plan = make_plan(model.inventory(), comm.world_size(), c.placement, popt);
     EngineOptions opts;
     opts.muon.ns_steps = c.ns_steps;
     opts.batch_orthogonalize = c.batch_orthogonalize;
+    opts.expert_parallel = c.expert_parallel;
     mt.reset_peaks();
     ShardedEngine engine(model, comm, plan, opts, replica);
     engine.init_parameters(1);

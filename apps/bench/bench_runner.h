@@ -25,6 +25,7 @@ struct BenchCase {
   DType dtype = DType::f32;  ///< compute and communication dtype (the CPU engine is f32 only)
   std::vector<int> node_of_rank;  ///< shard-group rank -> node (PlannerOptions); empty: one node
   Toggle batch_orthogonalize = Toggle::automatic;  ///< EngineOptions::batch_orthogonalize
+  bool expert_parallel = false;  ///< matrixfsdp with experts staying with their owners (MoE shapes)
 };
 
 /// Phase names of BenchResult::ms, in order: forward, backward, reduce, optimizer, total.

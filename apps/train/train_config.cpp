@@ -456,6 +456,7 @@ std::string config_key(OptionField f) {
     case OptionField::muon_variant: return "optimizer.muon.variant";
     case OptionField::muon_ns_dtype: return "optimizer.muon.ns_dtype";
     case OptionField::attention: return "runtime.attention";
+    case OptionField::expert_parallel: return "sharding.expert_parallel";
   }
   return kOptionFieldNames.name(f);
 }
@@ -528,6 +529,10 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   if (prefetch_depth >= 0) c.optim.prefetch_depth = prefetch_depth;
   c.optim.prefetch_limit_bytes = r.i64("sharding.prefetch_limit_bytes", 0);
   c.optim.overlap_reduce = r.choice("sharding.overlap_reduce", kToggleNames);
+  c.optim.expert_parallel = r.flag("sharding.expert_parallel");
+  if (c.optim.expert_parallel && c.model.arch != "qwen2_moe")
+    r.fail("sharding.expert_parallel", "needs a model with routed experts (model.arch \"qwen2_moe\"), got model.arch \"" +
+                                           c.model.arch + "\"");
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.nccl_blocking = r.flag("sharding.nccl_blocking");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);

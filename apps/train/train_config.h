@@ -187,7 +187,8 @@ struct TrainConfig {
   /// "optimizer.adamw" (-> adamw), "schedule" (total_steps = training.steps), "training.grad_clip",
   /// "training.recompute" (-> recompute_units, kRecomputeNames), "runtime.attention" (->
   /// attention, kAttentionNames), "precision" (param_dtype, reduce_dtype) and
-  /// "sharding.prefetch_depth" (-1 = unset), "prefetch_limit_bytes", "overlap_reduce" (kToggleNames).
+  /// "sharding.prefetch_depth" (-1 = unset), "prefetch_limit_bytes", "overlap_reduce" (kToggleNames),
+  /// "expert_parallel".
   /// The parser checks them with resolve() (runtime/engine/resolve.h) for runtime.device,
   /// sharding.placement and sharding.replicate, and maps a rejected field back to its key.
   EngineOptions optim;

@@ -58,6 +58,14 @@ struct EngineOptions {
   /// Results are bitwise equal at every depth.
   std::optional<int> prefetch_depth;
   int64_t prefetch_limit_bytes = 0;
+  /// Experts stay with their owners (Mixture-of-Experts models, matrixfsdp): each routed
+  /// expert's matrices have one owner (PlannerOptions::expert_parallel) and are never gathered;
+  /// during training steps and evaluations each rank sends the rows routed to an expert to its
+  /// owner and gets the outputs back (Communicator::all_to_all_v), and in the backward the output
+  /// gradients go to the owner, which adds every rank's weight gradient in rank order (no
+  /// reduction of expert gradients). Bitwise equal to gathered experts at the same world size.
+  /// CPU, f32 parameters and reductions, no replicas, no recompute, no overlap_backward.
+  bool expert_parallel = false;
   /// Orthogonalize an owner's same-shape Muon matrices together (one strided-batched bf16
   /// Newton-Schulz chain per shape on CUDA; on the CPU small matrices, min(rows, cols) < 256, run
   /// across the batch on the OpenMP threads instead of one band each), no padding; automatic = on

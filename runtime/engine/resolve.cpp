@@ -34,6 +34,13 @@ void check_placement(const EngineOptions& o, Placement placement, int replicas) 
     require(dt == DType::f32 || dt == DType::bf16, field, std::string("must be f32 or bf16, got ") + dtype_name(dt));
   require(o.matmuls() == DType::f32 || o.matmuls() == DType::bf16, OptionField::param_dtype,
           std::string("matmuls must be f32 or bf16, got ") + dtype_name(o.matmuls()));
+  require(!o.expert_parallel || (placement == Placement::matrixfsdp && replicas == 1), OptionField::expert_parallel,
+          std::string("needs ") + ref(OptionField::placement) + " matrixfsdp without replicas (got " +
+              placement_name(placement) + ", " + std::to_string(replicas) + " replica(s))");
+  require(!o.expert_parallel || (o.param_dtype == DType::f32 && o.reduce_dtype == DType::f32), OptionField::expert_parallel,
+          "needs f32 " + ref(OptionField::param_dtype) + " and " + ref(OptionField::reduce_dtype));
+  require(!o.expert_parallel || (!o.recompute_units && !o.overlap_backward), OptionField::expert_parallel,
+          "is not supported with activation recompute or " + ref(OptionField::overlap_backward) + " yet");
   require(o.param_dtype == DType::f32 || !placement_traits(placement).resident, OptionField::param_dtype,
           "bf16 needs a sharded placement (matrixfsdp or fsdp2); " + ref(OptionField::placement) + " " +
               placement_name(placement) + " keeps f32 parameters resident on every rank");
@@ -98,6 +105,7 @@ PlannerOptions planner_options(const EngineOptions& o, const ModelFacts& model) 
   p.split_qkv = o.muon.split_qkv;
   p.orthogonalizer = o.muon.orthogonalizer;
   p.head_dim = o.muon.split_heads ? model.attention_head_dim : 0;
+  p.expert_parallel = o.expert_parallel;
   return p;
 }
 
@@ -126,6 +134,9 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
                         const ModelFacts& model) {
   check_placement(in, placement, replicas);
   check_optimizer(in, device, model);
+  require(!in.expert_parallel || device == Device::CPU, OptionField::expert_parallel,
+          "runs on the CPU only for now (the MoE op has no CUDA kernels); " + ref(OptionField::device) + " is " +
+              device_name(device));
   require(!in.prefetch_depth || *in.prefetch_depth >= 0, OptionField::prefetch_depth,
           "must be >= 0 or unset (the device default), got " + std::to_string(in.prefetch_depth.value_or(0)));
   require(in.prefetch_limit_bytes >= 0, OptionField::prefetch_limit_bytes,

@@ -23,10 +23,10 @@ class UnitModel;
 enum class OptionField {
   device, placement, replicas, param_dtype, reduce_dtype, grad_clip, qk_clip, overlap_backward,
   prefetch_depth, prefetch_limit_bytes, muon_split_heads, muon_orthogonalizer, muon_variant, muon_ns_dtype,
-  attention
+  attention, expert_parallel
 };
 /// The identifiers of OptionField ("device", ..., "muon.split_heads", "muon.ns_dtype", "attention").
-inline constexpr NameTable<OptionField, 15> kOptionFieldNames{{{
+inline constexpr NameTable<OptionField, 16> kOptionFieldNames{{{
     {OptionField::device, "device"},
     {OptionField::placement, "placement"},
     {OptionField::replicas, "replicas"},
@@ -42,6 +42,7 @@ inline constexpr NameTable<OptionField, 15> kOptionFieldNames{{{
     {OptionField::muon_variant, "muon.variant"},
     {OptionField::muon_ns_dtype, "muon.ns_dtype"},
     {OptionField::attention, "attention"},
+    {OptionField::expert_parallel, "expert_parallel"},
 }}};
 
 /// A rejected option. `field()` is the option at fault; the message may name other options, each

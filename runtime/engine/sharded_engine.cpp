@@ -104,7 +104,57 @@ class PhaseScope {
   double start_;
 };
 
+// The experts' owners by ParamSpec::expert (from each expert's matrices; the plan keeps them on
+// one rank), and the exchange the MoE op reaches them through.
+std::vector<int> expert_owners(const ShardPlan& plan) {
+  std::vector<int> owner;
+  for (const MatrixShard& s : plan.shards) {
+    if (s.expert < 0) continue;
+    if (owner.size() <= static_cast<size_t>(s.expert)) owner.resize(static_cast<size_t>(s.expert) + 1, -1);
+    check_arg(owner[s.expert] < 0 || owner[s.expert] == s.owner, "ShardedEngine",
+              "expert_parallel: the matrices of expert " + std::to_string(s.expert) + " have different owners");
+    owner[s.expert] = s.owner;
+  }
+  return owner;
+}
+
+ExpertExchange make_exchange(Communicator& comm) {
+  ExpertExchange ex;
+  ex.rank = comm.rank();
+  ex.world = comm.world_size();
+  ex.all_gather_counts = [&comm](const std::vector<int64_t>& mine) {
+    std::vector<int64_t> all(mine.size() * static_cast<size_t>(comm.world_size()));
+    comm.all_gather_host(mine.data(), all.data(), static_cast<int64_t>(mine.size() * sizeof(int64_t)), CommPhase::other);
+    return all;
+  };
+  ex.all_to_all = [&comm](const float* send, const std::vector<int64_t>& sc, float* recv, const std::vector<int64_t>& rc) {
+    comm.all_to_all_v(send, sc, recv, rc, DType::f32, CommPhase::experts);
+  };
+  return ex;
+}
+
 }  // namespace
+
+/// Expert parallelism for one step or evaluation: the unit buffers keep experts with their
+/// owners and the model routes rows through the exchange; both off again at the end.
+class ExpertsStay {
+ public:
+  explicit ExpertsStay(ShardedEngine& e) : e_(e.opts_.expert_parallel ? &e : nullptr) {
+    if (!e_) return;
+    e_->units_.set_experts_stay(true);
+    e_->model_.set_expert_exchange(&e_->exchange_, e_->expert_owner_);
+  }
+  ~ExpertsStay() {
+    if (!e_) return;
+    e_->units_.set_experts_stay(false);
+    e_->model_.set_expert_exchange(nullptr, {});
+  }
+  ExpertsStay(const ExpertsStay&) = delete;
+  ExpertsStay& operator=(const ExpertsStay&) = delete;
+
+ private:
+  ShardedEngine* e_;
+};
 
 ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPlan& plan, const EngineOptions& opts,
                              Communicator* replicas)
@@ -129,6 +179,13 @@ ShardedEngine::ShardedEngine(UnitModel& model, Communicator& comm, const ShardPl
     }
     model_.record_attention_logits(true);
   }
+  if (opts_.expert_parallel) {
+    check_arg(plan_.options.expert_parallel, "ShardedEngine",
+              "expert_parallel needs a plan made with PlannerOptions::expert_parallel (planner_options does it)");
+    expert_owner_ = expert_owners(plan_);
+    check_arg(!expert_owner_.empty(), "ShardedEngine", "expert_parallel: the model has no routed experts");
+    exchange_ = make_exchange(comm_);
+  }
 }
 
 ShardedEngine::~ShardedEngine() = default;
@@ -144,6 +201,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   const int64_t orth0 = owners_.orthogonalizations(), copies0 = host_device_copy_bytes(),
                 opt_bytes0 = comm_.counters().at(CommPhase::opt_step).bytes_sent;
   units_.zero_gradients();
+  const ExpertsStay experts(*this);
   if (opts_.qk_clip > 0) model_.take_attention_logit_maxima();  // drop what forwards outside steps left
   // the step divides the summed gradients by (world x replicas x micro-batches): the global mean
   const double denom = static_cast<double>(world_) * replica_count_ * static_cast<double>(micro.size());
@@ -355,6 +413,7 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
   MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.matmuls());
   AttentionKernelScope attention(resolved_.attention());
+  const ExpertsStay experts(*this);
   const int U = units_.size();
   ExactSum loss_sum;
   int64_t tokens = 0;
@@ -370,6 +429,8 @@ std::pair<double, int64_t> ShardedEngine::eval_loss_sum(const std::vector<MicroB
       if (!empty) {
         x = model_.forward_unit(u, x, mb, 1.0);
         if (u == U - 1) loss_sum.add(x.item());
+      } else {
+        model_.forward_unit_without_rows(u);
       }
       for (int d : model_.units_needed_by(u)) units_.release(d);
     }

@@ -174,6 +174,11 @@ class ShardedEngine {
   UnitBuffers units_;
   OwnerState owners_;
   std::vector<std::vector<RowScale>> qk_heads_;  ///< QK-Clip: each model head's rows (factor unset)
+  /// Expert parallelism (opts_.expert_parallel): the exchange over comm_ and each expert's owner
+  /// (by ParamSpec::expert); ExpertsStay turns both on for a step or an evaluation.
+  ExpertExchange exchange_;
+  std::vector<int> expert_owner_;
+  friend class ExpertsStay;
 };
 
 }  // namespace mfsdp

@@ -1,6 +1,7 @@
 #include "runtime/engine/unit_buffers.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 #include "runtime/kernels.h"
@@ -39,6 +40,8 @@ void UnitBuffers::build_unit(int ui) {
   const bool res = traits_.resident, all = traits_.every_rank_updates_all;
   unit.index = ui;
   unit.counts = L.segment_numel;
+  unit.gathered_counts = L.gathered_numel.empty() ? L.segment_numel : L.gathered_numel;
+  unit.has_experts = unit.gathered_counts != unit.counts;
   unit.total = L.total_numel();
   unit.my_offset = all ? 0 : L.segment_offset(rank_);
   unit.my_count = all ? unit.total : L.segment_numel[rank_];
@@ -134,10 +137,50 @@ int64_t UnitBuffers::gathered_bytes() const {
   return sum;
 }
 
+void UnitBuffers::set_experts_stay(bool on) {
+  if (on)
+    for (const auto& unit : units_)
+      check_arg(!unit->pending && (traits_.resident || !unit->gathered), "UnitBuffers::set_experts_stay",
+                "unit " + std::to_string(unit->index) + " is gathered or on its way");
+  experts_stay_ = on;
+}
+
+void UnitBuffers::copy_expert_tail(const Tensor& segment, const Tensor& full, const UnitBuffer& unit, bool into_full) {
+  const int64_t lead = unit.gathered_counts[rank_], tail = unit.my_count - lead;
+  if (tail == 0) return;
+  const Tensor mine = segment.view(lead, {tail}), slot = full.view(unit.my_offset + lead, {tail});
+  if (into_full) slot.copy_from(mine);
+  else mine.copy_from(slot);
+}
+
+void UnitBuffers::move_prefixes(const Tensor& full, const Tensor& packed, const UnitBuffer& unit, bool to_packed) {
+  const UnitLayout& L = plan_.units[unit.index];
+  int64_t at = 0;
+  for (int r = 0; r < comm_.world_size(); ++r) {
+    const int64_t n = unit.gathered_counts[r];
+    if (n == 0) continue;
+    const Tensor a = full.view(L.segment_offset(r), {n}), b = packed.view(at, {n});
+    if (to_packed) b.copy_from(a);
+    else a.copy_from(b);
+    at += n;
+  }
+}
+
 // bf16: the owned f32 segment rounded to bf16 goes on the wire, widened into `full` at the finish.
+// Experts staying with their owners (f32 only, resolve() checks): the leading parts go into
+// `packed`, moved into place at the finish.
 void UnitBuffers::start_gather(UnitBuffer& unit, CommPhase phase, DType dtype) {
   unit.full.storage()->materialize();
   unit.pending_dtype = dtype;
+  if (experts_stay(unit)) {
+    MemCategoryScope s(MemCategory::comm_buffers);
+    const int64_t moved = std::accumulate(unit.gathered_counts.begin(), unit.gathered_counts.end(), int64_t{0});
+    unit.packed = Tensor::empty({moved}, DType::f32, device_);
+    const int64_t lead = unit.gathered_counts[rank_];
+    unit.pending = comm_.start_all_gather_v(lead ? unit.shard.data_f32() : nullptr, unit.packed.data_f32(),
+                                            unit.gathered_counts, DType::f32, phase);
+    return;
+  }
   if (dtype == DType::bf16) {
     MemCategoryScope s(MemCategory::comm_buffers);
     unit.wire_send = unit.shard.to(DType::bf16);
@@ -153,6 +196,11 @@ void UnitBuffers::start_gather(UnitBuffer& unit, CommPhase phase, DType dtype) {
 void UnitBuffers::finish_gather(UnitBuffer& unit) {
   unit.pending->wait();
   unit.pending.reset();
+  if (unit.packed.defined()) {
+    move_prefixes(unit.full, unit.packed, unit, false);
+    copy_expert_tail(unit.shard, unit.full, unit, true);
+    unit.packed = Tensor();
+  }
   if (unit.pending_dtype == DType::bf16) {
     kernels(device_).convert(unit.wire_full.data_ptr(), DType::bf16, unit.full.data_ptr(), DType::f32, unit.total);
     unit.wire_send = unit.wire_full = Tensor();
@@ -182,6 +230,7 @@ void UnitBuffers::ensure_grad_buffers(int u) {
   }
   unit.unpacked_grad.storage()->materialize();
   unit.unpacked_grad.zero();
+  if (experts_stay(unit)) copy_expert_tail(unit.shard_grad, unit.full_grad, unit, true);  // the owner's running sums
   unit.grads_live = true;
 }
 
@@ -201,6 +250,7 @@ void UnitBuffers::reduce_gradients(int u, bool last_micro, bool overlap) {
           .copy_from(unit.unpacked_grad.view(b.offset + p.param_offset, {p.numel}));
   }
   if (!traits_.resident) unit.unpacked_grad.storage()->release();
+  if (experts_stay(unit)) copy_expert_tail(unit.shard_grad, unit.full_grad, unit, false);  // summed by the model
   if (traits_.all_reduce_gradients) all_reduce_gradients(unit);
   else reduce_to_owners(unit, overlap);
   if (!unit.pending_reduce) drop_full_grads(unit);
@@ -233,6 +283,22 @@ void UnitBuffers::drop_full_grads(UnitBuffer& unit) {
 void UnitBuffers::reduce_to_owners(UnitBuffer& unit, bool overlap) {
   float* mine = unit.my_count ? unit.shard_grad.data_f32() : nullptr;
   const int q = replicas_ ? replicas_->rank() : 0, R = replicas_ ? replicas_->world_size() : 1;
+  if (experts_stay(unit)) {  // only the leading parts; no replicas, f32 (resolve() checks)
+    MemCategoryScope s(MemCategory::comm_buffers);
+    const int64_t moved = std::accumulate(unit.gathered_counts.begin(), unit.gathered_counts.end(), int64_t{0});
+    unit.reduce_wire = Tensor::empty({moved}, DType::f32, device_);
+    move_prefixes(unit.full_grad, unit.reduce_wire, unit, true);
+    mine = unit.gathered_counts[rank_] ? unit.shard_grad.data_f32() : nullptr;
+    if (overlap) {
+      unit.pending_reduce = comm_.start_reduce_scatter_v(unit.reduce_wire.data_f32(), mine, unit.gathered_counts,
+                                                         DType::f32, ReduceOp::accumulate, CommPhase::grad_reduce);
+      return;
+    }
+    comm_.reduce_scatter_v(unit.reduce_wire.data_f32(), mine, unit.gathered_counts, DType::f32, ReduceOp::accumulate,
+                           CommPhase::grad_reduce);
+    unit.reduce_wire = Tensor();
+    return;
+  }
   if (overlap && R == 1) {
     MemCategoryScope s(MemCategory::comm_buffers);
     if (reduce_dtype_ == DType::bf16) unit.reduce_wire = unit.full_grad.to(DType::bf16);

@@ -28,6 +28,11 @@ struct UnitParam {
 struct UnitBuffer {
   int index = 0;
   std::vector<int64_t> counts;     ///< per-rank segment numel (the all_gather_v / reduce_scatter_v counts)
+  /// Per-rank leading part of the segment that moves while experts stay with their owners
+  /// (UnitLayout::gathered_numel); equal to `counts` in a unit without expert matrices.
+  std::vector<int64_t> gathered_counts;
+  bool has_experts = false;        ///< some segment has an expert tail (gathered_counts != counts)
+  Tensor packed;                   ///< the moved prefixes back to back, while an expert-parallel gather runs
   int64_t total = 0, my_offset = 0, my_count = 0;
   Tensor shard, shard_grad;        ///< this rank's segment and its gradient (persistent)
   Tensor full, full_grad;          ///< the whole unit in comm layout, released when not in use
@@ -109,6 +114,14 @@ class UnitBuffers {
   /// Runs `fn` with every unit gathered in `dtype`, then frees them again (also when fn throws).
   void with_all_gathered(const std::function<void()>& fn, CommPhase phase, DType dtype);
   DType param_dtype() const { return param_dtype_; }
+  /// Expert parallelism on (true) or off: while on, gathers move only each segment's leading
+  /// part (the expert matrices stay with their owners; an owner's own expert matrices are copied
+  /// into its full buffer, the others' slots are not filled), an owner's full gradients of its
+  /// experts start from its running gradient shard (the model adds each rank's contribution in
+  /// rank order) and go back there at the reduction, which moves only the leading parts. Off,
+  /// every gather is whole (exports, sampling). Turn on only with no unit gathered or pending
+  /// (std::invalid_argument otherwise); turning off never throws.
+  void set_experts_stay(bool on);
 
  private:
   void build_unit(int ui);
@@ -117,6 +130,12 @@ class UnitBuffers {
   void finish_gather(UnitBuffer& unit);
   int64_t unit_gather_bytes(const UnitBuffer& unit, DType dtype) const;
   void reduce_to_owners(UnitBuffer& unit, bool overlap);
+  bool experts_stay(const UnitBuffer& unit) const { return experts_stay_ && unit.has_experts; }
+  /// Copies this rank's expert tail between its segment (shard or shard_grad) and its slot of the
+  /// full buffer (full or full_grad), `into_full` or back.
+  void copy_expert_tail(const Tensor& segment, const Tensor& full, const UnitBuffer& unit, bool into_full);
+  /// Moves each rank's leading part between the full buffer and `packed` (back to back).
+  void move_prefixes(const Tensor& full, const Tensor& packed, const UnitBuffer& unit, bool to_packed);
   void drop_full_grads(UnitBuffer& unit);
   void all_reduce_gradients(UnitBuffer& unit);
   Tensor buffer(int64_t numel, MemCategory cat, bool materialized) const;
@@ -129,6 +148,7 @@ class UnitBuffers {
   Device device_;
   DType param_dtype_, reduce_dtype_;
   int rank_;
+  bool experts_stay_ = false;
   std::vector<std::unique_ptr<UnitBuffer>> units_;
 };
 

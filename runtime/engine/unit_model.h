@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "planner/param_spec.h"
+#include "runtime/core/check.h"
+#include "runtime/ops_moe.h"
 #include "runtime/tensor.h"
 
 namespace mfsdp {
@@ -83,6 +85,19 @@ class UnitModel {
   /// The largest logit of each head (attention_heads order) over the recorded forwards since the
   /// previous call, -inf for a head that did not run; then starts a new record.
   virtual std::vector<float> take_attention_logit_maxima() { return {}; }
+
+  // ---- Mixture of Experts (models without routed experts keep the defaults) ----
+  /// Routes expert rows through `exchange` to the owners `owner_of_expert[ParamSpec::expert]`
+  /// (expert parallelism, runtime/ops_moe.h), or, with null, runs every expert from its bound
+  /// parameters. The engine turns it on around its training steps and evaluations (every rank in
+  /// lockstep) and off otherwise. Throws std::invalid_argument when a model without experts is
+  /// asked to turn it on.
+  virtual void set_expert_exchange(const ExpertExchange* exchange, const std::vector<int>& /*owner_of_expert*/) {
+    check_arg(exchange == nullptr, "UnitModel", "expert parallelism needs a model with routed experts");
+  }
+  /// Takes part, without rows of its own, in what unit u's forward exchanges with the other
+  /// ranks (an evaluation rank whose sequences ran out still serves its experts' owners' share).
+  virtual void forward_unit_without_rows(int /*u*/) const {}
 };
 
 }  // namespace mfsdp

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -377,7 +378,7 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
   const ModelFacts gpt{32, true};
   const ResolvedOptions cpu = resolve(o, Device::CPU, Placement::matrixfsdp, 1, gpt);
   CHECK(cpu.prefetch_depth() == 0);
-  CHECK_FALSE(cpu.batch_orthogonalize());
+  CHECK(cpu.batch_orthogonalize());  // on both devices
   CHECK_FALSE(cpu.overlap_reduce());
   CHECK(cpu.attention() == AttentionKernel::unfused);
   CHECK(cpu.options.prefetch_depth == 0);
@@ -392,11 +393,13 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
   CHECK(cuda.traits.resident);
   o.prefetch_depth = 3;
   o.overlap_reduce = Toggle::off;
+  o.batch_orthogonalize = Toggle::off;
   o.attention = AttentionKernel::fused;
   o.muon.split_heads = true;
   const ResolvedOptions forced = resolve(o, Device::CUDA, Placement::fsdp2, 2, gpt);
   CHECK(forced.prefetch_depth() == 3);
   CHECK_FALSE(forced.overlap_reduce());
+  CHECK_FALSE(forced.batch_orthogonalize());
   CHECK(forced.attention() == AttentionKernel::fused);
   CHECK(forced.options.muon.head_dim == 32);
   CHECK(forced.traits.replicated);
@@ -414,6 +417,27 @@ TEST_CASE("resolve: device defaults, forced switches, the model's head size and 
     CHECK_THAT(e.message([](OptionField f) { return std::string("<") + kOptionFieldNames.name(f) + ">"; }),
                StartsWith("needs <grad_clip> = 0 (got 1)"));
   }
+  // expert parallelism: matrixfsdp without replicas, the CPU, f32, no recompute; reaches the planner
+  EngineOptions ep;
+  ep.expert_parallel = true;
+  CHECK(resolve(ep, Device::CPU, Placement::matrixfsdp, 1, gpt).options.expert_parallel);
+  CHECK(planner_options(ep, gpt).expert_parallel);
+  const std::pair<std::function<void()>, const char*> refused[] = {
+      {[&] { resolve(ep, Device::CPU, Placement::fsdp2, 1, gpt); }, "needs placement matrixfsdp without replicas"},
+      {[&] { resolve(ep, Device::CPU, Placement::matrixfsdp, 2, gpt); }, "(got matrixfsdp, 2 replica(s))"},
+      {[&] { resolve(ep, Device::CUDA, Placement::matrixfsdp, 1, gpt); }, "runs on the CPU only"},
+  };
+  for (const auto& [call, text] : refused) {
+    try {
+      call();
+      FAIL("expert_parallel accepted where it should be refused: " << text);
+    } catch (const OptionError& e) {
+      CHECK(e.field() == OptionField::expert_parallel);
+      CHECK_THAT(std::string(e.what()), Contains(text));
+    }
+  }
+  ep.recompute_units = true;
+  CHECK_THROWS_WITH(resolve(ep, Device::CPU, Placement::matrixfsdp, 1, gpt), Contains("activation recompute"));
   // one name table per enum: parsing and printing agree
   CHECK(kToggleNames.find("auto") == Toggle::automatic);
   CHECK_FALSE(kToggleNames.find("yes").has_value());

@@ -107,13 +107,15 @@ inline void check_layout_elements(const ShardPlan& plan, const ParamInventory& i
       }
     }
     if (plan.placement == Placement::matrixfsdp || plan.placement == Placement::zero1) {
-      // Within each segment: all matrices, then all tail pieces.
+      // Within each segment: all matrices, then all tail pieces (under expert parallelism the
+      // expert matrices after them).
       for (int r = 0; r < N; ++r) {
-        bool seen_tail = false;
+        int order = 0;
         for (int64_t g = ul.segment_offset(r); g < ul.segment_offset(r + 1); ++g) {
-          const bool muon = plan.shards[who[g]].optimizer == OptimizerKind::muon;
-          if (!muon) seen_tail = true;
-          misplaced += muon && seen_tail;
+          const MatrixShard& s = plan.shards[who[g]];
+          const int kind = plan.options.expert_parallel && s.expert >= 0 ? 2 : s.optimizer == OptimizerKind::muon ? 0 : 1;
+          misplaced += kind < order;
+          order = std::max(order, kind);
         }
       }
     }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <map>
+#include <set>
 #include <numeric>
 #include <sstream>
 
@@ -113,3 +114,45 @@ TEST_CASE("MoE: mfsdp-plan's experts table lists every expert matrix under its o
   CHECK(listed == 64 * 3 * 4);
   CHECK(expert_table(make_plan(llama_inventory(LlamaConfig{}), 4, Placement::matrixfsdp)).empty());
 }
+
+TEST_CASE("MoE: expert parallelism keeps each expert whole on one owner, at its segments' tails", "[moe]") {
+  const MoeConfig cfg = moe_64x4();
+  const ParamInventory inv = moe_inventory(cfg);
+  PlannerOptions opt;
+  opt.expert_parallel = true;
+  const int world = 8;
+  const ShardPlan plan = make_plan(inv, world, Placement::matrixfsdp, opt);
+  check_layout_elements(plan, inv);
+  std::map<int, std::set<int>> owners;  // expert -> the ranks of its matrices
+  for (const MatrixShard& s : plan.shards)
+    if (s.expert >= 0) owners[s.expert].insert(s.owner);
+  REQUIRE(owners.size() == 64 * 4);
+  for (const auto& [expert, ranks] : owners) {
+    INFO("expert " << expert);
+    CHECK(ranks.size() == 1);
+  }
+  // the moved leading part of each segment is the segment less its expert matrices
+  for (size_t u = 0; u < plan.units.size(); ++u)
+    for (int r = 0; r < world; ++r) {
+      int64_t experts = 0;
+      for (const MatrixShard& s : plan.shards)
+        if (s.unit == static_cast<int>(u) && s.expert >= 0 && s.owner == r) experts += s.numel();
+      CHECK(plan.units[u].gathered_numel[r] == plan.units[u].segment_numel[r] - experts);
+    }
+  const std::vector<double> ns = ns_flops_per_rank(plan, world);
+  const double total = std::accumulate(ns.begin(), ns.end(), 0.0);
+  const double max_over_mean = *std::max_element(ns.begin(), ns.end()) / (total / world);
+  INFO("Newton-Schulz max/mean with whole experts " << max_over_mean);
+  CHECK(max_over_mean <= 1.05);
+  CHECK(expert_table(plan).find("whole experts") != std::string::npos);
+  // a JSON round trip keeps the expert numbers, the option and the gathered parts
+  const ShardPlan back = ShardPlan::from_json(plan.to_json());
+  CHECK(back == plan);
+  // without the option the plan has no tails and moves whole segments
+  const ShardPlan gathered = make_plan(inv, world, Placement::matrixfsdp);
+  for (const UnitLayout& u : gathered.units) CHECK(u.gathered_numel == u.segment_numel);
+  CHECK_THROWS_WITH(make_plan(inv, world, Placement::fsdp2, opt), Catch::Contains("expert_parallel needs placement matrixfsdp"));
+  opt.round_robin = true;
+  CHECK_THROWS_WITH(make_plan(inv, world, Placement::matrixfsdp, opt), Catch::Contains("round-robin"));
+}
+
