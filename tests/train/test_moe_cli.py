@@ -6,7 +6,8 @@ usage: test_moe_cli.py BIN_DIR CASE with CASE one of
   exactness   configs/moe_tiny_test.json for 6 steps under matrixfsdp at -np 1/2/4 with grad_accum
               4/2/1, fsdp2 at -np 2 and 4, zero1 at -np 4 (one micro-batch per rank,
               as zero1 is exact), HSDP (sharding.replicate 2) at -np 4, and experts that stay
-              with their owners (sharding.expert_parallel) at -np 2 and 4: the
+              with their owners (sharding.expert_parallel) at -np 2 and 4 (the latter with
+              prefetched gathers and overlapped reductions): the
               same loss lines, validation loss and state fingerprint as -np 1 (bitwise); the run
               without the router losses ends elsewhere (their gradients reach the routers); the
               loss falls; metrics.jsonl's expert_load is the same at every world size and counts
@@ -78,8 +79,11 @@ def case_exactness(bin_dir, tmp):
             ("matrixfsdp", 4, 1, 2, False), ("matrixfsdp", 2, 2, 1, True), ("matrixfsdp", 4, 1, 1, True)]
     seen = {}
     for placement, np, accum, replicate, ep in runs:
+        # the -np 4 expert-parallel run also prefetches gathers and overlaps the reductions
+        overlap = ("sharding.overlap_reduce=on", "sharding.prefetch_depth=1") if ep and np == 4 else ()
         rc, out, s = train(bin_dir, np, *common, f"sharding.placement={placement}", f"training.grad_accum={accum}",
-                           f"sharding.replicate={replicate}", f"sharding.expert_parallel={'true' if ep else 'false'}")
+                           f"sharding.replicate={replicate}", f"sharding.expert_parallel={'true' if ep else 'false'}",
+                           *overlap)
         key = (placement + (" expert_parallel" if ep else ""), np, replicate)
         check(rc == 0, f"{key}: exit {rc}")
         if rc:
