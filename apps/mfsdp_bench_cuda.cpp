@@ -1,7 +1,8 @@
 // mfsdp-bench-cuda: a short timing table of the CUDA backend against the CPU backend, for
 // scripts/gpu_check.sh. GEMM GFLOP/s (sizes written M x K x N: C[M,N] = A[M,K] B[K,N], 2MNK flops),
 // causal attention forward/backward (GPT-2 small shapes), and Newton-Schulz on a 768 x 3072 matrix
-// (optim/optim_cuda.h, bf16 GEMMs) vs newton_schulz_cpu. CUDA times use cudaEvents on the legacy
+// (optim/optim_cuda.h, bf16 GEMMs) vs newton_schulz_cpu, the batched chain against the cuBLAS
+// GEMM rate, and 64 same-shape experts grouped against one call each. CUDA times use cudaEvents on the legacy
 // default stream (median of the repetitions); CPU times use steady_clock.
 // Usage: mfsdp-bench-cuda [--quick]   (--quick: fewer repetitions)
 #include <cublas_v2.h>
@@ -212,6 +213,32 @@ void bench_newton_schulz_batched(cublasHandle_t handle, MuonCudaWorkspace& ws, R
               t_gemm, gemm_rate * 1e-3, t_ns, ns_rate * 1e-3, 100 * ns_rate / gemm_rate);
 }
 
+// The grouped Newton-Schulz of a Mixture-of-Experts owner: 64 same-shape expert matrices [256, 512]
+// (bf16, 5 steps) as one strided-batched chain against 64 one-matrix calls (the per-matrix loop
+// that is launch-bound at these sizes), with the largest difference between the two.
+void bench_newton_schulz_experts(cublasHandle_t handle, MuonCudaWorkspace& ws, Reps n) {
+  const int64_t batch = 64, rows = 256, cols = 512, numel = rows * cols;
+  const double gflop = batch * kNsSteps * (4.0 * rows * rows * cols + 2.0 * rows * rows * rows) * 1e-9;
+  Tensor g = random_tensor(batch * numel, Device::CUDA, 13);
+  Tensor grouped = Tensor::empty({batch * numel}, DType::f32, Device::CUDA), looped = Tensor::empty({batch * numel}, DType::f32, Device::CUDA);
+  const double t_grouped = time_cuda([&] {
+    newton_schulz_batched_cuda(g.data_f32(), grouped.data_f32(), batch, rows, cols, kNsSteps, 0, handle, &ws);
+  }, 2, n.reps);
+  const double t_looped = time_cuda([&] {
+    for (int64_t b = 0; b < batch; ++b)
+      newton_schulz_cuda(g.data_f32() + b * numel, looped.data_f32() + b * numel, rows, cols, kNsSteps, 0, handle, &ws);
+  }, 2, n.reps);
+  const auto a = grouped.to_vector(), r = looped.to_vector();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - r[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
+  }
+  std::printf("grouped Newton-Schulz, 64 experts x 256x512 (bf16, 5 steps): one batched chain %.3f ms (%.1f TFLOP/s), "
+              "64 one-matrix calls %.3f ms (%.1f TFLOP/s): %.2fx; max|diff| / max = %.1e\n",
+              t_grouped, gflop / t_grouped, t_looped, gflop / t_looped, t_looped / t_grouped, diff / scale);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,6 +265,7 @@ int main(int argc, char** argv) {
   MuonCudaWorkspace ws;
   bench_newton_schulz(handle, ws, n);
   bench_newton_schulz_batched(handle, ws, n);
+  bench_newton_schulz_experts(handle, ws, n);
   cublasDestroy(handle);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   return 0;

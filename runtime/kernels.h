@@ -189,6 +189,26 @@ class Kernels {
   /// dg += dy * u * silu'(g), du += dy * silu(g) (either may be null).
   virtual void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) = 0;
 
+  // ---- mixture-of-experts rows (runtime/ops_moe.cpp): dispatch, combine, the shared expert's gate ----
+  /// Dispatch: out[i, :] = src[index[i], :] for i < rows (rows of `cols` f32).
+  virtual void gather_rows(const float* src, const int32_t* index, float* out, int64_t rows, int64_t cols) = 0;
+  /// Combine, per token n < N: y[n, :] = (accumulate ? y[n, :] : 0) + the sum over j = 0..K-1, added in
+  /// that order, of weight[n K + j] * rows[row_of[n K + j], :] (weight null: the rows themselves).
+  virtual void combine_rows(const float* rows, const int32_t* row_of, const float* weight, float* y, int64_t N,
+                            int64_t K, int64_t cols, bool accumulate) = 0;
+  /// The combine's backward, per expert row i < R fed by token index[i] with weight[i]:
+  /// drows[i, :] = weight[i] * dy[index[i], :] (overwritten) and dweight[i] = dy[index[i], :] . rows[i, :]
+  /// (summed in f64, rounded to f32; CPU in column order, CUDA a fixed tree).
+  virtual void combine_rows_backward(const float* dy, const int32_t* index, const float* weight, const float* rows,
+                                     float* drows, float* dweight, int64_t R, int64_t cols) = 0;
+  /// A sigmoid-gated add per row n < N: gate[n] = sigmoid(gate[n]) in place (a logit in, the gate
+  /// out), then y[n, :] += gate[n] * x[n, :].
+  virtual void gated_add_rows(const float* x, float* gate, float* y, int64_t N, int64_t cols) = 0;
+  /// Its backward from the gates: dx[n, :] = gate[n] * dy[n, :] (overwritten) and
+  /// dlogit[n] = f32(dy[n, :] . x[n, :]) * gate[n] * (1 - gate[n]) (the dot summed in f64).
+  virtual void gated_add_rows_backward(const float* dy, const float* x, const float* gate, float* dx, float* dlogit,
+                                       int64_t N, int64_t cols) = 0;
+
   /// losses[n] = logsumexp(logits[n, :V]) - logits[n, target[n]]; columns V..Vp-1 are padding.
   virtual void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses,
                                      int64_t N, int64_t V, int64_t Vp) = 0;

@@ -1,11 +1,14 @@
-// The MoE feed-forward (ops_moe.h) with a hand-written backward: route on the host, gather each
-// expert's tokens in token order, run its three GEMMs through the Kernels GEMM, and add the
-// weighted outputs back per token in ascending expert order. Every loop that writes a shared row
-// runs in a fixed order, so the bits depend only on the inputs and the GEMM's thread count.
+// The MoE feed-forward (ops_moe.h) with a hand-written backward, on the CPU or CUDA: the router's
+// logits come to the host, which routes (softmax, top-k, each expert's rows in token order) and
+// sends the index lists back; the Kernels row kernels gather each expert's tokens, its three GEMMs
+// run through the Kernels GEMM, and combine_rows adds the weighted outputs back per token in
+// ascending expert order. Every kernel that writes a shared row does so in a fixed order, so the
+// bits depend only on the inputs, the device and the GEMM's thread count.
 #include "runtime/ops_moe.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -31,6 +34,10 @@ struct Routes {
   std::vector<int64_t> offset;  // [E + 1] first expert row of each expert
   std::vector<int64_t> token;   // [N K] the token of each expert row (expert-major, token order)
   std::vector<int64_t> row_of;  // [N, K] the expert row of each (token, slot)
+  // the same lists on the op's device, for the row kernels
+  Tensor token_dev, row_of_dev;  // i32 [N K]
+  Tensor weight_dev;             // f32 [N, K]
+  Tensor row_weight_dev;         // f32 [N K] the combine weight of each expert row
 };
 
 // One SwiGLU expert's activations over its rows: gate and up pre-activations, and its output.
@@ -44,9 +51,10 @@ struct MoeSaved {
   SwigluWeights shared;
   MoeOptions opt;
   Routes routes;
-  std::vector<ExpertActs> acts;  // per expert (undefined tensors for experts without tokens)
+  std::vector<ExpertActs> acts;  // per expert here (undefined for experts without tokens)
+  Tensor expert_out;             // [N K, C] every expert row's output, expert-major
   ExpertActs shared_acts;
-  std::vector<float> shared_gate_value;  // [N] sigmoid(x shared_gate^T)
+  Tensor shared_gate_value;  // [N] sigmoid(x shared_gate^T)
   // Expert parallelism: rows every rank routed to every expert ([world][E]), and as an owner, per
   // own expert and source rank, the rows received and their activations.
   std::vector<int64_t> counts;
@@ -57,12 +65,13 @@ bool owns(const MoeOptions& opt, int64_t e) {
   return opt.exchange == nullptr || opt.expert_owner[static_cast<size_t>(e)] == opt.exchange->rank;
 }
 
-void check_expert(const SwigluWeights& w, int64_t C, const std::string& what) {
+void check_expert(const SwigluWeights& w, int64_t C, Device dev, const std::string& what) {
   // messages are built only for a failing check (this runs for every expert on every call)
   for (const Tensor* t : {&w.gate, &w.up, &w.down})
-    if (!(t->defined() && t->dtype() == DType::f32 && t->device() == Device::CPU && t->dim() == 2))
+    if (!(t->defined() && t->dtype() == DType::f32 && t->device() == dev && t->dim() == 2))
       check_arg(false, kOp,
-                what + " weights must be f32 CPU matrices, got " + (t->defined() ? t->describe() : "undefined"));
+                what + " weights must be f32 matrices on the input's device (" + device_name(dev) + "), got " +
+                    (t->defined() ? t->describe() : "undefined"));
   const int64_t I = w.gate.size(0);
   if (!(w.gate.size(1) == C && w.up.size(0) == I && w.up.size(1) == C && w.down.size(0) == C && w.down.size(1) == I))
     check_arg(false, kOp, what + ": gate " + w.gate.describe() + ", up " + w.up.describe() + ", down " +
@@ -71,18 +80,21 @@ void check_expert(const SwigluWeights& w, int64_t C, const std::string& what) {
 
 void check_moe_args(const Tensor& x, const Tensor& router, const std::vector<SwigluWeights>& experts,
                     const SwigluWeights& shared, const Tensor& shared_gate, const MoeOptions& opt) {
-  check_arg(x.defined() && x.dtype() == DType::f32 && x.device() == Device::CPU && x.dim() >= 1, kOp,
-            "input must be an f32 CPU tensor [..., C] (CUDA: not implemented), got " +
-                (x.defined() ? x.describe() : "undefined"));
+  check_arg(x.defined() && x.dtype() == DType::f32 && x.dim() >= 1, kOp,
+            "input must be an f32 tensor [..., C], got " + (x.defined() ? x.describe() : "undefined"));
   check_arg(matmul_dtype() == DType::f32, kOp, "bf16 matmuls are not implemented; use f32 matmuls");
   const int64_t C = x.size(-1);
-  check_arg(router.defined() && router.dtype() == DType::f32 && router.device() == Device::CPU &&
-                router.dim() == 2 && router.size(1) == C && router.size(0) == static_cast<int64_t>(experts.size()),
+  const Device dev = x.device();
+  check_arg(router.defined() && router.dtype() == DType::f32 && router.device() == dev && router.dim() == 2 &&
+                router.size(1) == C && router.size(0) == static_cast<int64_t>(experts.size()),
             kOp, "router must be f32 [E = " + std::to_string(experts.size()) + ", C = " + std::to_string(C) +
-                     "] on the CPU, got " + (router.defined() ? router.describe() : "undefined"));
+                     "] on the input's device, got " + (router.defined() ? router.describe() : "undefined"));
   check_arg(opt.top_k >= 1 && opt.top_k <= static_cast<int64_t>(experts.size()), kOp,
             "top_k " + std::to_string(opt.top_k) + " outside [1, " + std::to_string(experts.size()) + "]");
+  check_arg(C == 0 || x.numel() / C * opt.top_k <= std::numeric_limits<int32_t>::max(), kOp,
+            "tokens x top_k exceeds the int32 row index range");
   if (opt.exchange != nullptr) {
+    check_arg(dev == Device::CPU, kOp, "expert parallelism runs on the CPU only, got " + x.describe());
     check_arg(opt.expert_owner.size() == experts.size(), kOp,
               "expert_owner names " + std::to_string(opt.expert_owner.size()) + " owners for " +
                   std::to_string(experts.size()) + " experts");
@@ -90,11 +102,11 @@ void check_moe_args(const Tensor& x, const Tensor& router, const std::vector<Swi
       check_arg(o >= 0 && o < opt.exchange->world, kOp, "expert owner " + std::to_string(o) + " outside the group");
   }
   for (size_t e = 0; e < experts.size(); ++e)
-    if (owns(opt, static_cast<int64_t>(e))) check_expert(experts[e], C, "expert " + std::to_string(e));
+    if (owns(opt, static_cast<int64_t>(e))) check_expert(experts[e], C, dev, "expert " + std::to_string(e));
   check_arg(shared.defined() == shared_gate.defined(), kOp, "the shared expert and its gate come together");
   if (!shared.defined()) return;
-  check_expert(shared, C, "shared expert");
-  check_arg(shared_gate.dtype() == DType::f32 && shared_gate.device() == Device::CPU && shared_gate.dim() == 2 &&
+  check_expert(shared, C, dev, "shared expert");
+  check_arg(shared_gate.dtype() == DType::f32 && shared_gate.device() == dev && shared_gate.dim() == 2 &&
                 shared_gate.size(0) == 1 && shared_gate.size(1) == C,
             kOp, "shared expert gate must be f32 [1, " + std::to_string(C) + "], got " + shared_gate.describe());
 }
@@ -159,38 +171,76 @@ void group_by_expert(Routes& r) {
     }
 }
 
+template <class T, class From>
+Tensor vector_on(const std::vector<From>& v, DType dtype, Device dev) {
+  const std::vector<T> cast(v.begin(), v.end());
+  Tensor t = Tensor::empty({static_cast<int64_t>(cast.size())}, dtype, dev);
+  if (!cast.empty()) t.copy_from_host(cast.data());
+  return t;
+}
+
 Routes route(Kernels& k, const Tensor& x, const Tensor& router, const MoeOptions& opt) {
   Routes r;
   r.C = x.size(-1);
   r.N = x.numel() / r.C;
   r.E = router.size(0);
   r.K = opt.top_k;
-  std::vector<float> logits(r.N * r.E);
-  if (r.N > 0) k.gemm(false, true, r.N, r.E, r.C, 1.0f, x.data_f32(), router.data_f32(), 0.0f, logits.data());
-  softmax_rows(logits.data(), r);
+  const Device dev = x.device();
+  const Tensor logits = Tensor::empty({r.N, r.E}, DType::f32, dev);
+  if (r.N > 0) k.gemm(false, true, r.N, r.E, r.C, 1.0f, x.data_f32(), router.data_f32(), 0.0f, logits.data_f32());
+  softmax_rows(logits.to_vector().data(), r);
   choose_experts(r, opt.norm_topk_prob);
   group_by_expert(r);
+  std::vector<float> row_weight(r.N * r.K);
+  for (int64_t i = 0; i < r.N * r.K; ++i) row_weight[r.row_of[i]] = r.weight[i];
+  r.token_dev = vector_on<int32_t>(r.token, DType::i32, dev);
+  r.row_of_dev = vector_on<int32_t>(r.row_of, DType::i32, dev);
+  r.weight_dev = vector_on<float>(r.weight, DType::f32, dev);
+  r.row_weight_dev = vector_on<float>(row_weight, DType::f32, dev);
   return r;
 }
 
 // Rows [begin, begin + n) of the expert-major token list, gathered from src [N, C].
-Tensor gather_rows(const float* src, const Routes& r, int64_t begin, int64_t n) {
-  Tensor out = Tensor::empty({n, r.C});
-  float* o = out.data_f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) std::copy_n(src + r.token[begin + i] * r.C, r.C, o + i * r.C);
+Tensor gather_rows(Kernels& k, const Tensor& src, const Routes& r, int64_t begin, int64_t n) {
+  Tensor out = Tensor::empty({n, r.C}, DType::f32, src.device());
+  k.gather_rows(src.data_f32(), r.token_dev.data<int32_t>() + begin, out.data_f32(), n, r.C);
   return out;
 }
 
-// One SwiGLU expert over rows xe [n, C].
-ExpertActs swiglu_forward(Kernels& k, const Tensor& xe, const SwigluWeights& w) {
+// Where each routed expert's [n_e, I_e] block starts in a buffer shared by all routed experts of
+// one call (n_e its rows, I_e its width). One buffer per quantity, viewed per expert, keeps a
+// step's allocation sizes the same every step (the caching allocators reuse blocks by exact size)
+// however the tokens are routed.
+struct ExpertBlocks {
+  std::vector<int64_t> at;  // [E + 1] element offsets
+  ExpertBlocks(const Routes& r, const std::vector<SwigluWeights>& experts) : at(r.E + 1, 0) {
+    for (int64_t e = 0; e < r.E; ++e) {
+      const int64_t n = r.offset[e + 1] - r.offset[e];
+      at[e + 1] = at[e] + (n > 0 ? n * experts[e].gate.size(0) : 0);
+    }
+  }
+  Tensor buffer(Device dev, bool zeroed = false) const {
+    return zeroed ? Tensor::zeros({at.back()}, DType::f32, dev) : Tensor::empty({at.back()}, DType::f32, dev);
+  }
+  Tensor of(const Tensor& buffer, int64_t e, int64_t n, int64_t width) const { return buffer.view(at[e], {n, width}); }
+};
+
+// One SwiGLU expert over rows xe [n, C] into a.g, a.u [n, I] and a.y [n, C]; h [n, I] is scratch.
+void swiglu_forward(Kernels& k, const Tensor& xe, const SwigluWeights& w, const ExpertActs& a, const Tensor& h) {
   const int64_t n = xe.size(0), C = xe.size(1), I = w.gate.size(0);
-  ExpertActs a{Tensor::empty({n, I}), Tensor::empty({n, I}), Tensor::empty({n, C})};
   k.gemm(false, true, n, I, C, 1.0f, xe.data_f32(), w.gate.data_f32(), 0.0f, a.g.data_f32());
   k.gemm(false, true, n, I, C, 1.0f, xe.data_f32(), w.up.data_f32(), 0.0f, a.u.data_f32());
-  const Tensor h = Tensor::empty({n, I});
   k.swiglu_forward(a.g.data_f32(), a.u.data_f32(), h.data_f32(), n * I);
   k.gemm(false, true, n, C, I, 1.0f, h.data_f32(), w.down.data_f32(), 0.0f, a.y.data_f32());
+}
+
+// swiglu_forward into new buffers.
+ExpertActs swiglu_forward(Kernels& k, const Tensor& xe, const SwigluWeights& w) {
+  const int64_t n = xe.size(0), C = xe.size(1), I = w.gate.size(0);
+  const Device dev = xe.device();
+  const ExpertActs a{Tensor::empty({n, I}, DType::f32, dev), Tensor::empty({n, I}, DType::f32, dev),
+                     Tensor::empty({n, C}, DType::f32, dev)};
+  swiglu_forward(k, xe, w, a, Tensor::empty({n, I}, DType::f32, dev));
   return a;
 }
 
@@ -204,16 +254,25 @@ SwigluGrads grad_buffers_of(const SwigluWeights& w) {
   return {of(w.gate), of(w.up), of(w.down)};
 }
 
+// Scratch of one SwiGLU expert's backward, each [n, I]; dg and du must hold zeros.
+struct SwigluScratch {
+  Tensor h, dh, dg, du;
+};
+
+SwigluScratch new_scratch(int64_t n, int64_t I, Device dev) {
+  return {Tensor::empty({n, I}, DType::f32, dev), Tensor::empty({n, I}, DType::f32, dev),
+          Tensor::zeros({n, I}, DType::f32, dev), Tensor::zeros({n, I}, DType::f32, dev)};
+}
+
 // Backward of one SwiGLU expert: adds the weights' gradients into `grads` and writes dxe [n, C]
 // (overwritten) from the output gradient dye [n, C].
 void swiglu_backward(Kernels& k, const Tensor& xe, const SwigluWeights& w, const ExpertActs& a, const Tensor& dye,
-                     float* dxe, const SwigluGrads& grads) {
+                     float* dxe, const SwigluGrads& grads, const SwigluScratch& t) {
   const int64_t n = xe.size(0), C = xe.size(1), I = w.gate.size(0);
-  const Tensor h = Tensor::empty({n, I}), dh = Tensor::empty({n, I});
+  const Tensor &h = t.h, &dh = t.dh, &dg = t.dg, &du = t.du;
   k.swiglu_forward(a.g.data_f32(), a.u.data_f32(), h.data_f32(), n * I);
   if (grads.down) k.gemm(true, false, C, I, n, 1.0f, dye.data_f32(), h.data_f32(), 1.0f, grads.down);
   k.gemm(false, false, n, I, C, 1.0f, dye.data_f32(), w.down.data_f32(), 0.0f, dh.data_f32());
-  const Tensor dg = Tensor::zeros({n, I}), du = Tensor::zeros({n, I});
   k.swiglu_backward(a.g.data_f32(), a.u.data_f32(), dh.data_f32(), dg.data_f32(), du.data_f32(), n * I);
   if (grads.gate) k.gemm(true, false, I, C, n, 1.0f, dg.data_f32(), xe.data_f32(), 1.0f, grads.gate);
   if (grads.up) k.gemm(true, false, I, C, n, 1.0f, du.data_f32(), xe.data_f32(), 1.0f, grads.up);
@@ -222,21 +281,10 @@ void swiglu_backward(Kernels& k, const Tensor& xe, const SwigluWeights& w, const
 }
 
 // y[n] = sum over n's experts (ascending) of w * expert output, from zero.
-void combine(const Routes& r, const std::vector<ExpertActs>& acts, float* y) {
-  std::vector<const float*> outputs(r.E, nullptr);
-  for (int64_t e = 0; e < r.E; ++e)
-    if (acts[e].y.defined()) outputs[e] = acts[e].y.data_f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < r.N; ++n) {
-    float* yn = y + n * r.C;
-    std::fill(yn, yn + r.C, 0.0f);
-    for (int64_t j = 0; j < r.K; ++j) {
-      const int32_t e = r.expert[n * r.K + j];
-      const float w = r.weight[n * r.K + j];
-      const float* ye = outputs[e] + (r.row_of[n * r.K + j] - r.offset[e]) * r.C;
-      for (int64_t c = 0; c < r.C; ++c) yn[c] += w * ye[c];
-    }
-  }
+void combine(Kernels& k, const MoeSaved& s, float* y) {
+  const Routes& r = s.routes;
+  k.combine_rows(s.expert_out.data_f32(), r.row_of_dev.data<int32_t>(), r.weight_dev.data_f32(), y, r.N, r.K, r.C,
+                 false);
 }
 
 void fill_routing(const Routes& r, MoeRouting& out) {
@@ -253,47 +301,51 @@ void fill_routing(const Routes& r, MoeRouting& out) {
   out.z_loss = r.N > 0 ? z / r.N : 0.0;
 }
 
+// Forward of the routed experts with every expert here: s.expert_out and each expert's activations
+// (views of one buffer per quantity).
+void experts_forward(Kernels& k, MoeSaved& s) {
+  const Routes& r = s.routes;
+  const Device dev = s.x.device();
+  s.expert_out = Tensor::empty({r.N * r.K, r.C}, DType::f32, dev);
+  const Tensor rows = gather_rows(k, s.x, r, 0, r.N * r.K);
+  const ExpertBlocks blocks(r, s.experts);
+  const Tensor g = blocks.buffer(dev), u = blocks.buffer(dev), h = blocks.buffer(dev);
+  for (int64_t e = 0; e < r.E; ++e) {
+    const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin, I = s.experts[e].gate.size(0);
+    if (n == 0) continue;
+    s.acts[e] = {blocks.of(g, e, n, I), blocks.of(u, e, n, I), s.expert_out.view(begin * r.C, {n, r.C})};
+    swiglu_forward(k, rows.view(begin * r.C, {n, r.C}), s.experts[e], s.acts[e], blocks.of(h, e, n, I));
+  }
+}
+
 // The shared expert on every token and its sigmoid gate, added into y.
 void shared_forward(Kernels& k, MoeSaved& s, float* y) {
   const Routes& r = s.routes;
   s.shared_acts = swiglu_forward(k, s.x.reshape({r.N, r.C}), s.shared);
-  s.shared_gate_value.assign(r.N, 0.0f);
+  s.shared_gate_value = Tensor::empty({r.N}, DType::f32, s.x.device());
   if (r.N > 0)
     k.gemm(false, true, r.N, 1, r.C, 1.0f, s.x.data_f32(), s.shared_gate.data_f32(), 0.0f,
-           s.shared_gate_value.data());
-  const float* ys = s.shared_acts.y.data_f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < r.N; ++n) {
-    const float g = 1.0f / (1.0f + std::exp(-s.shared_gate_value[n]));
-    s.shared_gate_value[n] = g;
-    for (int64_t c = 0; c < r.C; ++c) y[n * r.C + c] += g * ys[n * r.C + c];
-  }
+           s.shared_gate_value.data_f32());
+  k.gated_add_rows(s.shared_acts.y.data_f32(), s.shared_gate_value.data_f32(), y, r.N, r.C);
 }
 
 // Shared expert backward: its weights' and gate's gradients, and its part of dx (added).
 void shared_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx) {
   const Routes& r = s.routes;
-  const Tensor dys = Tensor::empty({r.N, r.C}), dxs = Tensor::empty({r.N, r.C});
-  std::vector<float> dlogit(r.N);
-  const float* ys = s.shared_acts.y.data_f32();
-  float* dys_p = dys.data_f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < r.N; ++n) {
-    const float g = s.shared_gate_value[n];
-    double dot = 0;
-    for (int64_t c = 0; c < r.C; ++c) {
-      dys_p[n * r.C + c] = g * dy[n * r.C + c];
-      dot += static_cast<double>(dy[n * r.C + c]) * ys[n * r.C + c];
-    }
-    dlogit[n] = static_cast<float>(dot) * g * (1.0f - g);
-  }
+  const Device dev = s.x.device();
+  const Tensor dys = Tensor::empty({r.N, r.C}, DType::f32, dev), dxs = Tensor::empty({r.N, r.C}, DType::f32, dev);
+  const Tensor dlogit_t = Tensor::empty({r.N}, DType::f32, dev);
+  const float* dlogit = dlogit_t.data_f32();
+  k.gated_add_rows_backward(dy, s.shared_acts.y.data_f32(), s.shared_gate_value.data_f32(), dys.data_f32(),
+                            dlogit_t.data_f32(), r.N, r.C);
   const Tensor x2 = s.x.reshape({r.N, r.C});
-  swiglu_backward(k, x2, s.shared, s.shared_acts, dys, dxs.data_f32(), grad_buffers_of(s.shared));
+  swiglu_backward(k, x2, s.shared, s.shared_acts, dys, dxs.data_f32(), grad_buffers_of(s.shared),
+                  new_scratch(r.N, s.shared.gate.size(0), dev));
   if (s.shared_gate.requires_grad())
-    k.gemm(true, false, 1, r.C, r.N, 1.0f, dlogit.data(), s.x.data_f32(), 1.0f,
+    k.gemm(true, false, 1, r.C, r.N, 1.0f, dlogit, s.x.data_f32(), 1.0f,
            grad_buffer(s.shared_gate).data_f32());
   k.add(dx, dx, dxs.data_f32(), r.N * r.C);
-  k.gemm(false, false, r.N, r.C, 1, 1.0f, dlogit.data(), s.shared_gate.data_f32(), 1.0f, dx);
+  k.gemm(false, false, r.N, r.C, 1, 1.0f, dlogit, s.shared_gate.data_f32(), 1.0f, dx);
 }
 
 // Gradient of the router logits [N, E] from the combine weights' gradient dw [N, K] and the
@@ -323,64 +375,49 @@ void router_backward(Kernels& k, const MoeSaved& s, const std::vector<float>& dw
     for (int64_t e = 0; e < r.E; ++e)
       dlogits[n * r.E + e] = static_cast<float>(p[e] * (dp[e] - pdp) + z_w * 2.0 * r.lse[n] * p[e] / r.N);
   }
+  const Tensor dl = Tensor::from_vector(dlogits, {r.N, r.E}, s.x.device());
   if (s.router.requires_grad())
-    k.gemm(true, false, r.E, r.C, r.N, 1.0f, dlogits.data(), s.x.data_f32(), 1.0f, grad_buffer(s.router).data_f32());
-  k.gemm(false, false, r.N, r.C, r.E, 1.0f, dlogits.data(), s.router.data_f32(), 1.0f, dx);
+    k.gemm(true, false, r.E, r.C, r.N, 1.0f, dl.data_f32(), s.x.data_f32(), 1.0f, grad_buffer(s.router).data_f32());
+  k.gemm(false, false, r.N, r.C, r.E, 1.0f, dl.data_f32(), s.router.data_f32(), 1.0f, dx);
 }
 
 // The output gradient of every expert row, w * dy[token] in expert-major row order [N K, C], and
 // the combine weights' gradient dw [N, K] (dy[token] . the row's expert output).
-Tensor expert_output_grads(const MoeSaved& s, const float* dy, std::vector<float>& dw) {
+Tensor expert_output_grads(Kernels& k, const MoeSaved& s, const float* dy, std::vector<float>& dw) {
   const Routes& r = s.routes;
-  std::vector<int64_t> slot_of(r.N * r.K);
-  for (int64_t i = 0; i < r.N * r.K; ++i) slot_of[r.row_of[i]] = i;
-  const Tensor dye = Tensor::empty({r.N * r.K, r.C});
-  float* dye_p = dye.data_f32();
-  for (int64_t e = 0; e < r.E; ++e) {
-    const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin;
-    if (n == 0) continue;
-    const float* ye = s.acts[e].y.data_f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t slot = slot_of[begin + i], tok = r.token[begin + i];
-      const float w = r.weight[slot];
-      double dot = 0;
-      for (int64_t c = 0; c < r.C; ++c) {
-        dye_p[(begin + i) * r.C + c] = w * dy[tok * r.C + c];
-        dot += static_cast<double>(dy[tok * r.C + c]) * ye[i * r.C + c];
-      }
-      dw[slot] = static_cast<float>(dot);
-    }
-  }
+  const Device dev = s.x.device();
+  const Tensor dye = Tensor::empty({r.N * r.K, r.C}, DType::f32, dev), dot = Tensor::empty({r.N * r.K}, DType::f32, dev);
+  k.combine_rows_backward(dy, r.token_dev.data<int32_t>(), r.row_weight_dev.data_f32(), s.expert_out.data_f32(),
+                          dye.data_f32(), dot.data_f32(), r.N * r.K, r.C);
+  const std::vector<float> dot_of_row = dot.to_vector();
+  for (int64_t i = 0; i < r.N * r.K; ++i) dw[i] = dot_of_row[r.row_of[i]];
   return dye;
 }
 
 // dx[token] += each expert row's input gradient (dxe [N K, C], expert-major), ascending expert index.
-void add_expert_input_grads(const Routes& r, const float* dxe, float* dx) {
-  for (int64_t e = 0; e < r.E; ++e) {
-    const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      float* row = dx + r.token[begin + i] * r.C;
-      const float* g = dxe + (begin + i) * r.C;
-      for (int64_t c = 0; c < r.C; ++c) row[c] += g[c];
-    }
-  }
+void add_expert_input_grads(Kernels& k, const Routes& r, const float* dxe, float* dx) {
+  k.combine_rows(dxe, r.row_of_dev.data<int32_t>(), nullptr, dx, r.N, r.K, r.C, true);
 }
 
 // The routed experts' backward with every expert here, ascending expert index: each expert's
 // weights' gradients, its part of dx and the combine weights' gradient dw [N, K].
 void experts_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx, std::vector<float>& dw) {
   const Routes& r = s.routes;
-  const Tensor dye = expert_output_grads(s, dy, dw), dxe = Tensor::empty({r.N * r.K, r.C});
+  const Device dev = s.x.device();
+  const Tensor dye = expert_output_grads(k, s, dy, dw), dxe = Tensor::empty({r.N * r.K, r.C}, DType::f32, dev);
+  const Tensor rows = gather_rows(k, s.x, r, 0, r.N * r.K);
+  const ExpertBlocks blocks(r, s.experts);
+  const Tensor h = blocks.buffer(dev), dh = blocks.buffer(dev), dg = blocks.buffer(dev, true),
+               du = blocks.buffer(dev, true);
   for (int64_t e = 0; e < r.E; ++e) {
     const SwigluGrads grads = grad_buffers_of(s.experts[e]);  // an expert without tokens gets a zero gradient
-    const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin;
+    const int64_t begin = r.offset[e], n = r.offset[e + 1] - begin, I = s.experts[e].gate.size(0);
     if (n == 0) continue;
-    swiglu_backward(k, gather_rows(s.x.data_f32(), r, begin, n), s.experts[e], s.acts[e],
-                    dye.view(begin * r.C, {n, r.C}), dxe.data_f32() + begin * r.C, grads);
+    swiglu_backward(k, rows.view(begin * r.C, {n, r.C}), s.experts[e], s.acts[e], dye.view(begin * r.C, {n, r.C}),
+                    dxe.data_f32() + begin * r.C, grads,
+                    {blocks.of(h, e, n, I), blocks.of(dh, e, n, I), blocks.of(dg, e, n, I), blocks.of(du, e, n, I)});
   }
-  add_expert_input_grads(r, dxe.data_f32(), dx);
+  add_expert_input_grads(k, r, dxe.data_f32(), dx);
 }
 
 // ---- expert parallelism: rows travel to their expert's owner and back ----
@@ -460,7 +497,7 @@ void experts_forward_parallel(Kernels& k, MoeSaved& s) {
   for (int64_t e = 0; e < r.E; ++e) mine[e] = r.offset[e + 1] - r.offset[e];
   s.counts = s.opt.exchange->all_gather_counts(mine);
   s.owned.assign(r.E, std::vector<std::pair<Tensor, ExpertActs>>(s.opt.exchange->world));
-  const Tensor y = round_trip(s, gather_rows(s.x.data_f32(), r, 0, r.N * r.K),
+  s.expert_out = round_trip(s, gather_rows(k, s.x, r, 0, r.N * r.K),
                               [&](int64_t e, int src, const float* in, float* out, int64_t n) {
                                 if (n == 0) return;
                                 Tensor xe = rows_tensor(in, n, r.C);
@@ -468,15 +505,13 @@ void experts_forward_parallel(Kernels& k, MoeSaved& s) {
                                 std::copy_n(a.y.data_f32(), n * r.C, out);
                                 if (grad_mode_enabled()) s.owned[e][src] = {std::move(xe), std::move(a)};
                               });
-  for (int64_t e = 0; e < r.E; ++e)
-    if (mine[e] > 0) s.acts[e].y = y.view(r.offset[e] * r.C, {mine[e], r.C});
 }
 
 // Backward of the routed experts under expert parallelism: the owners add each source rank's
 // weight gradient into the expert's gradient, in rank order, and return the input gradients.
 void experts_backward_parallel(Kernels& k, const MoeSaved& s, const float* dy, float* dx, std::vector<float>& dw) {
   const Routes& r = s.routes;
-  const Tensor dye = expert_output_grads(s, dy, dw);
+  const Tensor dye = expert_output_grads(k, s, dy, dw);
   // one zeroed gradient per weight and source, added like the owner's gradient reduction adds
   auto backward = [&](int64_t e, int src, const float* in, float* out, int64_t n) {
     const SwigluWeights& w = s.experts[e];
@@ -484,20 +519,21 @@ void experts_backward_parallel(Kernels& k, const MoeSaved& s, const float* dy, f
     const Tensor tg = Tensor::zeros(w.gate.shape()), tu = Tensor::zeros(w.up.shape()), td = Tensor::zeros(w.down.shape());
     if (n > 0) {
       const auto& [xe, acts] = s.owned[e][src];
-      swiglu_backward(k, xe, w, acts, rows_tensor(in, n, r.C), out, {tg.data_f32(), tu.data_f32(), td.data_f32()});
+      swiglu_backward(k, xe, w, acts, rows_tensor(in, n, r.C), out, {tg.data_f32(), tu.data_f32(), td.data_f32()},
+                      new_scratch(n, w.gate.size(0), Device::CPU));
     }
     const std::pair<float*, const Tensor*> adds[] = {{into.gate, &tg}, {into.up, &tu}, {into.down, &td}};
     for (const auto& [g, t] : adds)
       if (g) k.add(g, g, t->data_f32(), t->numel());
   };
   const Tensor dxe = round_trip(s, dye, backward);
-  add_expert_input_grads(r, dxe.data_f32(), dx);
+  add_expert_input_grads(k, r, dxe.data_f32(), dx);
 }
 
 void moe_backward(const MoeSaved& s, const Tensor& dy) {
-  Kernels& k = kernels(Device::CPU);
+  Kernels& k = kernels(dy.device());
   const Routes& r = s.routes;
-  const Tensor dx = Tensor::zeros(s.x.shape());
+  const Tensor dx = Tensor::zeros(s.x.shape(), DType::f32, dy.device());
   std::vector<float> dw(r.N * r.K, 0.0f);
   if (s.opt.exchange) experts_backward_parallel(k, s, dy.data_f32(), dx.data_f32(), dw);
   else experts_backward(k, s, dy.data_f32(), dx.data_f32(), dw);
@@ -512,7 +548,7 @@ Tensor moe_feed_forward(const Tensor& x, const Tensor& router, const std::vector
                         const SwigluWeights& shared, const Tensor& shared_gate, const MoeOptions& opt,
                         MoeRouting* routing) {
   check_moe_args(x, router, experts, shared, shared_gate, opt);
-  Kernels& k = kernels(Device::CPU);
+  Kernels& k = kernels(x.device());
   auto s = std::make_shared<MoeSaved>();
   s->x = x;
   s->router = router;
@@ -526,13 +562,10 @@ Tensor moe_feed_forward(const Tensor& x, const Tensor& router, const std::vector
   if (opt.exchange) {
     experts_forward_parallel(k, *s);
   } else {
-    for (int64_t e = 0; e < r.E; ++e) {
-      const int64_t n = r.offset[e + 1] - r.offset[e];
-      if (n > 0) s->acts[e] = swiglu_forward(k, gather_rows(x.data_f32(), r, r.offset[e], n), experts[e]);
-    }
+    experts_forward(k, *s);
   }
-  Tensor y = Tensor::empty(x.shape());
-  combine(r, s->acts, y.data_f32());
+  Tensor y = Tensor::empty(x.shape(), DType::f32, x.device());
+  combine(k, *s, y.data_f32());
   if (shared.defined()) shared_forward(k, *s, y.data_f32());
   if (routing != nullptr) fill_routing(r, *routing);
   std::vector<Tensor> inputs{x, router};

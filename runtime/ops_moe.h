@@ -62,7 +62,7 @@ struct MoeRouting {
   std::vector<int64_t> tokens_per_expert;
 };
 
-/// MoE feed-forward of x [..., C] (f32, CPU) with router [E, C] (no bias), experts[e] SwiGLU
+/// MoE feed-forward of x [..., C] (f32, CPU or CUDA) with router [E, C] (no bias), experts[e] SwiGLU
 /// weights (each expert's own tensors; intermediate widths may differ only between the routed
 /// experts and the shared one), `shared` (or undefined) and shared_gate [1, C] (defined with
 /// `shared`). Returns [..., C]:
@@ -73,16 +73,18 @@ struct MoeRouting {
 ///         [+ sigmoid(x_n shared_gate^T) * shared(x_n)]  (the terms added in this order, from 0).
 /// Dropless: every expert computes every token routed to it, its tokens gathered in token order
 /// (one GEMM per projection per expert, the Kernels GEMM), so each output depends only on the
-/// token's own bytes, the expert's token count and the thread count.
+/// token's own bytes, the expert's token count, the device and the thread count. On CUDA the
+/// router's logits [N, E] are copied to the host, which routes (the CPU's code, so the same logits
+/// give the same choices) and sends the index lists back; the rest stays on the device.
 /// Auxiliary losses (transformers' load_balancing_loss_func on one layer; Zoph et al. 2022):
 ///   aux = E * sum_e f_e P_e, f_e = (assignments to e) / tokens (so sum_e f_e = k), P_e = mean_n p_ne;
 ///   z   = mean_n (logsumexp_e logits_ne)^2.
 /// Their gradients (f_e held constant, as transformers' one_hot is) are added into the router
 /// logits' gradient scaled by opt.aux_loss_weight and opt.z_loss_weight. `routing`, when not null,
 /// receives both values and the per-expert counts.
-/// CPU only; f32 matmuls only (throws std::invalid_argument "[moe_feed_forward] ..." on CUDA
-/// tensors, under bf16 matmuls, on mismatched shapes, and for an exchange whose expert_owner has
-/// not E ranks in [0, world)).
+/// f32 matmuls only. Throws std::invalid_argument "[moe_feed_forward] ..." under bf16 matmuls, on
+/// mismatched shapes or devices, for an exchange on CUDA tensors (expert parallelism stages its
+/// rows on the host: CPU only) and for an exchange whose expert_owner has not E ranks in [0, world).
 Tensor moe_feed_forward(const Tensor& x, const Tensor& router, const std::vector<SwigluWeights>& experts,
                         const SwigluWeights& shared, const Tensor& shared_gate, const MoeOptions& opt,
                         MoeRouting* routing = nullptr);

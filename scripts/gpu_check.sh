@@ -22,7 +22,9 @@
 #      scripts/trace_overlap.py), then 30 unfused and 30 with cuDNN's attention side by side, against
 #      the committed CPU f32 reference (DIR/gpu_train_reference.json), and beside them a Llama (RMSNorm,
 #      RoPE, SwiGLU, grouped-query attention with heads of 64: cuDNN's) for 30 steps against its own
-#      CPU f32 reference (DIR/gpu_train_reference_llama.json); each run prints the attention kernel it ran;
+#      CPU f32 reference (DIR/gpu_train_reference_llama.json), and a Mixture-of-Experts model (router,
+#      expert dispatch and combine on the GPU, f32) against DIR/gpu_train_reference_moe.json; each
+#      run prints the attention kernel it ran;
 #   7. one table of every step.
 # Logs: $OUT/gpu_check when OUT is set, else gpu-check-logs/. Exit 0 only when a GPU is visible and
 # every step ran and passed: a test that skips (exit 77) while nvidia-smi sees a GPU is a failure.
@@ -122,6 +124,7 @@ run calibrate_gpu 20 plain bash -c 'mfsdp-project --calibrate "$LOGS/calibrated_
 
 # ---- 6. GPT-2 124M and a Llama training against their CPU f32 references ----
 export REF="$DIR/gpu_train_reference.json" REF_LLAMA="$DIR/gpu_train_reference_llama.json"
+export REF_MOE="$DIR/gpu_train_reference_moe.json"
 # train RUN REFERENCE ATTENTION [--set KEY=VALUE ...]: the reference's config and overrides, on the
 # GPU in bf16 with the attention kernel ATTENTION, into $LOGS/RUN
 train() {
@@ -145,15 +148,19 @@ sed 's/^/    /' "$LOGS/trace_overlap.log" 2>/dev/null
 start train_unfused 60 plain train train_unfused "$REF" unfused  # side by side: the GPU has room for all three
 start train_cudnn 60 plain train train_cudnn "$REF" cudnn
 start train_llama 60 plain train train_llama "$REF_LLAMA" auto --set logging.peak_tflops=989  # d = 64: cuDNN's
+start train_moe 60 plain train train_moe "$REF_MOE" auto --set precision.param_dtype=f32  # the MoE op is f32
 wait
-for k in fused unfused cudnn llama; do  # the kernel each run resolved (the trainer's start-up line)
+for k in fused unfused cudnn llama moe; do  # the kernel each run resolved (the trainer's start-up line)
   echo "train_$k: $(grep -o -m1 "attention: [a-z]*" "$LOGS/train_$k.log" 2>/dev/null || echo "attention: not reported")"
 done
 run train_vs_reference 10 plain python3 "$ROOT/scripts/gpu_table.py" "$REF" \
   fused="$LOGS/train_fused/metrics.jsonl" unfused="$LOGS/train_unfused/metrics.jsonl" \
   cudnn="$LOGS/train_cudnn/metrics.jsonl"
-run llama_vs_reference 10 plain python3 "$ROOT/scripts/gpu_table.py" "$REF_LLAMA" \
-  llama="$LOGS/train_llama/metrics.jsonl"
+# the Llama and MoE tables in one step (two Python start-ups, well inside its budget)
+run llama_moe_vs_reference 10 plain bash -c 'python3 "$ROOT/scripts/gpu_table.py" "$REF_LLAMA" \
+  llama="$LOGS/train_llama/metrics.jsonl"; a=$?; python3 "$ROOT/scripts/gpu_table.py" "$REF_MOE" \
+  moe="$LOGS/train_moe/metrics.jsonl" && exit $a'
+
 
 # ---- 7. the table ----
 echo
@@ -170,6 +177,7 @@ echo "  total: $((SECONDS - T0)) s of 360 s; logs in $LOGS"
 [ -f "$LOGS/bench_cuda.log" ] && { echo; cat "$LOGS/bench_cuda.log"; }
 [ -f "$LOGS/bench_model_cuda.log" ] && grep -m1 "attention" "$LOGS/bench_model_cuda.log"
 [ -f "$LOGS/train_vs_reference.log" ] && cat "$LOGS/train_vs_reference.log"
+[ -f "$LOGS/llama_moe_vs_reference.log" ] && cat "$LOGS/llama_moe_vs_reference.log"
 [ $((SECONDS - T0)) -le 360 ] || { echo "gpu_check.sh: over the check's 6-minute time limit"; FAILED=1; }
 [ "$GPU" = 1 ] || echo "gpu_check.sh: nvidia-smi sees no GPU: nothing was verified"
 exit $FAILED

@@ -75,7 +75,7 @@ fi
 
 cp scripts/gpu_provided_libs.txt "$DIR/provided_libs.txt"
 cp scripts/bundle_closure.py "$DIR/"
-for ref in gpu_train_reference.json gpu_train_reference_llama.json; do
+for ref in gpu_train_reference.json gpu_train_reference_llama.json gpu_train_reference_moe.json; do
   cp "tests/fixtures/$ref" "$DIR/" 2>/dev/null ||
     echo "gpu_prepare.sh: note: tests/fixtures/$ref missing (its training check has no reference)"
 done

@@ -2,14 +2,17 @@
 # Computes the CPU f32 reference losses of a GPU training check and writes them under
 # tests/fixtures/ (committed; the GPU machine never recomputes them):
 #
-#   scripts/gpu_train_reference.sh [gpt2|llama] [BIN_DIR]      # default gpt2 and build/bin
+#   scripts/gpu_train_reference.sh [gpt2|llama|moe] [BIN_DIR]      # default gpt2 and build/bin
 #
 # gpt2 (tests/fixtures/gpu_train_reference.json, about an hour on 2 cores): GPT-2 124M
 # (configs/gpt2_124m_shakespeare.json) on GPT-2-token Tiny Shakespeare, B = 16, T = 1024, one rank,
 # 30 steps, f32 everywhere, activation recompute (bitwise equal to none; it keeps the CPU run under
 # 9 GiB). llama (tests/fixtures/gpu_train_reference_llama.json, under a minute): the character
 # Llama (configs/llama_shakespeare_char.json) widened to 256 with 4 heads of 64 (the cuDNN
-# attention's head size) and 2 key/value heads, T = 256, B = 16, one rank, 30 steps, f32. The JSON
+# attention's head size) and 2 key/value heads, T = 256, B = 16, one rank, 30 steps, f32. moe
+# (tests/fixtures/gpu_train_reference_moe.json, seconds): the character Mixture-of-Experts model
+# (configs/moe_shakespeare_char.json: 8 experts, top 2) at T = 128, B = 16, one rank, 30 steps,
+# f32 (the MoE op's only precision: its GPU run overrides the check's bf16 parameters). The JSON
 # records the overrides, which scripts/gpu_check.sh applies to its GPU runs as they are, so both
 # runs read the same data.
 set -euo pipefail
@@ -30,7 +33,12 @@ case "$MODEL" in
     OVERRIDES=(model.n_embd=256 model.intermediate_size=768 model.seq_len=256 training.micro_batch_size=16
                "${COMMON[@]}")
     CPU_ONLY=() ;;
-  *) echo "gpu_train_reference.sh: model must be gpt2 or llama, not '$MODEL'"; exit 2 ;;
+  moe)
+    OUT_JSON="$ROOT/tests/fixtures/gpu_train_reference_moe.json"
+    CONFIG=configs/moe_shakespeare_char.json
+    OVERRIDES=(model.seq_len=128 training.micro_batch_size=16 "${COMMON[@]}")
+    CPU_ONLY=() ;;
+  *) echo "gpu_train_reference.sh: model must be gpt2, llama or moe, not '$MODEL'"; exit 2 ;;
 esac
 RUN="$(mktemp -d)"
 trap 'rm -rf "$RUN"' EXIT

@@ -312,10 +312,9 @@ void read_moe(const Reader& r, ModelSection& m) {
     if (const std::string why = hf_moe_layout_refusal(m.moe()); !why.empty()) r.fail("model.init_from", why);
 }
 
-// The MoE op (runtime/ops_moe.h) runs on the CPU in f32: refuse what would reach it otherwise.
+// The MoE op (runtime/ops_moe.h) runs in f32: refuse what would reach it otherwise.
 void check_moe_runtime(const Reader& r, const TrainConfig& c) {
-  const std::string why = " (model.arch \"qwen2_moe\": the MoE op runs f32 on the CPU only, for now)";
-  if (c.runtime.device != Device::CPU) r.fail("runtime.device", "must be cpu" + why);
+  const std::string why = " (model.arch \"qwen2_moe\": the MoE op runs f32 only, for now)";
   if (c.optim.param_dtype != DType::f32) r.fail("precision.param_dtype", "must be f32" + why);
   if (c.precision.matmul == DTypeChoice::bf16) r.fail("precision.matmul_dtype", "must not be bf16" + why);
   if (!c.output.export_path.raw.empty())

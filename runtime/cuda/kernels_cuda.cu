@@ -27,6 +27,7 @@
 #include "runtime/cuda/gpt_kernels.cuh"
 #include "runtime/cuda/flash_attention.h"
 #include "runtime/cuda/llama_kernels.h"
+#include "runtime/cuda/moe_kernels.h"
 #include "runtime/kernels.h"
 
 namespace mfsdp {
@@ -321,6 +322,25 @@ class CudaKernels final : public Kernels {
   }
   void swiglu_backward(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n) override {
     cuda_llama::swiglu_backward(g, u, dy, dg, du, n);
+  }
+
+  void gather_rows(const float* src, const int32_t* index, float* out, int64_t rows, int64_t cols) override {
+    cuda_moe::gather_rows(src, index, out, rows, cols);
+  }
+  void combine_rows(const float* rows, const int32_t* row_of, const float* weight, float* y, int64_t N, int64_t K,
+                    int64_t cols, bool accumulate) override {
+    cuda_moe::combine_rows(rows, row_of, weight, y, N, K, cols, accumulate);
+  }
+  void combine_rows_backward(const float* dy, const int32_t* index, const float* weight, const float* rows,
+                             float* drows, float* dweight, int64_t R, int64_t cols) override {
+    cuda_moe::combine_rows_backward(dy, index, weight, rows, drows, dweight, R, cols);
+  }
+  void gated_add_rows(const float* x, float* gate, float* y, int64_t N, int64_t cols) override {
+    cuda_moe::gated_add_rows(x, gate, y, N, cols);
+  }
+  void gated_add_rows_backward(const float* dy, const float* x, const float* gate, float* dx, float* dlogit, int64_t N,
+                               int64_t cols) override {
+    cuda_moe::gated_add_rows_backward(dy, x, gate, dx, dlogit, N, cols);
   }
 
   void cross_entropy_forward(const float* logits, const int32_t* targets, float* losses, int64_t N, int64_t V,

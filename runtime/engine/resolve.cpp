@@ -135,7 +135,7 @@ ResolvedOptions resolve(const EngineOptions& in, Device device, Placement placem
   check_placement(in, placement, replicas);
   check_optimizer(in, device, model);
   require(!in.expert_parallel || device == Device::CPU, OptionField::expert_parallel,
-          "runs on the CPU only for now (the MoE op has no CUDA kernels); " + ref(OptionField::device) + " is " +
+          "runs on the CPU only for now (the MoE op stages its expert exchange on the host); " + ref(OptionField::device) + " is " +
               device_name(device));
   require(!in.prefetch_depth || *in.prefetch_depth >= 0, OptionField::prefetch_depth,
           "must be >= 0 or unset (the device default), got " + std::to_string(in.prefetch_depth.value_or(0)));

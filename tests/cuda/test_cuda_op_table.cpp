@@ -13,6 +13,7 @@
 #include "cuda_test_util.h"
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
+#include "runtime/ops_moe.h"
 
 using namespace mfsdp;
 using namespace mfsdp::cuda_test;
@@ -148,6 +149,35 @@ OpResult run_case(const OpCase& c, Device dev) {
 
 const int64_t B = 2, T = 37, C = 48, H = 4;
 
+// moe_feed_forward over 4 routed experts of width 32, top 2, both router losses on; inputs: x
+// [B, T, C], the router, the experts' gate/up/down, then (with a shared expert) its gate/up/down
+// of width 40 and its gate [1, C].
+OpCase moe_case(const std::string& name, bool shared, bool norm_topk_prob) {
+  const int64_t E = 4, I = 32, Is = 40;
+  std::vector<Input> in{{{B, T, C}}, {{E, C}, 0.5f}};
+  for (int64_t e = 0; e < E; ++e) in.insert(in.end(), {{{I, C}, 0.2f}, {{I, C}, 0.2f}, {{C, I}, 0.2f}});
+  if (shared) in.insert(in.end(), {{{Is, C}, 0.2f}, {{Is, C}, 0.2f}, {{C, Is}, 0.2f}, {{1, C}, 0.2f}});
+  auto op = [shared, norm_topk_prob](const std::vector<Tensor>& x, Device) {
+    std::vector<SwigluWeights> experts;
+    for (size_t e = 0; e < 4; ++e) experts.push_back({x[2 + 3 * e], x[3 + 3 * e], x[4 + 3 * e]});
+    MoeOptions opt;
+    opt.top_k = 2;
+    opt.norm_topk_prob = norm_topk_prob;
+    opt.aux_loss_weight = 0.1;
+    opt.z_loss_weight = 0.01;
+    if (!shared) return moe_feed_forward(x[0], x[1], experts, {}, {}, opt);
+    return moe_feed_forward(x[0], x[1], experts, {x[14], x[15], x[16]}, x[17], opt);
+  };
+  // softmax over 4 experts, dots over C and the experts' GEMMs: short sums, but chained through the
+  // router's softmax and the aux losses' gradient over all 74 tokens
+  OpCase c;
+  c.name = name;
+  c.inputs = std::move(in);
+  c.op = op;
+  c.tol = kF32Long;
+  return c;
+}
+
 std::vector<OpCase> op_cases() {
   const auto tokens = [](int64_t n, int32_t hi, uint32_t seed, Device dev) {
     return tokens_tensor(rand_ids(n, hi, seed), {n}, dev);
@@ -218,6 +248,8 @@ std::vector<OpCase> op_cases() {
        [tokens](const std::vector<Tensor>& x, Device dev) {
          return classifier_loss(x[0], x[1], tokens(B * T, 61, 9, dev), 61, 0, 16);
        }, kBf16Classifier, DType::bf16},
+      moe_case("moe_feed_forward (4 experts, top 2, shared expert, norm_topk_prob)", true, true),
+      moe_case("moe_feed_forward (4 experts, top 2, no shared expert)", false, false),
   };
   return cases;
 }

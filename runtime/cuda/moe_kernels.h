@@ -1,0 +1,21 @@
+// CUDA launchers of the mixture-of-experts row kernels behind the Kernels methods gather_rows,
+// combine_rows, combine_rows_backward, gated_add_rows and gated_add_rows_backward of the CUDA
+// backend (kernels_cuda.cu); formulas in runtime/kernels.h. Internal to runtime/cuda. All pointers
+// are device memory; launches go to the legacy default stream; no atomics (each output element is
+// written by one thread in a fixed order, dot products reduce in a fixed tree), so results repeat
+// bit for bit; errors throw std::runtime_error (CUDA_CHECK_LAUNCH).
+#pragma once
+#include <cstdint>
+
+namespace mfsdp::cuda_moe {
+
+void gather_rows(const float* src, const int32_t* index, float* out, int64_t rows, int64_t cols);
+void combine_rows(const float* rows, const int32_t* row_of, const float* weight, float* y, int64_t N, int64_t K,
+                  int64_t cols, bool accumulate);
+void combine_rows_backward(const float* dy, const int32_t* index, const float* weight, const float* rows,
+                           float* drows, float* dweight, int64_t R, int64_t cols);
+void gated_add_rows(const float* x, float* gate, float* y, int64_t N, int64_t cols);
+void gated_add_rows_backward(const float* dy, const float* x, const float* gate, float* dx, float* dlogit, int64_t N,
+                             int64_t cols);
+
+}  // namespace mfsdp::cuda_moe
