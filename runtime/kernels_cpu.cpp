@@ -48,7 +48,7 @@ void parallel_ranges(int64_t n, int64_t min_per_thread, F body) {
   }
 }
 
-class CpuKernels final : public Kernels {
+class CpuKernels final : public CpuMoeKernels {  // the MoE row kernels: kernels_cpu_moe.cpp
  public:
   const char* name() const override { return "cpu"; }
 
@@ -522,25 +522,6 @@ class CpuKernels final : public Kernels {
       if (dg) Eigen::Map<Eigen::ArrayXf>(dg + b, len) += dyv * uv * (sig * (1.0f + gv * (1.0f - sig)));
       if (du) Eigen::Map<Eigen::ArrayXf>(du + b, len) += dyv * (gv * sig);
     }
-  }
-
-  void gather_rows(const float* src, const int32_t* index, float* out, int64_t rows, int64_t cols) override {
-    cpu_moe::gather_rows(src, index, out, rows, cols);
-  }
-  void combine_rows(const float* rows, const int32_t* row_of, const float* weight, float* y, int64_t N, int64_t K,
-                    int64_t cols, bool accumulate) override {
-    cpu_moe::combine_rows(rows, row_of, weight, y, N, K, cols, accumulate);
-  }
-  void combine_rows_backward(const float* dy, const int32_t* index, const float* weight, const float* rows,
-                             float* drows, float* dweight, int64_t R, int64_t cols) override {
-    cpu_moe::combine_rows_backward(dy, index, weight, rows, drows, dweight, R, cols);
-  }
-  void gated_add_rows(const float* x, float* gate, float* y, int64_t N, int64_t cols) override {
-    cpu_moe::gated_add_rows(x, gate, y, N, cols);
-  }
-  void gated_add_rows_backward(const float* dy, const float* x, const float* gate, float* dx, float* dlogit, int64_t N,
-                               int64_t cols) override {
-    cpu_moe::gated_add_rows_backward(dy, x, gate, dx, dlogit, N, cols);
   }
 
   // Softmax cross-entropy with Eigen's vectorized exp; the row's log-sum-exp is accumulated in f64.

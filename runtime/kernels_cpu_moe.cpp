@@ -4,15 +4,15 @@
 #include <algorithm>
 #include <cmath>
 
-namespace mfsdp::cpu_moe {
+namespace mfsdp {
 
-void gather_rows(const float* src, const int32_t* index, float* out, int64_t rows, int64_t cols) {
+void CpuMoeKernels::gather_rows(const float* src, const int32_t* index, float* out, int64_t rows, int64_t cols) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows; ++i) std::copy_n(src + static_cast<int64_t>(index[i]) * cols, cols, out + i * cols);
 }
 
-void combine_rows(const float* rows, const int32_t* row_of, const float* weight, float* y, int64_t N, int64_t K,
-                  int64_t cols, bool accumulate) {
+void CpuMoeKernels::combine_rows(const float* rows, const int32_t* row_of, const float* weight, float* y, int64_t N,
+                                 int64_t K, int64_t cols, bool accumulate) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* yn = y + n * cols;
@@ -29,8 +29,8 @@ void combine_rows(const float* rows, const int32_t* row_of, const float* weight,
   }
 }
 
-void combine_rows_backward(const float* dy, const int32_t* index, const float* weight, const float* rows,
-                           float* drows, float* dweight, int64_t R, int64_t cols) {
+void CpuMoeKernels::combine_rows_backward(const float* dy, const int32_t* index, const float* weight,
+                                          const float* rows, float* drows, float* dweight, int64_t R, int64_t cols) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < R; ++i) {
     const float* d = dy + static_cast<int64_t>(index[i]) * cols;
@@ -45,7 +45,7 @@ void combine_rows_backward(const float* dy, const int32_t* index, const float* w
   }
 }
 
-void gated_add_rows(const float* x, float* gate, float* y, int64_t N, int64_t cols) {
+void CpuMoeKernels::gated_add_rows(const float* x, float* gate, float* y, int64_t N, int64_t cols) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float g = 1.0f / (1.0f + std::exp(-gate[n]));
@@ -54,8 +54,8 @@ void gated_add_rows(const float* x, float* gate, float* y, int64_t N, int64_t co
   }
 }
 
-void gated_add_rows_backward(const float* dy, const float* x, const float* gate, float* dx, float* dlogit, int64_t N,
-                             int64_t cols) {
+void CpuMoeKernels::gated_add_rows_backward(const float* dy, const float* x, const float* gate, float* dx,
+                                            float* dlogit, int64_t N, int64_t cols) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float g = gate[n];
@@ -68,4 +68,4 @@ void gated_add_rows_backward(const float* dy, const float* x, const float* gate,
   }
 }
 
-}  // namespace mfsdp::cpu_moe
+}  // namespace mfsdp

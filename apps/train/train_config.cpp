@@ -484,6 +484,25 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+// The sharding section after sharding.placement (read before the device, which it constrains).
+void read_sharding(const Reader& r, TrainConfig& c) {
+  c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
+  const int prefetch_depth = r.i32("sharding.prefetch_depth", -1, 64);  // -1: the device default
+  if (prefetch_depth >= 0) c.optim.prefetch_depth = prefetch_depth;
+  c.optim.prefetch_limit_bytes = r.i64("sharding.prefetch_limit_bytes", 0);
+  c.optim.overlap_reduce = r.choice("sharding.overlap_reduce", kToggleNames);
+  c.optim.expert_parallel = r.flag("sharding.expert_parallel");
+  if (c.optim.expert_parallel && c.model.arch != "qwen2_moe")
+    r.fail("sharding.expert_parallel", "needs a model with routed experts (model.arch \"qwen2_moe\"), got model.arch \"" +
+                                           c.model.arch + "\"");
+  c.sharding.debug_checks = r.flag("sharding.debug_checks");
+  c.sharding.nccl_blocking = r.flag("sharding.nccl_blocking");
+  c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
+  c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);
+  if (c.sharding.collective_timeout_s > 0 && c.sharding.collective_timeout_s < 1)
+    r.fail("sharding.collective_timeout_s", "must be 0 (wait forever) or >= 1 second");
+}
+
 TrainConfig parse_train_config(const json& doc, const std::string& source, const std::string& base_dir,
                                const std::vector<std::string>& overrides) {
   const json schema = TrainConfig{}.to_json(false);
@@ -523,21 +542,7 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.precision.matmul = r.choice("precision.matmul_dtype", kMatmulChoiceNames);
   if (c.precision.matmul == DTypeChoice::f32 || c.precision.matmul == DTypeChoice::bf16)
     c.optim.matmul_dtype = c.precision.matmul == DTypeChoice::bf16 ? DType::bf16 : DType::f32;
-  c.sharding.replicate = r.i32("sharding.replicate", 1, 1 << 20);
-  const int prefetch_depth = r.i32("sharding.prefetch_depth", -1, 64);  // -1: the device default
-  if (prefetch_depth >= 0) c.optim.prefetch_depth = prefetch_depth;
-  c.optim.prefetch_limit_bytes = r.i64("sharding.prefetch_limit_bytes", 0);
-  c.optim.overlap_reduce = r.choice("sharding.overlap_reduce", kToggleNames);
-  c.optim.expert_parallel = r.flag("sharding.expert_parallel");
-  if (c.optim.expert_parallel && c.model.arch != "qwen2_moe")
-    r.fail("sharding.expert_parallel", "needs a model with routed experts (model.arch \"qwen2_moe\"), got model.arch \"" +
-                                           c.model.arch + "\"");
-  c.sharding.debug_checks = r.flag("sharding.debug_checks");
-  c.sharding.nccl_blocking = r.flag("sharding.nccl_blocking");
-  c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);
-  c.sharding.collective_timeout_s = r.num("sharding.collective_timeout_s", 0.0, 1e7);
-  if (c.sharding.collective_timeout_s > 0 && c.sharding.collective_timeout_s < 1)
-    r.fail("sharding.collective_timeout_s", "must be 0 (wait forever) or >= 1 second");
+  read_sharding(r, c);
   // training
   c.training.steps = r.i64("training.steps", 1);
   c.optim.schedule.total_steps = c.training.steps;

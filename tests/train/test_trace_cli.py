@@ -113,19 +113,31 @@ def check_collectives(spans, steps, parameters, accum, summary):
           f"started all-gathers and reduce-scatters share rows: {names}")
 
 
+def span_matrices(e):
+    """The matrices a Newton-Schulz span orthogonalized: one (named by the span and args.matrix) or a
+    batch of same-shape matrices (span "batch", args.names, as many as args.matrices)."""
+    a = e["args"]
+    if e["name"] == "batch":
+        return a["names"] if len(a.get("names", [])) == a["matrices"] >= 2 else [None]
+    return [a.get("matrix")] if e["name"] == a.get("matrix") and a["matrices"] == 1 else [None]
+
+
 def check_newton_schulz(spans, steps, muon_matrices):
     ns = [e for e in spans if e["cat"] == "newton_schulz"]
+    batched = sum(e["name"] == "batch" for e in ns)
+    check(batched > 0, "no batched Newton-Schulz span (same-shape matrices are orthogonalised as a batch)")
     for step in steps:
         here = [e for e in ns if e["args"]["step"] == step]
-        matrices = [e["args"]["matrix"] for e in here]
-        check(len(matrices) == muon_matrices and len(set(matrices)) == muon_matrices,
-              f"step {step}: Newton-Schulz on {sorted(matrices)}, expected each of {muon_matrices} matrices once")
-        check(all(e["name"] == e["args"]["matrix"] and len(e["args"]["shape"]) == 2 and min(e["args"]["shape"]) > 0
-                  for e in here), f"step {step}: Newton-Schulz spans without name or shape")
+        matrices = [m for e in here for m in span_matrices(e)]
+        check(None not in matrices and len(matrices) == muon_matrices and len(set(matrices)) == muon_matrices,
+              f"step {step}: Newton-Schulz on {matrices}, expected each of {muon_matrices} matrices once")
+        check(all(len(e["args"]["shape"]) == 2 and min(e["args"]["shape"]) > 0 for e in here),
+              f"step {step}: Newton-Schulz spans without a shape")
         check({e["pid"] for e in here} == {0, 1}, f"step {step}: Newton-Schulz ran on ranks {[e['pid'] for e in here]}")
     owner = {}
     for e in ns:
-        owner.setdefault(e["args"]["matrix"], set()).add(e["pid"])
+        for m in span_matrices(e):
+            owner.setdefault(m, set()).add(e["pid"])
     check(all(len(p) == 1 for p in owner.values()), f"a matrix orthogonalized on two ranks: {owner}")
 
 
