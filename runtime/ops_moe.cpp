@@ -91,7 +91,8 @@ void check_moe_args(const Tensor& x, const Tensor& router, const std::vector<Swi
                      "] on the input's device, got " + (router.defined() ? router.describe() : "undefined"));
   check_arg(opt.top_k >= 1 && opt.top_k <= static_cast<int64_t>(experts.size()), kOp,
             "top_k " + std::to_string(opt.top_k) + " outside [1, " + std::to_string(experts.size()) + "]");
-  check_arg(C == 0 || x.numel() / C * opt.top_k <= std::numeric_limits<int32_t>::max(), kOp,
+  check_arg(C >= 1, kOp, "input has no features: " + x.describe());
+  check_arg(x.numel() / C * opt.top_k <= std::numeric_limits<int32_t>::max(), kOp,
             "tokens x top_k exceeds the int32 row index range");
   if (opt.exchange != nullptr) {
     check_arg(dev == Device::CPU, kOp, "expert parallelism runs on the CPU only, got " + x.describe());
@@ -210,17 +211,22 @@ Tensor gather_rows(Kernels& k, const Tensor& src, const Routes& r, int64_t begin
 // Where each routed expert's [n_e, I_e] block starts in a buffer shared by all routed experts of
 // one call (n_e its rows, I_e its width). One buffer per quantity, viewed per expert, keeps a
 // step's allocation sizes the same every step (the caching allocators reuse blocks by exact size)
-// however the tokens are routed.
+// however the tokens are routed: each block starts on a 64-byte boundary (so a GEMM's operand
+// alignment does not depend on the other experts' token counts) and the buffer holds the blocks
+// plus E paddings of 16 elements.
 struct ExpertBlocks {
-  std::vector<int64_t> at;  // [E + 1] element offsets
+  static constexpr int64_t kAlign = 16;  // f32 elements: 64 bytes
+  std::vector<int64_t> at;               // [E + 1] element offsets
+  int64_t capacity = 0;
   ExpertBlocks(const Routes& r, const std::vector<SwigluWeights>& experts) : at(r.E + 1, 0) {
     for (int64_t e = 0; e < r.E; ++e) {
-      const int64_t n = r.offset[e + 1] - r.offset[e];
-      at[e + 1] = at[e] + (n > 0 ? n * experts[e].gate.size(0) : 0);
+      const int64_t n = r.offset[e + 1] - r.offset[e], numel = n > 0 ? n * experts[e].gate.size(0) : 0;
+      capacity += numel + kAlign;
+      at[e + 1] = at[e] + (numel + kAlign - 1) / kAlign * kAlign;
     }
   }
   Tensor buffer(Device dev, bool zeroed = false) const {
-    return zeroed ? Tensor::zeros({at.back()}, DType::f32, dev) : Tensor::empty({at.back()}, DType::f32, dev);
+    return zeroed ? Tensor::zeros({capacity}, DType::f32, dev) : Tensor::empty({capacity}, DType::f32, dev);
   }
   Tensor of(const Tensor& buffer, int64_t e, int64_t n, int64_t width) const { return buffer.view(at[e], {n, width}); }
 };

@@ -1,7 +1,7 @@
 // CUDA backend vs CPU backend for the mixture-of-experts row kernels (Kernels::gather_rows,
 // combine_rows, combine_rows_backward, gated_add_rows, gated_add_rows_backward) and the routing of
-// moe_feed_forward on CUDA tensors (the op's values and gradients are in the op table,
-// test_cuda_op_table.cpp). Copies and unweighted sums in the CPU's order must match it bitwise;
+// moe_feed_forward on CUDA tensors, with experts that get no tokens (the op's values and gradients
+// with every expert busy are in the op table, test_cuda_op_table.cpp). Copies and unweighted sums in the CPU's order must match it bitwise;
 // the rest within a few f32 ulps (normalized max error, as test_cuda_backend.cpp).
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "runtime/autograd.h"
 #include "runtime/ops_moe.h"
 
 using namespace mfsdp;
@@ -96,4 +97,51 @@ TEST_CASE("cuda: moe_feed_forward routes every token to the CPU's experts", "[cu
   CHECK(std::fabs(gpu.aux_loss - cpu.aux_loss) <= 1e-6 * cpu.aux_loss);
   CHECK(std::fabs(gpu.z_loss - cpu.z_loss) <= 1e-5 * cpu.z_loss);
   CHECK(norm_err(y_gpu.to_vector(), y_cpu.to_vector()) <= 1e-5);
+}
+
+TEST_CASE("cuda: moe_feed_forward with experts that get no tokens: the CPU's outputs and gradients, zeros for them",
+          "[cuda][moe]") {
+  REQUIRE_GPU();
+  const int64_t N = 3, C = 16, E = 8, I = 8;  // top 1 of 8 for 3 tokens: at least 5 experts get none
+  struct Run {
+    std::vector<float> y;
+    std::vector<std::vector<float>> grads;  // x, the router, then each expert's gate, up, down
+  };
+  auto run = [&](Device dev) {
+    std::vector<Tensor> leaves{Tensor::from_vector(randn(N * C, 30), {N, C}, dev),
+                               Tensor::from_vector(randn(E * C, 31), {E, C}, dev)};
+    std::vector<SwigluWeights> experts;
+    for (int64_t e = 0; e < E; ++e) {
+      experts.push_back({Tensor::from_vector(randn(I * C, 40 + 3 * e, 0.3f), {I, C}, dev),
+                         Tensor::from_vector(randn(I * C, 41 + 3 * e, 0.3f), {I, C}, dev),
+                         Tensor::from_vector(randn(C * I, 42 + 3 * e, 0.3f), {C, I}, dev)});
+      leaves.insert(leaves.end(), {experts.back().gate, experts.back().up, experts.back().down});
+    }
+    for (Tensor& t : leaves) t.set_requires_grad(true);
+    MoeOptions opt;
+    opt.top_k = 1;
+    opt.aux_loss_weight = 0.1;
+    const Tensor y = moe_feed_forward(leaves[0], leaves[1], experts, {}, {}, opt);
+    backward(y, Tensor::from_vector(randn(N * C, 32), {N, C}, dev));
+    Run r{y.to_vector(), {}};
+    for (const Tensor& t : leaves) {
+      REQUIRE(t.grad().defined());
+      r.grads.push_back(t.grad().to_vector());
+    }
+    return r;
+  };
+  const Run cpu = run(Device::CPU), gpu = run(Device::CUDA);
+  CHECK(norm_err(gpu.y, cpu.y) <= 1e-5);
+  int empty = 0;
+  for (size_t i = 0; i < cpu.grads.size(); ++i) {
+    INFO("gradient of leaf " << i);
+    const bool zero = std::all_of(cpu.grads[i].begin(), cpu.grads[i].end(), [](float v) { return v == 0.0f; });
+    if (zero) {
+      ++empty;
+      CHECK(std::all_of(gpu.grads[i].begin(), gpu.grads[i].end(), [](float v) { return v == 0.0f; }));
+    } else {
+      CHECK(norm_err(gpu.grads[i], cpu.grads[i]) <= 1e-4);
+    }
+  }
+  CHECK(empty >= 5 * 3);  // the matrices of the experts without tokens
 }
