@@ -1,8 +1,9 @@
 // CUDA backend vs CPU backend for the mixture-of-experts row kernels (Kernels::gather_rows,
-// combine_rows, combine_rows_backward, gated_add_rows, gated_add_rows_backward) and the routing of
-// moe_feed_forward on CUDA tensors, with experts that get no tokens (the op's values and gradients
-// with every expert busy are in the op table, test_cuda_op_table.cpp). Copies and unweighted sums in the CPU's order must match it bitwise;
-// the rest within a few f32 ulps (normalized max error, as test_cuda_backend.cpp).
+// combine_rows, combine_rows_backward, gated_add_rows, gated_add_rows_backward) and
+// moe_feed_forward on CUDA tensors: its routing, and experts that get no tokens (the op's values
+// and gradients with every expert busy are in the op table, test_cuda_op_table.cpp). Copies and
+// unweighted sums in the CPU's order must match it bitwise; the rest within a few f32 ulps
+// (normalized max error, as test_cuda_backend.cpp).
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
