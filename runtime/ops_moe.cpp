@@ -172,14 +172,6 @@ void group_by_expert(Routes& r) {
     }
 }
 
-template <class T, class From>
-Tensor vector_on(const std::vector<From>& v, DType dtype, Device dev) {
-  const std::vector<T> cast(v.begin(), v.end());
-  Tensor t = Tensor::empty({static_cast<int64_t>(cast.size())}, dtype, dev);
-  if (!cast.empty()) t.copy_from_host(cast.data());
-  return t;
-}
-
 Routes route(Kernels& k, const Tensor& x, const Tensor& router, const MoeOptions& opt) {
   Routes r;
   r.C = x.size(-1);
@@ -192,12 +184,13 @@ Routes route(Kernels& k, const Tensor& x, const Tensor& router, const MoeOptions
   softmax_rows(logits.to_vector().data(), r);
   choose_experts(r, opt.norm_topk_prob);
   group_by_expert(r);
-  std::vector<float> row_weight(r.N * r.K);
-  for (int64_t i = 0; i < r.N * r.K; ++i) row_weight[r.row_of[i]] = r.weight[i];
-  r.token_dev = vector_on<int32_t>(r.token, DType::i32, dev);
-  r.row_of_dev = vector_on<int32_t>(r.row_of, DType::i32, dev);
-  r.weight_dev = vector_on<float>(r.weight, DType::f32, dev);
-  r.row_weight_dev = vector_on<float>(row_weight, DType::f32, dev);
+  const int64_t R = r.N * r.K;
+  std::vector<float> row_weight(R);
+  for (int64_t i = 0; i < R; ++i) row_weight[r.row_of[i]] = r.weight[i];
+  r.token_dev = tokens_tensor(std::vector<int32_t>(r.token.begin(), r.token.end()), {R}, dev);
+  r.row_of_dev = tokens_tensor(std::vector<int32_t>(r.row_of.begin(), r.row_of.end()), {R}, dev);
+  r.weight_dev = Tensor::from_vector(r.weight, {R}, dev);
+  r.row_weight_dev = Tensor::from_vector(row_weight, {R}, dev);
   return r;
 }
 
@@ -341,9 +334,9 @@ void shared_backward(Kernels& k, const MoeSaved& s, const float* dy, float* dx) 
   const Device dev = s.x.device();
   const Tensor dys = Tensor::empty({r.N, r.C}, DType::f32, dev), dxs = Tensor::empty({r.N, r.C}, DType::f32, dev);
   const Tensor dlogit_t = Tensor::empty({r.N}, DType::f32, dev);
-  const float* dlogit = dlogit_t.data_f32();
-  k.gated_add_rows_backward(dy, s.shared_acts.y.data_f32(), s.shared_gate_value.data_f32(), dys.data_f32(),
-                            dlogit_t.data_f32(), r.N, r.C);
+  float* dlogit = dlogit_t.data_f32();
+  k.gated_add_rows_backward(dy, s.shared_acts.y.data_f32(), s.shared_gate_value.data_f32(), dys.data_f32(), dlogit,
+                            r.N, r.C);
   const Tensor x2 = s.x.reshape({r.N, r.C});
   swiglu_backward(k, x2, s.shared, s.shared_acts, dys, dxs.data_f32(), grad_buffers_of(s.shared),
                   new_scratch(r.N, s.shared.gate.size(0), dev));
