@@ -2,6 +2,7 @@
 //   mfsdp-project --cluster configs/clusters/a100_80gb_8x.json --model llama-7b [--placements ...]
 //                 [--worlds 8 16 ... 512] [--replicate R] [--ns-steps 5] [--dtype auto] [--json out.json]
 //   mfsdp-project --cluster C --paper            the paper's setups next to its figures, largest fits
+//   mfsdp-project --cluster C --capacity [--memory-gb G] [--worlds ...]   largest preset per family that fits
 //   mpirun -np 2 mfsdp-project --calibrate this_machine.json      measure this machine's constants
 //   mfsdp-project --calibrate gpu.json --device cuda [--cluster base.json] [--calibrate-sizes 256 1024 ...]
 //                                                one GPU's constants; interconnect fields from base.json
@@ -31,6 +32,12 @@ using namespace mfsdp;
 using nlohmann::json;
 
 namespace {
+
+std::string fmt_params(double n) {
+  char b[32];
+  std::snprintf(b, sizeof b, n >= 1e9 ? "%.1fB" : "%.0fM", n >= 1e9 ? n / 1e9 : n / 1e6);
+  return b;
+}
 
 json sweep(const ProjectionInput& base, const std::vector<std::string>& placements, const ClusterSpec& c,
            const std::vector<int>& worlds) {
@@ -70,6 +77,46 @@ json sweep(const ProjectionInput& base, const std::vector<std::string>& placemen
   return out;
 }
 
+// The largest preset of `family` (by parameters) whose projected memory per rank fits in
+// `budget_gb` at `world` ranks under `placement`, with `base`'s batch, sequence, dtypes and
+// checkpointing; "none" (0 parameters) when even the smallest does not.
+std::pair<std::string, double> largest_fit(const ProjectionInput& base, const ClusterSpec& c, int world,
+                                           Placement placement, const std::string& family, double budget_gb) {
+  std::pair<std::string, double> best{"none", 0.0};
+  for (const std::string& name : model_preset_names()) {
+    ProjectionInput in = base;
+    in.model = model_preset(name).profile();
+    in.placement = placement;
+    if (in.model.family != family) continue;
+    const double n = static_cast<double>(in.model.num_params());
+    if (n > best.second && project(in, c, world).total_gb <= budget_gb) best = {name, n};
+  }
+  return best;
+}
+
+// --capacity: per world size and placement, the largest preset of each family's size ladder that
+// fits in `budget_gb` per rank (planner/memory_plan.h, the model the trainer checks at start-up).
+json capacity(const ProjectionInput& base, const ClusterSpec& c, const std::vector<int>& worlds, double budget_gb) {
+  const std::vector<std::string> families{"gpt2", "llama", "qwen2_moe"};
+  std::printf("\nLargest preset that fits in %.1f GB per rank on %s (%s, %scheckpointing, B=%d T=%d)\n", budget_gb,
+              c.name.c_str(), dtype_name(base.dtype), base.activation_checkpointing ? "" : "no ", base.batch, base.seq);
+  std::printf("%6s %-11s", "world", "placement");
+  for (const std::string& f : families) std::printf(" %-24s", f.c_str());
+  std::printf("\n");
+  json out = json::array();
+  for (int w : worlds)
+    for (const auto& [placement, p] : kPlacementNames.entries) {
+      std::printf("%6d %-11s", w, p);
+      for (const std::string& f : families) {
+        const auto [name, params] = largest_fit(base, c, w, placement, f, budget_gb);
+        std::printf(" %-24s", (name + (params > 0 ? " (" + fmt_params(params) + ")" : "")).c_str());
+        out.push_back({{"world", w}, {"placement", p}, {"family", f}, {"model", name}, {"params", params}});
+      }
+      std::printf("\n");
+    }
+  return out;
+}
+
 // The published figures next to the projection (apps/bench/paper_figures.h); then the largest
 // Llama preset that fits per placement.
 json paper(const ClusterSpec& c, const BaselineOptions& baseline) {
@@ -81,16 +128,7 @@ json paper(const ClusterSpec& c, const BaselineOptions& baseline) {
   std::printf("\nLargest Llama preset that fits in %.0f GB per GPU (bf16, checkpointing, B=1 T=4096)\n", c.memory_gb);
   for (int w : {8, 64})
     for (const auto& [placement, p] : kPlacementNames.entries) {
-      std::string best = "none";
-      double best_params = 0;
-      for (const std::string& name : model_preset_names()) {
-        ProjectionInput in = l7;
-        in.model = model_preset(name).profile();
-        in.placement = placement;
-        if (in.model.family != "llama" || project(in, c, w).oom) continue;
-        const double n = static_cast<double>(in.model.num_params());
-        if (n > best_params) best_params = n, best = name;
-      }
+      const auto [best, best_params] = largest_fit(l7, c, w, placement, "llama", c.memory_gb - c.reserve_gb);
       std::printf("  W=%-3d %-11s %s (%.1fB)\n", w, p, best.c_str(), best_params / 1e9);
       out["largest_fit"].push_back({{"world", w}, {"placement", p}, {"model", best}, {"params", best_params}});
     }
@@ -209,6 +247,8 @@ struct ProjectArgs {
   ProjectionInput in;
   int layers = 0;
   bool paper_mode = false;
+  bool capacity_mode = false;
+  std::optional<double> memory_gb;  ///< --capacity's budget per rank; unset: the cluster's memory_gb - reserve_gb
   double tolerance = 5.0, ratio_tolerance = 2.0;
 };
 
@@ -282,6 +322,12 @@ void add_project_options(CLI::App& app, ProjectArgs& a) {
   app.add_option("--worlds", a.worlds, "world sizes")->capture_default_str()->check(CLI::Range(1, cli::kMaxWorld));
   add_projection_input_options(app, a);
   app.add_flag("--paper", a.paper_mode, "the paper's setups and the largest Llama that fits");
+  app.add_flag("--capacity", a.capacity_mode,
+               "the largest preset of each family that fits per rank, per world size and placement (with -B, -T, "
+               "--dtype, --checkpointing)");
+  app.add_option("--memory-gb", a.memory_gb, "--capacity's memory per rank, GB (default: the cluster's memory_gb "
+                                             "less reserve_gb)")
+      ->check(CLI::Range(0.001, 1e6));
   app.add_option("--json", a.json_path, "write the projection as JSON");
 }
 
@@ -360,6 +406,10 @@ int run_projection(const ClusterSpec& c, ProjectArgs& a, json& out) {
   in.dtype = resolve_projection_dtype(a.dtype, c);  // the rate of the dtype that will run
   in.ns_dtype = resolve_projection_dtype(a.ns_dtype, c);
   if (a.fsdp2_ns) in.baseline.ns = *a.fsdp2_ns;
+  if (a.capacity_mode) {
+    out["capacity"] = capacity(in, c, a.worlds, a.memory_gb.value_or(c.memory_gb - c.reserve_gb));
+    return a.json_path.empty() ? 0 : cli::write_json_output("mfsdp-project", a.json_path, out.dump(2) + "\n");
+  }
   check_sweep(in.replicas, a.placements, a.worlds);
   out["projection"] = sweep(in, a.placements, c, a.worlds);
   if (a.paper_mode) {

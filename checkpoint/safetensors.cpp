@@ -72,6 +72,12 @@ int64_t TensorInfo::numel() const {
 
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  write_safetensors(path, tensors, metadata, [&](size_t i) { return tensors[i].data; });
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<const void*(size_t)>& data_of) {
   const std::string who = "[write_safetensors] " + path + ": ";
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -92,7 +98,6 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
       numel *= d;
     }
     const int64_t bytes = numel * safetensors_dtype_size(t.dtype);
-    if (bytes > 0 && t.data == nullptr) throw SafetensorsError(who + t.name + ": null data pointer");
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     sizes.push_back(bytes);
     offset += bytes;
@@ -105,8 +110,12 @@ void write_safetensors(const std::string& path, const std::vector<TensorView>& t
     SwapFile f(path);
     f.write(&n, 8);
     f.write(h.data(), h.size());
-    for (size_t i = 0; i < tensors.size(); ++i)
-      if (sizes[i] > 0) f.write(tensors[i].data, static_cast<size_t>(sizes[i]));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const void* data = data_of(i);
+      if (sizes[i] == 0) continue;
+      if (data == nullptr) throw SafetensorsError(who + tensors[i].name + ": null data pointer");
+      f.write(data, static_cast<size_t>(sizes[i]));
+    }
     f.commit();
   } catch (const std::runtime_error& e) {
     throw SafetensorsError("[write_safetensors] " + std::string(e.what()));

@@ -9,6 +9,7 @@
 // no overlap, the last end == data block size), and end - begin == numel * dtype size.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <stdexcept>
@@ -42,6 +43,13 @@ struct TensorView {
 /// dtypes, negative dims, a null pointer for a non-empty tensor, or any I/O failure.
 void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+/// The same, streaming: `tensors` gives names, dtypes and shapes (their `data` is not read), and
+/// data_of(i) returns tensor i's bytes when the file reaches it, in order; the pointer need stay
+/// valid only until the next call. Only one tensor's data is held at a time.
+void write_safetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<const void*(size_t)>& data_of);
 
 /// Header entry of one tensor.
 struct TensorInfo {

@@ -18,26 +18,18 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
-  const int64_t n = spec.numel();
-  if (spec.role == ParamRole::bias) {
-    std::fill(out, out + n, 0.0f);
-    return;
-  }
-  if (spec.role == ParamRole::norm) {
-    std::fill(out, out + n, 1.0f);
+void GPT::init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count,
+                     float* out) {
+  if (spec.role == ParamRole::bias || spec.role == ParamRole::norm) {
+    std::fill(out, out + count, spec.role == ParamRole::norm ? 1.0f : 0.0f);
     return;
   }
   double std = cfg.init_std;
   if (ends_with(spec.name, "attn.c_proj.weight") || ends_with(spec.name, "mlp.c_proj.weight"))
     std /= std::sqrt(2.0 * cfg.n_layer);
-  normal_init(seed, spec.name, std, out, n);
-  if (spec.role == ParamRole::embedding || spec.role == ParamRole::head) {
-    if (spec.name == "wte.weight" || spec.name == "lm_head.weight") {  // padded vocabulary rows
-      const int64_t C = spec.shape[1];
-      std::fill(out + static_cast<int64_t>(cfg.vocab_size) * C, out + n, 0.0f);
-    }
-  }
+  normal_init(seed, spec.name, std, first, count, out);
+  if (spec.name == "wte.weight" || spec.name == "lm_head.weight")  // padded vocabulary rows
+    zero_from(static_cast<int64_t>(cfg.vocab_size) * spec.shape[1], first, count, out);
 }
 
 Tensor GPT::embed(const Tensor& tokens, const Tensor& index) const {

@@ -44,11 +44,12 @@ class GPT : public SequentialModel<GPT, GPTConfig> {
   /// fused classifier (runtime/ops.h classifier_loss: chunks of rows, no [B*T, Vp] logits).
   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor = 0) const;
 
-  /// GPT-2 initialisation of one parameter's full logical value: weights
-  /// N(0, init_std), residual projections (attn.c_proj, mlp.c_proj) N(0, init_std/sqrt(2*n_layer)),
-  /// biases 0, LayerNorm gains 1, padded embedding rows 0. The values depend only on
-  /// (seed, parameter name), so every rank produces the same tensor. out has spec.numel() floats.
-  static void init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+  /// GPT-2 initialisation of elements [first, first + count) of one parameter's flattened logical
+  /// value: weights N(0, init_std), residual projections (attn.c_proj, mlp.c_proj)
+  /// N(0, init_std/sqrt(2*n_layer)), biases 0, LayerNorm gains 1, padded embedding rows 0. The
+  /// values depend only on (seed, parameter name, element), so every rank produces the same slice.
+  static void init_param(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count,
+                         float* out);
 
  private:
   /// The head's input and weight: ln_f(x) as [B*T, C] and wte (tied) or lm_head [Vp, C].

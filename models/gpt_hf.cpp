@@ -115,29 +115,26 @@ std::string hf_gpt2_config_mismatch(const nlohmann::json& config, const GPTConfi
   return "";
 }
 
-void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTensors& params, DType dtype,
+void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const ParamSource& params, DType dtype,
                     const std::map<std::string, std::string>& extra_metadata) {
   const ParamInventory inv = gpt_inventory(cfg);
   const std::string who = "[export_hf_gpt2] " + path + ": ";
-  check_full_params(inv, params, who, "GPT-2");
+  params.check(inv, who, "GPT-2");
   // A from_pretrained directory carries GPT2LMHeadModel's names ("transformer." before the body):
   // transformers loads an untied head only then.
   const HfExportPaths out = hf_export_paths(path);
-  std::vector<NamedArray> tensors;
+  std::vector<NamedArray> tensors;  // names and shapes; the values stream in as the file is written
   for (const ParamSpec& p : inv.params) {
-    const auto it = params.find(p.name);
-    const std::vector<int64_t> fs = file_shape(p, cfg);
-    std::vector<float> v;
-    if (hf_gpt2_is_conv1d(p.name)) {
-      v = transpose(it->second, p.shape[0], p.shape[1]);
-    } else if (is_vocab_rows(p.name)) {
-      v.assign(it->second.begin(), it->second.begin() + fs[0] * fs[1]);
-    } else {
-      v = it->second;
-    }
     const bool prefixed = !out.config.empty() && p.name != "lm_head.weight";
-    tensors.push_back(NamedArray{prefixed ? "transformer." + p.name : p.name, fs, std::move(v)});
+    tensors.push_back(NamedArray{prefixed ? "transformer." + p.name : p.name, file_shape(p, cfg), {}});
   }
+  auto values_of = [&](size_t i) {
+    const ParamSpec& p = inv.params[i];
+    std::vector<float> v = params(p);
+    if (hf_gpt2_is_conv1d(p.name)) return transpose(v, p.shape[0], p.shape[1]);
+    if (is_vocab_rows(p.name)) v.resize(static_cast<size_t>(tensors[i].shape[0] * tensors[i].shape[1]));
+    return v;
+  };
   std::map<std::string, std::string> meta = extra_metadata;
   meta["format"] = "pt";  // what transformers requires of a from_pretrained file
   meta["mfsdp_layout"] = "hf-gpt2";
@@ -148,7 +145,7 @@ void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTe
   meta["vocab_size"] = std::to_string(cfg.vocab_size);
   meta["tie_embeddings"] = cfg.tie_embeddings ? "true" : "false";
   if (!out.config.empty()) std::filesystem::create_directories(path);
-  write_f32_safetensors(out.weights, tensors, dtype, meta);
+  write_f32_safetensors(out.weights, tensors, dtype, meta, values_of);
   if (!out.config.empty()) write_hf_config(out.config, hf_gpt2_config_json(cfg));
 }
 

@@ -44,7 +44,7 @@ std::string hf_gpt2_config_mismatch(const nlohmann::json& config, const GPTConfi
 /// HF GPT-2 layout, as F32 or BF16 (round to nearest even). Extra metadata entries
 /// are added to the header. Throws std::invalid_argument naming the first missing/extra parameter
 /// or wrong element count, SafetensorsError on I/O failure.
-void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const NamedTensors& params,
+void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const ParamSource& params,
                     DType dtype = DType::f32, const std::map<std::string, std::string>& extra_metadata = {});
 
 /// Reads a file or directory written by export_hf_gpt2, or a transformers GPT-2 checkpoint (a

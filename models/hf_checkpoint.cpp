@@ -7,9 +7,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "runtime/core/check.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_fields.h"
 #include "runtime/core/json_limits.h"
+#include "runtime/tensor.h"
 
 namespace mfsdp {
 namespace fs = std::filesystem;
@@ -34,26 +36,40 @@ json read_json(const fs::path& path) {
 
 void write_f32_safetensors(const std::string& path, const std::vector<NamedArray>& tensors, DType dtype,
                            const std::map<std::string, std::string>& metadata) {
-  std::vector<std::vector<uint16_t>> bf16_store;
-  bf16_store.reserve(tensors.size());
+  write_f32_safetensors(path, tensors, dtype, metadata, [&](size_t i) { return tensors[i].values; });
+}
+
+void write_f32_safetensors(const std::string& path, const std::vector<NamedArray>& tensors, DType dtype,
+                           const std::map<std::string, std::string>& metadata,
+                           const std::function<std::vector<float>(size_t)>& values_of) {
   std::vector<TensorView> views;
-  for (const NamedArray& t : tensors) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    if (n != static_cast<int64_t>(t.values.size()))
-      throw SafetensorsError(path + ": " + t.name + ": " + std::to_string(t.values.size()) +
-                             " values for a shape of " + std::to_string(n) + " elements");
-    if (dtype == DType::bf16) {
-      std::vector<uint16_t> h(t.values.size());
-      for (size_t i = 0; i < h.size(); ++i) h[i] = float_to_bf16(t.values[i]).bits;
-      bf16_store.push_back(std::move(h));
-      views.push_back(TensorView{t.name, "BF16", t.shape, bf16_store.back().data()});
-    } else {
-      views.push_back(TensorView{t.name, "F32", t.shape, t.values.data()});
-    }
-  }
+  for (const NamedArray& t : tensors)
+    views.push_back(TensorView{t.name, dtype == DType::bf16 ? "BF16" : "F32", t.shape, nullptr});
+  std::vector<float> values;
+  std::vector<uint16_t> bf16;
   remove_abandoned_temporaries(path);  // those of an earlier export killed while writing
-  write_safetensors(path, views, metadata);
+  write_safetensors(path, views, metadata, [&](size_t i) -> const void* {
+    values = values_of(i);
+    const int64_t n = shape_numel(tensors[i].shape);
+    if (n != static_cast<int64_t>(values.size()))
+      throw SafetensorsError(path + ": " + tensors[i].name + ": " + std::to_string(values.size()) +
+                             " values for a shape of " + std::to_string(n) + " elements");
+    if (dtype != DType::bf16) return values.data();
+    bf16.resize(values.size());
+    for (size_t k = 0; k < bf16.size(); ++k) bf16[k] = float_to_bf16(values[k]).bits;
+    return bf16.data();
+  });
+}
+
+void ParamSource::check(const ParamInventory& inv, const std::string& who, const std::string& family) const {
+  if (map_) check_full_params(inv, *map_, who, family);
+}
+
+std::vector<float> ParamSource::operator()(const ParamSpec& spec) const {
+  std::vector<float> v = map_ ? map_->at(spec.name) : fn_(spec);
+  check_arg(static_cast<int64_t>(v.size()) == spec.numel(), "export",
+            spec.name + ": " + std::to_string(v.size()) + " values, expected " + std::to_string(spec.numel()));
+  return v;
 }
 
 HfExportPaths hf_export_paths(const std::string& path) {

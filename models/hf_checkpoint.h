@@ -2,6 +2,7 @@
 // directory (config.json + model.safetensors, or shards listed by model.safetensors.index.json)
 // or one .safetensors file, and the file names of an export.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,32 @@ struct NamedArray {
 /// removed first (remove_abandoned_temporaries: writer gone, untouched for 10 minutes).
 void write_f32_safetensors(const std::string& path, const std::vector<NamedArray>& tensors, DType dtype,
                            const std::map<std::string, std::string>& metadata);
+
+/// The same, one tensor at a time: `tensors` gives names and shapes (their values are not read)
+/// and values_of(i) returns tensor i's f32 values when the file reaches it, in order, so an export
+/// holds one tensor (plus its bf16 copy) at a time.
+void write_f32_safetensors(const std::string& path, const std::vector<NamedArray>& tensors, DType dtype,
+                           const std::map<std::string, std::string>& metadata,
+                           const std::function<std::vector<float>(size_t)>& values_of);
+
+/// Where an export takes its full parameters (our layout, row-major f32) from: a map of full
+/// tensors, or a function asked once per parameter in inventory order (the sharding engine, which
+/// gathers one FSDP unit at a time, so no rank holds the whole model).
+class ParamSource {
+ public:
+  using Fn = std::function<std::vector<float>(const ParamSpec& spec)>;
+  ParamSource(const NamedTensors& params) : map_(&params) {}  // NOLINT: implicit, as the map it wraps
+  explicit ParamSource(Fn fn) : fn_(std::move(fn)) {}
+  /// A map must hold exactly the names of `inv` with its element counts (check_full_params:
+  /// throws std::invalid_argument starting with `who`); a function is checked per tensor.
+  void check(const ParamInventory& inv, const std::string& who, const std::string& family) const;
+  /// The full value of `spec`. Throws std::invalid_argument when it has another element count.
+  std::vector<float> operator()(const ParamSpec& spec) const;
+
+ private:
+  const NamedTensors* map_ = nullptr;
+  Fn fn_;
+};
 
 /// Where an export goes. `path` ending in ".safetensors": that one file, no config.json (our
 /// single-file layout, readable by model.init_from). Any other path is a directory in Hugging

@@ -6,15 +6,15 @@
 
 namespace mfsdp {
 
-void Llama::init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
-  const int64_t n = spec.numel();
+void Llama::init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count,
+                       float* out) {
   if (spec.role == ParamRole::norm) {
-    std::fill(out, out + n, 1.0f);
+    std::fill(out, out + count, 1.0f);
     return;
   }
-  normal_init(seed, spec.name, cfg.init_std, out, n);
+  normal_init(seed, spec.name, cfg.init_std, first, count, out);
   if (spec.role == ParamRole::embedding || spec.role == ParamRole::head)  // padded vocabulary rows
-    std::fill(out + static_cast<int64_t>(cfg.vocab_size) * spec.shape[1], out + n, 0.0f);
+    zero_from(static_cast<int64_t>(cfg.vocab_size) * spec.shape[1], first, count, out);
 }
 
 Tensor llama_embed(const LlamaConfig& cfg, const ParamLookup& param, const Tensor& tokens, const Tensor& index) {

@@ -54,9 +54,11 @@ class Llama : public SequentialModel<Llama, LlamaConfig> {
   /// fused classifier (runtime/ops.h classifier_loss: chunks of rows, no [B*T, Vp] logits).
   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor = 0) const;
 
-  /// Hugging Face's Llama initialisation of one parameter's full value: matrices and embeddings
-  /// N(0, init_std), RMSNorm gains 1, padded vocabulary rows 0; a function of (seed, name) only.
-  static void init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+  /// Hugging Face's Llama initialisation of elements [first, first + count) of one parameter's
+  /// flattened value: matrices and embeddings N(0, init_std), RMSNorm gains 1, padded vocabulary
+  /// rows 0; a function of (seed, name, element) only.
+  static void init_param(const LlamaConfig& cfg, const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count,
+                         float* out);
 
  private:
   ParamLookup lookup() const {

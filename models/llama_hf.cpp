@@ -89,24 +89,25 @@ std::string hf_llama_config_mismatch(const nlohmann::json& config, const LlamaCo
   return "";
 }
 
-void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const NamedTensors& params, DType dtype,
+void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const ParamSource& params, DType dtype,
                        const std::map<std::string, std::string>& extra_metadata) {
   const std::string who = "[export_hf] " + path + ": ";
-  check_full_params(file.inventory, params, who, file.family);
-  std::vector<NamedArray> tensors;
-  for (const ParamSpec& p : file.inventory.params) {
-    const std::vector<float>& v = params.at(p.name);
-    const std::vector<int64_t> fs = file_shape(p, file.base);
-    tensors.push_back(NamedArray{p.name, fs, std::vector<float>(v.begin(), v.begin() + shape_numel(fs))});
-  }
-  for (const auto& [name, shape] : file.zero_tensors)
-    tensors.push_back(NamedArray{name, shape, std::vector<float>(static_cast<size_t>(shape_numel(shape)), 0.0f)});
+  params.check(file.inventory, who, file.family);
+  std::vector<NamedArray> tensors;  // names and shapes; the values stream in as the file is written
+  for (const ParamSpec& p : file.inventory.params) tensors.push_back(NamedArray{p.name, file_shape(p, file.base), {}});
+  for (const auto& [name, shape] : file.zero_tensors) tensors.push_back(NamedArray{name, shape, {}});
+  auto values_of = [&](size_t i) {
+    if (i >= file.inventory.params.size()) return std::vector<float>(static_cast<size_t>(shape_numel(tensors[i].shape)), 0.0f);
+    std::vector<float> v = params(file.inventory.params[i]);
+    v.resize(static_cast<size_t>(shape_numel(tensors[i].shape)));  // the file's vocabulary rows
+    return v;
+  };
   std::map<std::string, std::string> meta = extra_metadata;
   meta["format"] = "pt";  // what transformers requires of a from_pretrained file
   meta["mfsdp_layout"] = file.layout;
   const HfExportPaths out = hf_export_paths(path);
   if (!out.config.empty()) std::filesystem::create_directories(path);
-  write_f32_safetensors(out.weights, tensors, dtype, meta);
+  write_f32_safetensors(out.weights, tensors, dtype, meta, values_of);
   if (!out.config.empty()) write_hf_config(out.config, file.config);
 }
 
@@ -182,7 +183,7 @@ HfDecoderFile llama_file(const LlamaConfig& cfg) {
 
 }  // namespace
 
-void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const NamedTensors& params, DType dtype,
+void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const ParamSource& params, DType dtype,
                      const std::map<std::string, std::string>& extra_metadata) {
   export_hf_decoder(path, llama_file(cfg), params, dtype, extra_metadata);
 }

@@ -54,7 +54,7 @@ struct HfDecoderFile {
 /// F32 or BF16, then file.zero_tensors as zeros: a directory gets model.safetensors and
 /// config.json, a path ending in ".safetensors" just that file. Metadata: "format": "pt",
 /// "mfsdp_layout": file.layout plus `extra_metadata`. Errors as export_hf_llama.
-void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const NamedTensors& params, DType dtype,
+void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const ParamSource& params, DType dtype,
                        const std::map<std::string, std::string>& extra_metadata);
 
 /// Reads `path` (as import_hf_llama) into file.inventory's names. A directory's config.json must
@@ -68,7 +68,7 @@ NamedTensors import_hf_decoder(const std::string& path, const HfDecoderFile& fil
 /// values), "mfsdp_layout": "hf-llama" plus `extra_metadata`.
 /// Throws std::invalid_argument naming a missing/extra parameter or a wrong element count,
 /// SafetensorsError / std::runtime_error on I/O failure.
-void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const NamedTensors& params,
+void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const ParamSource& params,
                      DType dtype = DType::f32, const std::map<std::string, std::string>& extra_metadata = {});
 
 /// Reads a Llama checkpoint (a transformers save_pretrained directory, sharded or not, or a file or

@@ -74,14 +74,23 @@ void BoundParams::allocate_local(const ParamInventory& inv, const std::function<
   }
 }
 
-void normal_init(uint64_t seed, const std::string& name, double std, float* out, int64_t n) {
-  uint64_t state = seed * 0x2545F4914F6CDD1DULL ^ hash_name(name);
-  for (int64_t i = 0; i < n; i += 2) {  // Box-Muller, two normals per draw
+void normal_init(uint64_t seed, const std::string& name, double std, int64_t first, int64_t count, float* out) {
+  const uint64_t stream = seed * 0x2545F4914F6CDD1DULL ^ hash_name(name);
+  const int64_t end = first + count;
+  for (int64_t i = first; i < end;) {  // Box-Muller: element 2p is pair p's cosine, 2p+1 its sine
+    const int64_t pair = i / 2;
+    uint64_t state = stream + static_cast<uint64_t>(2 * pair) * kSplitmix64Gamma;  // two draws per pair
     const double u1 = uniform01(state), u2 = uniform01(state);
     const double r = std::sqrt(-2.0 * std::log(u1));
-    out[i] = static_cast<float>(std * r * std::cos(2.0 * M_PI * u2));
-    if (i + 1 < n) out[i + 1] = static_cast<float>(std * r * std::sin(2.0 * M_PI * u2));
+    if (i % 2 == 0) out[i - first] = static_cast<float>(std * r * std::cos(2.0 * M_PI * u2));
+    if (i % 2 == 1 || i + 1 < end) out[pair * 2 + 1 - first] = static_cast<float>(std * r * std::sin(2.0 * M_PI * u2));
+    i = pair * 2 + 2;
   }
+}
+
+void zero_from(int64_t from, int64_t first, int64_t count, float* out) {
+  const int64_t start = std::max(from, first);
+  if (start < first + count) std::fill(out + (start - first), out + count, 0.0f);
 }
 
 std::vector<int32_t> sample_from_logits(const std::function<Tensor(const Tensor&)>& logits_of, int seq_len,

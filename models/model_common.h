@@ -37,9 +37,15 @@ class BoundParams {
   Tensor local_params_, local_grads_;
 };
 
-/// Fills out[0..n) with N(0, std^2) draws (Box-Muller) from a stream that depends only on
-/// (seed, name), so every rank computes the same values for a parameter.
-void normal_init(uint64_t seed, const std::string& name, double std, float* out, int64_t n);
+/// Fills out[0..count) with elements [first, first + count) of a parameter's N(0, std^2) draws
+/// (Box-Muller, element 2p and 2p+1 from draws 2p and 2p+1) from a counter-based stream that
+/// depends only on (seed, name): every rank computes the same values for any slice of a parameter,
+/// without drawing the elements before it.
+void normal_init(uint64_t seed, const std::string& name, double std, int64_t first, int64_t count, float* out);
+
+/// Zeroes the elements at or after `from` of a slice holding elements [first, first + count) in
+/// out[0..count) (padded vocabulary rows of an initialised slice).
+void zero_from(int64_t from, int64_t first, int64_t count, float* out);
 
 /// Samples `n` tokens after `prompt` (empty: token 0) with temperature and top-k (0 = all):
 /// logits_of(tokens i32 [1, T]) returns logits [T, Vp] of which the first vocab_size columns are

@@ -24,8 +24,9 @@ void MoeTransformer::set_expert_exchange(const ExpertExchange* exchange, const s
   owner_of_expert_ = exchange ? owner_of_expert : std::vector<int>{};
 }
 
-void MoeTransformer::init_param(const MoeConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out) {
-  Llama::init_param(cfg, spec, seed, out);
+void MoeTransformer::init_param(const MoeConfig& cfg, const ParamSpec& spec, uint64_t seed, int64_t first,
+                                int64_t count, float* out) {
+  Llama::init_param(cfg, spec, seed, first, count, out);
 }
 
 Tensor MoeTransformer::forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const {

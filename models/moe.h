@@ -64,7 +64,8 @@ class MoeTransformer : public SequentialModel<MoeTransformer, MoeConfig> {
 
   /// Initialisation as Llama::init_param (Qwen2-MoE's): matrices, routers and gates
   /// N(0, init_std), norms 1, padded vocabulary rows 0; a function of (seed, name) only.
-  static void init_param(const MoeConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+  static void init_param(const MoeConfig& cfg, const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count,
+                         float* out);
 
  private:
   ParamLookup lookup() const {

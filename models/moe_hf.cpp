@@ -91,7 +91,7 @@ std::string hf_moe_config_mismatch(const nlohmann::json& config, const MoeConfig
   return "";
 }
 
-void export_hf_moe(const std::string& path, const MoeConfig& cfg, const NamedTensors& params, DType dtype,
+void export_hf_moe(const std::string& path, const MoeConfig& cfg, const ParamSource& params, DType dtype,
                    const std::map<std::string, std::string>& extra_metadata) {
   export_hf_decoder(path, moe_file(cfg), params, dtype, extra_metadata);
 }

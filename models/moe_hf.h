@@ -36,7 +36,7 @@ std::string hf_moe_config_mismatch(const nlohmann::json& config, const MoeConfig
 /// metadata "mfsdp_layout": "hf-qwen2-moe". Throws std::invalid_argument for a model without the
 /// layout (hf_moe_layout_refusal) or a missing/extra parameter, SafetensorsError /
 /// std::runtime_error on I/O failure.
-void export_hf_moe(const std::string& path, const MoeConfig& cfg, const NamedTensors& params,
+void export_hf_moe(const std::string& path, const MoeConfig& cfg, const ParamSource& params,
                    DType dtype = DType::f32, const std::map<std::string, std::string>& extra_metadata = {});
 
 /// Reads a Qwen2-MoE checkpoint (a save_pretrained directory, sharded or not, or an export of

@@ -16,7 +16,7 @@ namespace mfsdp {
 ///   Tensor block(int layer, const Tensor& x) const;      // unit 1+layer: x -> x
 ///   Tensor logits(const Tensor& x) const;                // head: x [B, T, C] -> logits [B*T, Vp]
 ///   Tensor head_loss(const Tensor& x, const Tensor& targets, double divisor) const;
-///   static void init_param(const Config&, const ParamSpec&, uint64_t seed, float* out);
+///   static void init_param(const Config&, const ParamSpec&, uint64_t seed, int64_t first, int64_t count, float* out);
 /// and Config has n_layer, vocab_size and tie_embeddings (a tied head also reads unit 0).
 ///
 /// Parameters are not owned by the model: each name is bound to a tensor (a view into an FSDP
@@ -54,15 +54,17 @@ class SequentialModel : public UnitModel {
     if (u == head_unit()) return self().head_loss(x, batch.targets, loss_divisor);
     return self().block(u - 1, x);
   }
-  /// Derived::init_param(config(), spec, seed, out).
-  void init_param(const ParamSpec& spec, uint64_t seed, float* out) const override {
-    Derived::init_param(cfg_, spec, seed, out);
+  /// Derived::logits(x): the head's logits of the last block's output.
+  Tensor head_logits(const Tensor& x) const override { return self().logits(x); }
+  /// Derived::init_param(config(), spec, seed, first, count, out).
+  void init_param(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count, float* out) const override {
+    Derived::init_param(cfg_, spec, seed, first, count, out);
   }
 
   /// Allocates one flat parameter buffer and one flat gradient buffer on `device`, binds views of
   /// them (parameters require grad; gradients are preallocated views) and initializes from `seed`.
   void allocate_local(uint64_t seed, Device device = Device::CPU) {
-    params_.allocate_local(inv_, [&](const ParamSpec& p, float* out) { Derived::init_param(cfg_, p, seed, out); },
+    params_.allocate_local(inv_, [&](const ParamSpec& p, float* out) { Derived::init_param(cfg_, p, seed, 0, p.numel(), out); },
                            device);
   }
   /// The flat buffers of allocate_local() (undefined otherwise).

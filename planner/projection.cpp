@@ -9,7 +9,7 @@
 
 #include "planner/cost_model.h"
 #include "planner/placement_traits.h"
-#include "runtime/core/classifier_memory.h"
+#include "planner/memory_plan.h"
 #include "runtime/core/file_checks.h"
 #include "runtime/core/gemm_rates.h"
 #include "runtime/core/json_fields.h"
@@ -51,68 +51,52 @@ struct Cost {
 using Shape = std::pair<int64_t, int64_t>;
 
 struct RankWork {
-  double muon_elems = 0, adamw_elems = 0, persistent = 0;
+  double muon_elems = 0, adamw_elems = 0;
   std::map<Shape, int> matrices;  ///< Muon matrices this rank orthogonalizes, by shape
 };
 
-// Per rank: optimizer work and persistent bytes under the plan (see project()).
+// Per rank: optimizer work under the plan (see project()).
 std::vector<RankWork> rank_work(const ShardPlan& plan) {
   const int N = plan.world_size;
   const PlacementTraits traits = placement_traits(plan.placement);
   const bool everyone = traits.every_rank_orthogonalizes();
   std::vector<RankWork> w(static_cast<size_t>(N));
   std::map<Shape, int> all;
-  int64_t total = 0;
   for (const MatrixShard& s : plan.shards) {
     const bool muon = s.optimizer == OptimizerKind::muon;
     if (muon) ++all[{s.shape[0], s.shape[1]}];
-    total += s.numel();
     if (traits.every_rank_updates_all) {
-      for (RankWork& x : w) {
-        (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(s.numel());
-        x.persistent += static_cast<double>(s.numel() * owner_bytes_per_element(s.optimizer));
-      }
+      for (RankWork& x : w) (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(s.numel());
       continue;
     }
     for (const ShardPiece& p : s.pieces) {
       RankWork& x = w[static_cast<size_t>(p.rank)];
       (muon ? x.muon_elems : x.adamw_elems) += static_cast<double>(p.numel);
       if (muon && !everyone) ++x.matrices[{s.shape[0], s.shape[1]}];
-      const double per = static_cast<double>(owner_bytes_per_element(s.optimizer));
-      // resident parameters and gradients are counted whole elsewhere: an owner adds only its state
-      x.persistent += static_cast<double>(p.numel) * (traits.resident ? per - 8 : per);
     }
   }
-  for (RankWork& x : w) {
-    if (everyone) x.matrices = all;
-    if (traits.resident && !traits.every_rank_updates_all) x.persistent += 8.0 * static_cast<double>(total);
-  }
+  if (everyone)
+    for (RankWork& x : w) x.matrices = all;
   return w;
 }
 
-double memory_gb(const ProjectionInput& in, const ShardPlan& plan, double persistent, Projection& p) {
-  const double e = dtype_bytes(in.dtype);
-  const PlacementTraits traits = placement_traits(in.placement);
-  const auto& U = plan.units;
-  double pair = 0, largest_matrix = 0;
-  for (size_t u = 0; u < U.size(); ++u) {
-    const double next = u + 1 < U.size() ? static_cast<double>(U[u + 1].total_numel()) : 0.0;
-    pair = std::max(pair, static_cast<double>(U[u].total_numel()) + next);
-  }
-  pair = std::max(pair, static_cast<double>(U.front().total_numel() + U.back().total_numel()));
-  for (const MatrixShard& s : plan.shards)
-    if (s.optimizer == OptimizerKind::muon) largest_matrix = std::max(largest_matrix, static_cast<double>(s.numel()));
-  const double tokens = static_cast<double>(in.batch) * in.seq;
-  const double layer_act = in.model.activation_bytes_per_token_layer(in.seq) * e / 4.0 * tokens;
-  const double act = in.activation_checkpointing
-                         ? in.model.n_layer * tokens * in.model.n_embd * e + layer_act
-                         : in.model.n_layer * layer_act;
-  p.persistent_gb = persistent / 1e9;
-  p.gathered_gb = traits.resident ? 0.0 : pair * 2 * e / 1e9;
-  p.transient_gb = (traits.gathered_muon_input ? 3 * 4 * largest_matrix : 0.0) / 1e9;
-  const double head = classifier_bytes(tokens, static_cast<double>(in.model.vocab), in.model.n_embd, e == 2);
-  p.activations_gb = (act + head) / 1e9;
-  return p.persistent_gb + p.gathered_gb + p.transient_gb + p.activations_gb;
+// The memory of the rank that needs most (planner/memory_plan.h, the trainer's start-up model)
+// into p; returns its total in GB.
+double memory_gb(const ProjectionInput& in, const ShardPlan& plan, const EngineChoices& engine, Projection& p) {
+  const MemoryModel model{in.model.n_layer, in.model.n_embd, in.model.n_head, in.model.vocab};
+  MemoryPlanOptions o;
+  o.micro_batch = in.batch;
+  o.seq = in.seq;
+  o.param_dtype = o.compute_dtype = in.dtype;
+  o.recompute = in.activation_checkpointing;
+  o.prefetch_depth = engine.prefetch_depth;
+  o.overlap_reduce = engine.overlap_reduce;
+  const MemoryPlan m = plan_memory_worst(plan, model, o);
+  p.persistent_gb = m.persistent() / 1e9;
+  p.gathered_gb = (m.gathered_params + m.gathered_grads) / 1e9;
+  p.transient_gb = m.newton_schulz / 1e9;
+  p.activations_gb = (m.activations + m.classifier) / 1e9;
+  return m.total() / 1e9;
 }
 
 }  // namespace
@@ -269,9 +253,6 @@ double ModelProfile::flops_per_token(int context) const {
   return matmul_flops_per_token + 12.0 * n_layer * n_embd * static_cast<double>(context);
 }
 
-double ModelProfile::activation_bytes_per_token_layer(int context) const {
-  return 2.0 * (34.0 * n_embd + 5.0 * n_head * static_cast<double>(context));
-}
 
 namespace {
 
@@ -326,9 +307,9 @@ double row_sharded_seconds(const ClusterSpec& c, DType dt, int64_t rows, int64_t
 }
 
 // The optimizer step of the slowest rank (Newton-Schulz + elementwise) and the step's
-// collectives into p; the largest persistent bytes of a rank into `persistent`.
+// collectives into p.
 void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const ShardPlan& plan, const Cost& cost,
-                     bool batch_orthogonalize, Projection& p, double& persistent) {
+                     bool batch_orthogonalize, Projection& p) {
   const int S = plan.world_size;
   const PlacementTraits traits = placement_traits(in.placement);
   const bool in_node = S <= c.gpus_per_node, fsdp2 = traits.gathered_muon_input;  // the fsdp2 baseline
@@ -355,7 +336,6 @@ void optimizer_terms(const ProjectionInput& in, const ClusterSpec& c, const Shar
     const double el = (w.adamw_elems * kAdamWBytesPerElement + w.muon_elems * kMuonElementwiseBytes) /
                       (c.mem_GBps * 1e9 * cost.share());
     if (t + el + exchange + dispatch > ns + elem + comm + host) ns = t, elem = el, comm = exchange, host = dispatch;
-    persistent = std::max(persistent, w.persistent);
   }
   if (fsdp2 && !row_sharded) {
     const double eg = dtype_bytes(in.baseline.gather_dtype.value_or(in.ns_dtype));
@@ -412,10 +392,9 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
   p.backward_ms = 1e3 * sched.backward;
   p.reduce_ms = 1e3 * sched.reduce_wait;
   p.exposed_gather_ms = 1e3 * (sched.forward + sched.backward - compute);
-  double persistent = 0;
-  optimizer_terms(in, cluster, plan, cost, engine.batch_orthogonalize, p, persistent);
+  optimizer_terms(in, cluster, plan, cost, engine.batch_orthogonalize, p);
   p.step_ms = p.forward_ms + p.backward_ms + p.reduce_ms + p.optimizer_ms;
-  p.total_gb = memory_gb(in, plan, persistent, p);
+  p.total_gb = memory_gb(in, plan, engine, p);
   p.oom = p.total_gb > cluster.memory_gb - cluster.reserve_gb;
   return p;
 }

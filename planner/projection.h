@@ -67,11 +67,6 @@ struct ModelProfile {
   /// Training FLOPs per token, forward + backward: 6 * N_matmul + 12 * n_layer * n_embd * context
   /// (PaLM appendix B).
   double flops_per_token(int context) const;
-  /// Activation bytes per token per layer kept for backward without activation checkpointing, at
-  /// 4-byte values: 2 * (34 * C + 5 * n_head * context) (Korthikanti et al. 2022, "Reducing
-  /// Activation Recomputation in Large Transformer Models", eq. 1, which counts 2-byte values).
-  /// An estimate for OOM verdicts only.
-  double activation_bytes_per_token_layer(int context) const;
 };
 
 /// How the fsdp2 baseline runs Muon at the optimizer step.
@@ -170,11 +165,10 @@ struct Projection {
 ///    same shapes batched when engine.batch_orthogonalize; fsdp2 per `baseline`; every matrix on every
 ///    rank for ddp), AdamW and Muon elementwise bytes / mem_GBps, plus fsdp2's collectives and
 ///    zero1's all-gather of the updated parameters;
-///  - memory: f32 master parameters, gradients and state (12 B Muon, 16 B AdamW per element,
-///    owned or resident), two gathered units, fsdp2's full Muon input and update, activations
-///    (ModelProfile::activation_bytes_per_token_layer; checkpointing keeps one layer's inputs per
-///    layer), the fused classifier's chunk of logits, dW and dh (classifier_bytes,
-///    runtime/core/classifier_memory.h). OOM when the total exceeds memory - reserve.
+///  - memory: the rank that needs most under the memory plan the trainer checks at start-up
+///    (planner/memory_plan.h: stored segments, gradients and owned state, the gathered units of
+///    the schedule, the Newton-Schulz workspace, activations and the fused classifier's chunk).
+///    OOM when the total exceeds memory - reserve.
 /// `engine`: the schedule, batching and planner options the engine would use (EngineChoices; the
 /// overload project(in, cluster, world) in runtime/engine/projection_rules.h resolves them).
 /// Throws std::invalid_argument when replicas is < 1 or does not divide world.

@@ -18,7 +18,10 @@ class ForwardingUnitModel : public UnitModel {
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   void bind(const std::string& name, const Tensor& t) override { inner_.bind(name, t); }
   std::vector<int> units_needed_by(int u) const override { return inner_.units_needed_by(u); }
-  void init_param(const ParamSpec& spec, uint64_t seed, float* out) const override { inner_.init_param(spec, seed, out); }
+  void init_param(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count, float* out) const override {
+    inner_.init_param(spec, seed, first, count, out);
+  }
+  Tensor head_logits(const Tensor& x) const override { return inner_.head_logits(x); }
   int64_t attention_head_dim() const override { return inner_.attention_head_dim(); }
   std::vector<AttentionHead> attention_heads() const override { return inner_.attention_heads(); }
   void record_attention_logits(bool on) override { inner_.record_attention_logits(on); }

@@ -33,11 +33,11 @@ std::string describe_family(const MoeConfig& c) {
 }
 TensorMap import_family(const GPTConfig& c, const std::string& path) { return import_hf_gpt2(path, c); }
 TensorMap import_family(const LlamaConfig& c, const std::string& path) { return import_hf_llama(path, c); }
-void export_family(const GPTConfig& c, const std::string& path, const TensorMap& p,
+void export_family(const GPTConfig& c, const std::string& path, const ParamSource& p,
                    const std::map<std::string, std::string>& meta) {
   export_hf_gpt2(path, c, p, DType::f32, meta);
 }
-void export_family(const LlamaConfig& c, const std::string& path, const TensorMap& p,
+void export_family(const LlamaConfig& c, const std::string& path, const ParamSource& p,
                    const std::map<std::string, std::string>& meta) {
   export_hf_llama(path, c, p, DType::f32, meta);
 }
@@ -52,7 +52,7 @@ std::string init_from_mismatch_family(const LlamaConfig& c, const std::string& p
   return ck.config().is_null() ? "" : hf_llama_config_mismatch(ck.config(), c);
 }
 TensorMap import_family(const MoeConfig& c, const std::string& path) { return import_hf_moe(path, c); }
-void export_family(const MoeConfig& c, const std::string& path, const TensorMap& p,
+void export_family(const MoeConfig& c, const std::string& path, const ParamSource& p,
                    const std::map<std::string, std::string>& meta) {
   export_hf_moe(path, c, p, DType::f32, meta);
 }
@@ -75,15 +75,14 @@ class Trainable final : public TrainableModel {
   std::string describe() const override { return describe_family(cfg_); }
   double flops_per_token() const override { return cfg_.flops_per_token(cfg_.seq_len); }
   int64_t num_params() const override { return cfg_.num_params(); }
+  MemoryModel memory_model() const override {
+    return {cfg_.n_layer, cfg_.n_embd, cfg_.n_head, static_cast<int64_t>(cfg_.padded_vocab_size())};
+  }
   TensorMap import_weights(const std::string& path) const override { return import_family(cfg_, path); }
   std::string init_from_mismatch(const std::string& path) const override { return init_from_mismatch_family(cfg_, path); }
-  void export_weights(const std::string& path, const TensorMap& params,
+  void export_weights(const std::string& path, const ParamSource& params,
                       const std::map<std::string, std::string>& metadata) const override {
     export_family(cfg_, path, params, metadata);
-  }
-  std::vector<int32_t> sample(const std::vector<int32_t>& prompt, int n, float temperature,
-                              uint64_t seed) const override {
-    return sample_tokens(model_, prompt, n, temperature, 0, seed);
   }
   int32_t start_token() const override { return start_token_family(cfg_); }
   const char* export_layout() const override { return layout_family(cfg_); }

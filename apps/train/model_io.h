@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "apps/train/train_config.h"
+#include "models/hf_checkpoint.h"
+#include "planner/memory_plan.h"
 #include "runtime/engine/unit_model.h"
 
 namespace mfsdp {
@@ -26,6 +28,8 @@ class TrainableModel {
   /// Training FLOPs per token (forward + backward) at the configured context, for MFU.
   virtual double flops_per_token() const = 0;
   virtual int64_t num_params() const = 0;
+  /// The sizes the memory plan needs (planner/memory_plan.h): layers, width, heads, padded vocabulary.
+  virtual MemoryModel memory_model() const = 0;
   /// Reads model.init_from (a Hugging Face checkpoint directory of the family, or one exported
   /// safetensors file) into full tensors. Throws std::runtime_error naming the path and the first
   /// mismatch with the config.
@@ -35,12 +39,10 @@ class TrainableModel {
   virtual std::string init_from_mismatch(const std::string& path) const = 0;
   /// Writes the full tensors in the family's Hugging Face layout, f32: a directory in
   /// from_pretrained layout (model.safetensors + config.json) or, for a path ending in
-  /// ".safetensors", that one file (models/hf_checkpoint.h: hf_export_paths).
-  virtual void export_weights(const std::string& path, const TensorMap& params,
+  /// ".safetensors", that one file (models/hf_checkpoint.h: hf_export_paths). `params` is asked
+  /// for each parameter once, in inventory order (one tensor held at a time).
+  virtual void export_weights(const std::string& path, const ParamSource& params,
                               const std::map<std::string, std::string>& metadata) const = 0;
-  /// Samples n tokens after `prompt` (every parameter must be bound to its full value).
-  virtual std::vector<int32_t> sample(const std::vector<int32_t>& prompt, int n, float temperature,
-                                      uint64_t seed) const = 0;
   /// A one-token prompt when there is no validation text (GPT-2: <|endoftext|>).
   virtual int32_t start_token() const = 0;
   /// The name of the export layout, e.g. "Hugging Face GPT-2".

@@ -495,6 +495,7 @@ void read_sharding(const Reader& r, TrainConfig& c) {
   if (c.optim.expert_parallel && c.model.arch != "qwen2_moe")
     r.fail("sharding.expert_parallel", "needs a model with routed experts (model.arch \"qwen2_moe\"), got model.arch \"" +
                                            c.model.arch + "\"");
+  c.sharding.memory_check = r.choice("sharding.memory_check", kMemoryCheckNames);
   c.sharding.debug_checks = r.flag("sharding.debug_checks");
   c.sharding.nccl_blocking = r.flag("sharding.nccl_blocking");
   c.sharding.reduce_chunk_bytes = r.i64("sharding.reduce_chunk_bytes", 4);

@@ -93,8 +93,15 @@ struct RuntimeSection {
   Device device = Device::CPU;
 };
 
+/// sharding.memory_check: what start-up does when the per-rank memory plan does not fit
+/// (apps/train/memory_check.h): refuse the run (exit 2), warn and go on, or skip the check.
+enum class MemoryCheck { error, warn, off };
+inline constexpr NameTable<MemoryCheck, 3> kMemoryCheckNames{
+    {{{MemoryCheck::error, "error"}, {MemoryCheck::warn, "warn"}, {MemoryCheck::off, "off"}}}};
+
 struct ShardingSection {
   Placement placement = Placement::matrixfsdp;
+  MemoryCheck memory_check = MemoryCheck::error;
   /// the communicator backend, which moves buffers of runtime.device (mpi: CPU; cuda_staged and
   /// nccl: CUDA); when the config does not set it: mpi for cpu, nccl for cuda
   CommBackend backend = CommBackend::mpi;

@@ -61,6 +61,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
                    {"prefetch_limit_bytes", optim.prefetch_limit_bytes},
                    {"overlap_reduce", kToggleNames.name(optim.overlap_reduce)},
                    {"expert_parallel", optim.expert_parallel},
+                   {"memory_check", kMemoryCheckNames.name(sharding.memory_check)},
                    {"debug_checks", sharding.debug_checks},
                    {"nccl_blocking", sharding.nccl_blocking},
                    {"reduce_chunk_bytes", sharding.reduce_chunk_bytes},

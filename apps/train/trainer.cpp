@@ -12,11 +12,13 @@
 #include <optional>
 
 #include "apps/train/checkpointing.h"
+#include "apps/train/memory_check.h"
 #include "apps/train/model_io.h"
 #include "apps/train/preemption.h"
 #include "apps/train/run_log.h"
 #include "apps/train/run_precision.h"
 #include "apps/train/trace_window.h"
+#include "models/model_common.h"
 #include "planner/planner.h"
 #include "runtime/core/clock.h"
 #include "runtime/core/cpu_affinity.h"
@@ -73,6 +75,7 @@ class Trainer {
   void save(int64_t step);
   void finish(bool preempted);
   void print_sample();
+  void export_model(int64_t final_step);
   void write_summary(double train_seconds, const CommCounters& counters, const std::vector<double>& peaks,
                      double peak_total);
 
@@ -87,6 +90,8 @@ class Trainer {
   std::unique_ptr<UnitModel> wrapped_;  ///< opts.wrap_units(model_->units()), or null
   UnitModel& units_;                    ///< what the engine trains: *wrapped_ or model_->units()
   ShardPlan plan_;
+  /// This rank's memory plan, checked against the node before the engine allocates (memory_check.h).
+  MemoryPlan memory_plan_;
   TraceWindow trace_;  ///< logging.trace: before the engine, which trains over trace_.engine_comm()
   ShardedEngine engine_;
   DataLoader loader_;
@@ -117,6 +122,14 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
       units_(wrapped_ ? *wrapped_ : model_->units()),
       plan_(make_plan(units_.inventory(), comm.world_size(), cfg.sharding.placement,
                       plan_options(cfg, units_, opts, comm.world_size()))),
+      memory_plan_(check_memory_plan(
+          cfg, comm, opts.replicas, plan_, model_->memory_model(),
+          memory_plan_options(cfg, resolve(cfg.optim, comm.device(), cfg.sharding.placement, cfg.sharding.replicate,
+                                            model_facts(units_)),
+                              precision.matmul),
+          opts.topology.local_size, [&](Placement p, int w) {
+            return make_plan(units_.inventory(), w, p, plan_options(cfg, units_, opts, w));
+          })),
       trace_(cfg, comm, opts.replicas),
       engine_(units_, trace_.engine_comm(), plan_, cfg.optim, trace_.engine_replicas()),
       loader_(cfg.data.train.resolved, B_, T_, rank_, world_, A_, cfg.data.shuffle,
@@ -374,46 +387,37 @@ void Trainer::finish(bool preempted) {
     if (cfg_.training.target_val_loss && last_val_ <= *cfg_.training.target_val_loss)
       time_to_target_ = now_seconds() - opts_.program_start;
   }
-  if (cfg_.training.sample_tokens > 0) {
-    engine_.with_full_model([&] { print_sample(); });
-    const int64_t read = cfg_.training.sample_tokens * model_->num_params() * 4;  // a forward pass per token
-    wait_for_lead_io(comm_, read, fmt::format("rank 0's sample of {} tokens, {} of parameters read",
-                                              cfg_.training.sample_tokens, format_bytes(static_cast<double>(read))));
-  }
-  if (!cfg_.output.export_path.resolved.empty()) {
-    auto full = engine_.full_parameters();
-    if (lead_) {
-      std::filesystem::path out(cfg_.output.export_path.resolved);
-      if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
-      model_->export_weights(out.string(), full,
-                             {{"step", std::to_string(final_step)}, {"val_loss", std::to_string(last_val_)}});
-      spdlog::info("exported the model to {} ({} layout, f32)", out.string(), model_->export_layout());
-      if (opts_.after_export) opts_.after_export(out.string());
-    }
-    const int64_t bytes = model_->num_params() * 4;
-    wait_for_lead_io(comm_, bytes, "rank 0's export, " + format_bytes(static_cast<double>(bytes)) + " written");
-  }
+  if (cfg_.training.sample_tokens > 0) print_sample();
+  if (!cfg_.output.export_path.resolved.empty()) export_model(final_step);
   write_summary(train_seconds, counters, peaks, peak_total);
 }
 
-// Rank 0 samples from the whole model (all units gathered); a sample is a courtesy, so a failure
-// is a warning, never a lost run.
+// Every rank samples the same tokens from a forward that gathers one unit at a time (ZeRO-3
+// memory); rank 0 prints them. A sample is a courtesy, so a failure is a warning, never a lost run.
 void Trainer::print_sample() {
+  // Prompt: the first quarter-context of the validation split (a real opening line), else one token.
+  std::vector<int32_t> prompt;
+  if (val_full_) {
+    std::vector<int32_t> seq_in(T_), seq_tgt(T_);
+    val_full_->sequence(0, seq_in.data(), seq_tgt.data());
+    prompt.assign(seq_in.begin(), seq_in.begin() + std::max(1, T_ / 4));
+  } else {
+    prompt = {model_->start_token()};
+  }
+  std::vector<int32_t> ids;
+  try {  // the same shapes on every rank, so a failure is every rank's
+    ids = sample_from_logits([&](const Tensor& t) { return engine_.logits_by_unit(t); }, T_,
+                             static_cast<int>(cfg_.model.vocab_size), prompt,
+                             static_cast<int>(cfg_.training.sample_tokens), 0.8f, 0,
+                             static_cast<uint64_t>(cfg_.training.seed));
+  } catch (const std::exception& e) {
+    if (lead_) spdlog::warn("[warning] sampling failed: {}", e.what());
+    return;
+  }
   if (!lead_) return;
   try {
     std::unique_ptr<Tokenizer> tok;
     if (!cfg_.data.tokenizer.empty()) tok = Tokenizer::load(cfg_.data.tokenizer, cfg_.data.tokenizer_path.resolved);
-    // Prompt: the first quarter-context of the validation split (a real opening line), else one token.
-    std::vector<int32_t> prompt;
-    if (val_full_) {
-      std::vector<int32_t> seq_in(T_), seq_tgt(T_);
-      val_full_->sequence(0, seq_in.data(), seq_tgt.data());
-      prompt.assign(seq_in.begin(), seq_in.begin() + std::max(1, T_ / 4));
-    } else {
-      prompt = {model_->start_token()};
-    }
-    auto ids = model_->sample(prompt, static_cast<int>(cfg_.training.sample_tokens), 0.8f,
-                              static_cast<uint64_t>(cfg_.training.seed));
     auto render = [&](const std::vector<int32_t>& v) {
       if (tok) return tok->decode(v);
       std::string text;
@@ -428,6 +432,38 @@ void Trainer::print_sample() {
   if (opts_.after_sample) opts_.after_sample();
 }
 
+// output.export: every rank gathers one unit at a time (ShardedEngine::ParameterStream, in
+// inventory order, the order every export writes) and rank 0 writes each tensor as it arrives.
+// When rank 0's write fails, it still takes part in the remaining gathers, then reports.
+void Trainer::export_model(int64_t final_step) {
+  const std::vector<ParamSpec>& params = units_.inventory().params;
+  ShardedEngine::ParameterStream stream(engine_);
+  size_t asked = 0;
+  std::string failure;
+  if (lead_) {
+    std::filesystem::path out(cfg_.output.export_path.resolved);
+    try {
+      if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
+      model_->export_weights(out.string(), ParamSource([&](const ParamSpec& p) {
+                               check_arg(asked < params.size() && params[asked].name == p.name, "export",
+                                         "parameter '" + p.name + "' asked out of inventory order");
+                               ++asked;
+                               return stream(p);
+                             }),
+                             {{"step", std::to_string(final_step)}, {"val_loss", std::to_string(last_val_)}});
+      spdlog::info("exported the model to {} ({} layout, f32, streamed one unit at a time)", out.string(),
+                   model_->export_layout());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  for (; asked < params.size(); ++asked) stream(params[asked]);  // the other ranks' gathers (and a failed lead's)
+  if (!failure.empty()) throw std::runtime_error(failure);
+  if (lead_ && opts_.after_export) opts_.after_export(cfg_.output.export_path.resolved);
+  const int64_t bytes = model_->num_params() * 4;
+  wait_for_lead_io(comm_, bytes, "rank 0's export, " + format_bytes(static_cast<double>(bytes)) + " written");
+}
+
 // Collectives first (traffic summed, memory peaks maxed over ranks), then rank 0 writes.
 void Trainer::write_summary(double train_seconds, const CommCounters& counters, const std::vector<double>& peaks,
                             double peak_total) {
@@ -439,6 +475,11 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
     peak_bytes[mem_category_name(static_cast<MemCategory>(c))] =
         static_cast<int64_t>(comm_.all_reduce_scalar(peaks[c], ReduceOp::max, CommPhase::other));
   peak_bytes["total"] = static_cast<int64_t>(comm_.all_reduce_scalar(peak_total, ReduceOp::max, CommPhase::other));
+  json planned;  // the memory plan beside the measured peaks, each term maxed over ranks as they are
+  for (const auto& [term, bytes] : memory_plan_.terms())
+    planned[term] = static_cast<int64_t>(comm_.all_reduce_scalar(bytes, ReduceOp::max, CommPhase::other));
+  planned["persistent"] = static_cast<int64_t>(comm_.all_reduce_scalar(memory_plan_.persistent(), ReduceOp::max, CommPhase::other));
+  planned["total"] = static_cast<int64_t>(comm_.all_reduce_scalar(memory_plan_.total(), ReduceOp::max, CommPhase::other));
   const std::string fingerprint = engine_.state_fingerprint();  // collective
   if (!lead_) return;
   const double wall = now_seconds() - opts_.program_start;
@@ -469,6 +510,7 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
       {"phase_seconds", {{"forward", phase_[0]}, {"backward", phase_[1]}, {"reduce", phase_[2]}, {"optimizer", phase_[3]}}},
       {"comm_bytes", comm_bytes},
       {"peak_bytes", peak_bytes},
+      {"memory_plan_bytes", planned},
       {"parameters", model_->num_params()},
       {"state_fingerprint", fingerprint},
       {"config", cfg_.to_json()},

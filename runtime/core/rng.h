@@ -5,10 +5,15 @@
 
 namespace mfsdp {
 
+/// splitmix64's increment (the golden-ratio "gamma" of Vigna's reference implementation).
+inline constexpr uint64_t kSplitmix64Gamma = 0x9e3779b97f4a7c15ULL;
+
 /// splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", 2014;
 /// the constants of Vigna's reference implementation): advances `state` and returns 64 mixed bits.
+/// The stream is counter-based: the k-th draw (0-based) from state s is the first draw from
+/// s + k * kSplitmix64Gamma, so any stretch of it can be produced without the ones before.
 inline uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  uint64_t z = (state += kSplitmix64Gamma);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);

@@ -49,6 +49,13 @@ void* malloc_device(int64_t bytes) {
   return p;
 }
 
+void memory_info(int64_t& free_bytes, int64_t& total_bytes) {
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  free_bytes = static_cast<int64_t>(free_b);
+  total_bytes = static_cast<int64_t>(total_b);
+}
+
 void free_device(void* p) {
   if (p) CUDA_CHECK(cudaFree(p));
 }

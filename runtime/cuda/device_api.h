@@ -21,6 +21,8 @@ void copy_h2d(void* dst, const void* src, int64_t bytes);
 void copy_d2h(void* dst, const void* src, int64_t bytes);
 void copy_d2d(void* dst, const void* src, int64_t bytes);
 void memset_device(void* p, int value, int64_t bytes);
+/// Free and total bytes of the current device (cudaMemGetInfo). Throws std::runtime_error on failure.
+void memory_info(int64_t& free_bytes, int64_t& total_bytes);
 /// cudaDeviceSynchronize; throws on a sticky error.
 void synchronize();
 

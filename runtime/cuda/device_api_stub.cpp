@@ -18,6 +18,7 @@ void copy_d2h(void*, const void*, int64_t) { no_cuda("cuda::copy_d2h"); }
 void copy_d2d(void*, const void*, int64_t) { no_cuda("cuda::copy_d2d"); }
 void memset_device(void*, int, int64_t) { no_cuda("cuda::memset_device"); }
 void synchronize() { no_cuda("cuda::synchronize"); }
+void memory_info(int64_t&, int64_t&) { no_cuda("cuda::memory_info"); }
 void* compute_stream() { no_cuda("cuda::compute_stream"); }
 void* cublas_handle() { no_cuda("cuda::cublas_handle"); }
 }  // namespace mfsdp::cuda

@@ -383,20 +383,59 @@ void ShardedEngine::load_full_parameters(const std::map<std::string, std::vector
 }
 
 void ShardedEngine::init_parameters(uint64_t seed) {
-  std::map<std::string, std::vector<float>> full;
-  for (const ParamSpec& spec : model_.inventory().params) {
-    std::vector<float> v(static_cast<size_t>(spec.numel()));
-    model_.init_param(spec, seed, v.data());
-    full[spec.name] = std::move(v);
+  std::vector<float> slice;  // one piece at a time: no rank ever holds a parameter it does not store
+  for (size_t si = 0; si < plan_.shards.size(); ++si) {
+    const MatrixShard& s = plan_.shards[si];
+    const ParamSpec& spec = model_.inventory().params[si];
+    for (const ShardPiece& p : s.pieces)
+      if (Tensor dst = units_.stored_piece(static_cast<int>(si), p); dst.defined()) {
+        slice.resize(static_cast<size_t>(p.numel));
+        model_.init_param(spec, seed, p.param_offset, p.numel, slice.data());
+        dst.copy_from_host(slice.data());
+      }
   }
-  load_full_parameters(full);
+  units_.finish_load();
+  owners_.reset();
 }
 
-void ShardedEngine::with_full_model(const std::function<void()>& fn) {
+Tensor ShardedEngine::logits_by_unit(const Tensor& tokens) {
+  NoGradGuard no_grad;
+  MemCategoryScope act(MemCategory::activations);
   MatmulDTypeScope matmuls(opts_.matmuls());
   AttentionKernelScope attention(resolved_.attention() == AttentionKernel::cudnn ? AttentionKernel::fused
                                                                                 : resolved_.attention());
-  units_.with_all_gathered(fn, CommPhase::other, opts_.param_dtype);
+  const ExpertsStay experts(*this);
+  const MicroBatch mb = prepare_batch(MicroBatch{tokens, tokens}, units_.device(), model_.vocab_size(), "sample");
+  const int U = units_.size();
+  Tensor x;
+  for (int u = 0; u < U; ++u) {
+    for (int d : model_.units_needed_by(u)) units_.gather(d, CommPhase::other);
+    x = u + 1 < U ? model_.forward_unit(u, x, mb, 1.0) : model_.head_logits(x);
+    for (int d : model_.units_needed_by(u)) units_.release(d);
+  }
+  return x;
+}
+
+ShardedEngine::ParameterStream::ParameterStream(ShardedEngine& engine) : engine_(engine) {
+  for (size_t si = 0; si < engine.plan_.shards.size(); ++si) shard_of_[engine.plan_.shards[si].name] = static_cast<int>(si);
+}
+
+ShardedEngine::ParameterStream::~ParameterStream() {
+  if (unit_ >= 0) engine_.units_.release(unit_);
+}
+
+std::vector<float> ShardedEngine::ParameterStream::operator()(const ParamSpec& spec) {
+  const auto it = shard_of_.find(spec.name);
+  check_arg(it != shard_of_.end(), "ParameterStream", "unknown parameter '" + spec.name + "'");
+  const int u = engine_.plan_.shards[it->second].unit;
+  if (u != unit_) {
+    if (unit_ >= 0) engine_.units_.release(std::exchange(unit_, -1));
+    engine_.units_.gather(u, CommPhase::other, DType::f32);  // the f32 master values, whatever the compute dtype
+    unit_ = u;
+  }
+  for (const UnitParam& b : engine_.units_.unit(u).params)
+    if (b.shard == it->second) return b.param.to_vector();
+  throw std::logic_error("ParameterStream: '" + spec.name + "' is not in its unit");
 }
 
 std::map<std::string, std::vector<float>> ShardedEngine::full_parameters() {

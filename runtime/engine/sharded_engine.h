@@ -73,8 +73,9 @@ class ShardedEngine {
   /// Sets every parameter from full logical tensors (name -> numel floats, our layout); each rank
   /// keeps its pieces. Throws naming the first missing or mis-sized tensor. Resets optimizer state.
   void load_full_parameters(const std::map<std::string, std::vector<float>>& full);
-  /// All-gathers every parameter: name -> full logical tensor, on every rank (for export): the f32
-  /// master values, also under bf16 mixed precision.
+  /// All-gathers every parameter at once: name -> full logical tensor, on every rank: the f32
+  /// master values, also under bf16 mixed precision. The whole model on every rank: for tests and
+  /// tools on small models; exports stream with ParameterStream.
   std::map<std::string, std::vector<float>> full_parameters();
 
   /// One optimizer step over this rank's micro-batches (same count on every rank; moved to the
@@ -123,11 +124,30 @@ class ShardedEngine {
   /// Optimizer steps taken (AdamW bias correction uses it).
   int64_t optimizer_steps() const { return owners_.steps(); }
 
-  /// Runs `fn` with every unit gathered (the model's parameters hold full values in the compute
-  /// precision, and matmuls run in it), then frees them. Made for sampling, whose forward sees a
+  /// Logits [B*T, Vp] (f32, on the engine's device) of tokens i32 [B, T] from a forward that
+  /// gathers, runs and frees one FSDP unit at a time (ZeRO-3 memory), in the compute precision.
+  /// Collective: every rank calls it with the same shape. Made for sampling, whose forward sees a
   /// new sequence length at every token: where the run resolved cuDNN's attention, which builds
-  /// and keeps a plan per shape, `fn` runs the fused kernel instead.
-  void with_full_model(const std::function<void()>& fn);
+  /// and keeps a plan per shape, the fused kernel runs instead. Gathers count as `other` traffic.
+  Tensor logits_by_unit(const Tensor& tokens);
+
+  /// Full parameters one FSDP unit at a time, for exports: operator()(spec) all-gathers the unit
+  /// of inventory parameter `spec` in f32 (first releasing the unit the previous call gathered,
+  /// if another) and returns its master value; the destructor releases the last unit. Every rank
+  /// must ask for the same parameters in the same order (each change of unit is a collective).
+  class ParameterStream {
+   public:
+    explicit ParameterStream(ShardedEngine& engine);
+    ~ParameterStream();
+    ParameterStream(const ParameterStream&) = delete;
+    ParameterStream& operator=(const ParameterStream&) = delete;
+    std::vector<float> operator()(const ParamSpec& spec);
+
+   private:
+    ShardedEngine& engine_;
+    std::map<std::string, int> shard_of_;
+    int unit_ = -1;
+  };
 
   const ShardPlan& plan() const { return plan_; }
   Communicator& comm() { return comm_; }

@@ -66,9 +66,14 @@ class UnitModel {
   /// activations. Records autograd history unless a NoGradGuard is active.
   virtual Tensor forward_unit(int u, const Tensor& x, const MicroBatch& batch, double loss_divisor) const = 0;
 
-  /// The initial value of parameter `spec` (full logical tensor, spec.numel() floats into `out`),
-  /// a function of (seed, parameter name) only, so every rank computes the same values.
-  virtual void init_param(const ParamSpec& spec, uint64_t seed, float* out) const = 0;
+  /// The last unit's logits [B*T, Vp] for its input `x` (the previous unit's output) instead of
+  /// the loss: what sampling reads.
+  virtual Tensor head_logits(const Tensor& x) const = 0;
+
+  /// Elements [first, first + count) of the initial value of parameter `spec` (its flattened logical
+  /// tensor), `count` floats into `out`: a function of (seed, parameter name, element) only, so
+  /// every rank computes the same values for any slice without building the whole tensor.
+  virtual void init_param(const ParamSpec& spec, uint64_t seed, int64_t first, int64_t count, float* out) const = 0;
 
   // ---- attention heads: per-head Muon split and QK-Clip (models without attention keep the defaults) ----
   /// Rows per attention head in the model's split (qkv_blocks > 1) matrices, e.g. GPT's

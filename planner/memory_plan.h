@@ -1,0 +1,65 @@
+// The memory of one rank for a run, term by term (bytes): the one model behind the trainer's
+// start-up check, mfsdp-plan's capacity table and the cluster projection (planner/projection.h).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "planner/shard_plan.h"
+#include "runtime/core/dtype.h"
+
+namespace mfsdp {
+
+/// What the memory plan needs of a model besides its ShardPlan (planner/projection.h's
+/// ModelProfile gives these for projections; the trainer from its config).
+struct MemoryModel {
+  int n_layer = 0, n_embd = 0, n_head = 0;
+  int64_t padded_vocab = 0;  ///< rows of the classifier (Vp)
+};
+
+/// How the run holds its transient tensors.
+struct MemoryPlanOptions {
+  int micro_batch = 1, seq = 1024;  ///< sequences x tokens per micro-batch
+  DType param_dtype = DType::f32;   ///< gathered parameters (bf16: plus the f32 copy the unit keeps)
+  DType compute_dtype = DType::f32; ///< activations and matmul operands (bf16 halves the activations)
+  bool recompute = false;           ///< training.recompute=block: unit inputs kept, one unit's activations
+  int prefetch_depth = 0;           ///< units gathered ahead of the one computing
+  bool overlap_reduce = false;      ///< a unit's full gradients wait for their reduction one unit longer
+};
+
+/// One rank's planned bytes by term (DESIGN.md section 15):
+///  - persistent: the stored parameter segments and gradients (f32; resident placements every
+///    unit whole, zero1 also the owner's reduced gradient segment) and the owned optimizer state
+///    (Muon momentum 4 B, AdamW m and v 8 B per element);
+///  - transient: the gathered units in flight (prefetch depth + 1 consecutive units, the f32 buffer
+///    plus a bf16 wire copy under bf16 parameters), the full gradients of one unit (two with
+///    overlapped reductions), the Newton-Schulz workspace of the largest matrix this rank
+///    orthogonalises (fsdp2: also its gathered input and update), the saved activations of one
+///    micro-batch (Korthikanti et al. 2022; with recompute: the unit inputs plus one layer's) and the
+///    fused classifier's chunk (runtime/core/classifier_memory.h).
+struct MemoryPlan {
+  double parameters = 0, gradients = 0, optimizer_state = 0;
+  double gathered_params = 0, gathered_grads = 0, newton_schulz = 0, activations = 0, classifier = 0;
+
+  double persistent() const { return parameters + gradients + optimizer_state; }
+  double transient() const { return gathered_params + gathered_grads + newton_schulz + activations + classifier; }
+  double total() const { return persistent() + transient(); }
+  /// Every term as (name, bytes) in the order above: the names summary.json and refusals use.
+  std::vector<std::pair<std::string, double>> terms() const;
+};
+
+/// The plan of `rank` (0 <= rank < plan.world_size). Throws std::invalid_argument for a rank out
+/// of range.
+MemoryPlan plan_memory(const ShardPlan& plan, const MemoryModel& model, const MemoryPlanOptions& opts, int rank);
+
+/// The plan of the rank with the largest total (the one that runs out first); `rank_out`, when
+/// given, receives its index.
+MemoryPlan plan_memory_worst(const ShardPlan& plan, const MemoryModel& model, const MemoryPlanOptions& opts,
+                             int* rank_out = nullptr);
+
+/// Saved activation bytes of one token of one transformer layer at `context` with 4-byte values:
+/// 2 * (34 * C + 5 * n_head * context) (Korthikanti et al. 2022, eq. 1, which counts 2-byte values).
+double activation_bytes_per_token_layer(const MemoryModel& model, int context);
+
+}  // namespace mfsdp
