@@ -22,6 +22,7 @@
 #include "apps/cli_common.h"
 #include "comm/comm_factory.h"
 #include "models/model_presets.h"
+#include "planner/memory_plan.h"
 #include "planner/placement_traits.h"
 #include "planner/projection.h"
 #include "runtime/core/file_checks.h"
@@ -89,7 +90,8 @@ std::pair<std::string, double> largest_fit(const ProjectionInput& base, const Cl
     in.placement = placement;
     if (in.model.family != family) continue;
     const double n = static_cast<double>(in.model.num_params());
-    if (n > best.second && project(in, c, world).total_gb <= budget_gb) best = {name, n};
+    if (n > best.second && memory_needed(project(in, c, world).total_gb, c.gpu() ? 0.0 : kCpuProcessBytes / 1e9) <= budget_gb)
+      best = {name, n};
   }
   return best;
 }

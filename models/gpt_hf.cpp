@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -149,14 +151,14 @@ void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const ParamSo
   if (!out.config.empty()) write_hf_config(out.config, hf_gpt2_config_json(cfg));
 }
 
-NamedTensors import_hf_gpt2(const std::string& path, const GPTConfig& cfg) {
+ParamReader open_hf_gpt2(const std::string& path, const GPTConfig& cfg) {
   const ParamInventory inv = gpt_inventory(cfg);
-  const HfCheckpoint file(path);
+  const auto file = std::make_shared<const HfCheckpoint>(path);
   const std::string who = "[import_hf_gpt2] " + path + ": ";
-  if (!file.config().is_null()) {
+  if (!file->config().is_null()) {
     std::string e;
     try {  // a field of the wrong type throws, naming it
-      e = hf_gpt2_config_mismatch(file.config(), cfg);
+      e = hf_gpt2_config_mismatch(file->config(), cfg);
     } catch (const std::runtime_error& x) {
       e = x.what();
     }
@@ -164,42 +166,48 @@ NamedTensors import_hf_gpt2(const std::string& path, const GPTConfig& cfg) {
   }
   // transformers' save_pretrained prefixes the body with "transformer."; our exports do not.
   auto stored = [&](const std::string& name) {
-    return !file.contains(name) && file.contains("transformer." + name) ? "transformer." + name : name;
+    return !file->contains(name) && file->contains("transformer." + name) ? "transformer." + name : name;
   };
-  NamedTensors out;
-  std::set<std::string> used;
+  std::map<std::string, std::string> file_name;  // our name -> the file's, every shape checked
   for (const ParamSpec& p : inv.params) {
     const std::string fname = stored(p.name);
-    if (!file.contains(fname))
+    if (!file->contains(fname))
       throw std::runtime_error(who + p.name + ": missing from the file" +
                                (p.name == "lm_head.weight" ? " (was the model exported with tie_embeddings?)" : ""));
-    const TensorInfo& t = file.info(fname);
-    std::vector<int64_t> fs = file_shape(p, cfg);
+    const TensorInfo& t = file->info(fname);
+    const std::vector<int64_t> fs = file_shape(p, cfg);
     const bool longer_wpe = p.name == "wpe.weight" && t.shape.size() == 2 && t.shape[1] == fs[1] && t.shape[0] > fs[0];
     if (t.shape != fs && !longer_wpe)
       throw std::runtime_error(who + p.name + ": expected shape " + shape_str(fs) + ", file has " + shape_str(t.shape));
-    std::vector<float> v;
-    try {
-      v = file.read_f32(fname);
-    } catch (const SafetensorsError& e) {
-      throw std::runtime_error(who + p.name + ": " + e.what());
-    }
-    if (hf_gpt2_is_conv1d(p.name)) {
-      v = transpose(v, fs[0], fs[1]);
-    } else if (is_vocab_rows(p.name) || longer_wpe) {
-      v.resize(static_cast<size_t>(p.numel()), 0.0f);  // pad vocabulary rows / keep the first seq_len positions
-    }
-    out.emplace(p.name, std::move(v));
-    used.insert(fname);
+    file_name[p.name] = fname;
   }
+  std::set<std::string> used;
+  for (const auto& [ours, theirs] : file_name) used.insert(theirs);
   static const std::regex mask_buffer(R"((transformer\.)?h\.\d+\.attn\.(masked_)?bias)");
-  for (const std::string& name : file.names()) {
+  for (const std::string& name : file->names()) {
     if (used.count(name)) continue;
-    if (std::regex_match(name, mask_buffer) && file.info(name).shape.size() != 1) continue;  // buffers, not biases
+    if (std::regex_match(name, mask_buffer) && file->info(name).shape.size() != 1) continue;  // buffers, not biases
     throw std::runtime_error(who + name + ": not a parameter of this config" +
                              (name == "lm_head.weight" ? " (the config has tie_embeddings = true)" : ""));
   }
-  return out;
+  return [file, file_name, cfg, who](const ParamSpec& p) {
+    const auto it = file_name.find(p.name);
+    if (it == file_name.end()) throw std::runtime_error(who + p.name + ": not a parameter of this model");
+    std::vector<float> v;
+    try {
+      v = file->read_f32(it->second);
+    } catch (const SafetensorsError& e) {
+      throw std::runtime_error(who + p.name + ": " + e.what());
+    }
+    const std::vector<int64_t> fs = file_shape(p, cfg);
+    if (hf_gpt2_is_conv1d(p.name)) return transpose(v, fs[0], fs[1]);
+    v.resize(static_cast<size_t>(p.numel()), 0.0f);  // pad vocabulary rows / keep the first seq_len positions
+    return v;
+  };
+}
+
+NamedTensors import_hf_gpt2(const std::string& path, const GPTConfig& cfg) {
+  return read_all(gpt_inventory(cfg), open_hf_gpt2(path, cfg));
 }
 
 GPTConfig read_hf_gpt2_config(const std::string& path) {

@@ -56,6 +56,8 @@ void export_hf_gpt2(const std::string& path, const GPTConfig& cfg, const ParamSo
 /// Throws std::runtime_error naming the file and the first mismatch, in inventory order, e.g.
 /// "h.1.mlp.c_fc.weight: expected shape [128, 512], file has [128, 256]".
 NamedTensors import_hf_gpt2(const std::string& path, const GPTConfig& cfg);
+/// The same checks when opening; the values are read per parameter when the reader is asked.
+ParamReader open_hf_gpt2(const std::string& path, const GPTConfig& cfg);
 
 /// The GPTConfig recorded in an exported file's metadata, or a directory's config.json. Throws std::runtime_error naming the
 /// file and key when the metadata is missing or malformed.

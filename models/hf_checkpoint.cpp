@@ -61,6 +61,12 @@ void write_f32_safetensors(const std::string& path, const std::vector<NamedArray
   });
 }
 
+NamedTensors read_all(const ParamInventory& inv, const ParamReader& read) {
+  NamedTensors out;
+  for (const ParamSpec& p : inv.params) out.emplace(p.name, read(p));
+  return out;
+}
+
 void ParamSource::check(const ParamInventory& inv, const std::string& who, const std::string& family) const {
   if (map_) check_full_params(inv, *map_, who, family);
 }

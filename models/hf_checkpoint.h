@@ -39,6 +39,14 @@ void write_f32_safetensors(const std::string& path, const std::vector<NamedArray
                            const std::map<std::string, std::string>& metadata,
                            const std::function<std::vector<float>(size_t)>& values_of);
 
+/// One parameter's full value in our layout (row-major f32, vocabulary rows padded), read from an
+/// opened and checked checkpoint only when asked (open_hf_gpt2, open_hf_llama, open_hf_moe), so a
+/// rank reads only the parameters it stores, one at a time. Throws std::runtime_error naming the
+/// file and the tensor when it cannot be read or `spec` is not one of the model's parameters.
+using ParamReader = std::function<std::vector<float>(const ParamSpec& spec)>;
+/// Every parameter of `inv` through `read`: the whole model in memory, for tests and tools.
+NamedTensors read_all(const ParamInventory& inv, const ParamReader& read);
+
 /// Where an export takes its full parameters (our layout, row-major f32) from: a map of full
 /// tensors, or a function asked once per parameter in inventory order (the sharding engine, which
 /// gathers one FSDP unit at a time, so no rank holds the whole model).

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -127,45 +129,57 @@ std::vector<float> read_checked(const HfCheckpoint& ck, const std::string& name,
 
 }  // namespace
 
-NamedTensors import_hf_decoder(const std::string& path, const HfDecoderFile& file) {
-  const HfCheckpoint ck(path);
+ParamReader open_hf_decoder(const std::string& path, const HfDecoderFile& file) {
+  const auto ck = std::make_shared<const HfCheckpoint>(path);
   const std::string who = "[import_hf] " + path + ": ";
-  if (!ck.config().is_null()) {
+  if (!ck->config().is_null()) {
     std::string e;
     try {  // a field of the wrong type throws, naming it
-      e = file.config_mismatch(ck.config());
+      e = file.config_mismatch(ck->config());
     } catch (const std::runtime_error& x) {
       e = x.what();
     }
     if (!e.empty()) throw std::runtime_error(who + e);
   }
-  NamedTensors out;
   std::set<std::string> used;
+  std::map<std::string, std::vector<int64_t>> shapes;  // our name -> its shape in the file, each checked
   for (const ParamSpec& p : file.inventory.params) {
-    if (!ck.contains(p.name))
+    if (!ck->contains(p.name))
       throw std::runtime_error(who + p.name + ": missing from the checkpoint" +
                                (p.name == "lm_head.weight" ? " (was it saved with tie_word_embeddings?)" : ""));
-    std::vector<float> v = read_checked(ck, p.name, file_shape(p, file.base), who);
-    v.resize(static_cast<size_t>(p.numel()), 0.0f);  // padded vocabulary rows
-    out.emplace(p.name, std::move(v));
+    const std::vector<int64_t> fs = file_shape(p, file.base);
+    if (ck->info(p.name).shape != fs)
+      throw std::runtime_error(who + p.name + ": expected shape " + shape_str(fs) + ", file has " +
+                               shape_str(ck->info(p.name).shape));
+    shapes[p.name] = fs;
     used.insert(p.name);
   }
   for (const auto& [name, shape] : file.zero_tensors) {
-    if (!ck.contains(name)) continue;
-    for (float x : read_checked(ck, name, shape, who))
+    if (!ck->contains(name)) continue;
+    for (float x : read_checked(*ck, name, shape, who))
       if (x != 0.0f)
         throw std::runtime_error(who + name + ": holds nonzero values, and the " + file.family +
                                  " model of this project has no such parameter (it is zero in our exports)");
     used.insert(name);
   }
   static const std::regex inv_freq(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
-  for (const std::string& name : ck.names()) {
+  for (const std::string& name : ck->names()) {
     if (used.count(name) || std::regex_match(name, inv_freq) || (file.base.tie_embeddings && name == "lm_head.weight"))
       continue;
     throw std::runtime_error(who + name + ": not a parameter of this config" +
                              (name == "lm_head.weight" ? " (model.tie_embeddings is true)" : ""));
   }
-  return out;
+  return [ck, shapes, who](const ParamSpec& p) {
+    const auto it = shapes.find(p.name);
+    if (it == shapes.end()) throw std::runtime_error(who + p.name + ": not a parameter of this model");
+    std::vector<float> v = read_checked(*ck, p.name, it->second, who);
+    v.resize(static_cast<size_t>(p.numel()), 0.0f);  // padded vocabulary rows
+    return v;
+  };
+}
+
+NamedTensors import_hf_decoder(const std::string& path, const HfDecoderFile& file) {
+  return read_all(file.inventory, open_hf_decoder(path, file));
 }
 
 namespace {
@@ -191,5 +205,7 @@ void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const Para
 NamedTensors import_hf_llama(const std::string& path, const LlamaConfig& cfg) {
   return import_hf_decoder(path, llama_file(cfg));
 }
+
+ParamReader open_hf_llama(const std::string& path, const LlamaConfig& cfg) { return open_hf_decoder(path, llama_file(cfg)); }
 
 }  // namespace mfsdp

@@ -61,6 +61,8 @@ void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const
 /// pass file.config_mismatch; rotary inv_freq buffers are ignored; file.zero_tensors must be all
 /// zero when present. Throws std::runtime_error naming the path and the first mismatch.
 NamedTensors import_hf_decoder(const std::string& path, const HfDecoderFile& file);
+/// The same checks when opening (and file.zero_tensors read); the parameters are read when asked.
+ParamReader open_hf_decoder(const std::string& path, const HfDecoderFile& file);
 
 /// Writes `params` (exactly the names of llama_inventory(cfg) with the inventory's element counts)
 /// to `path` as F32 or BF16: a directory gets model.safetensors and config.json, a path ending in
@@ -78,5 +80,7 @@ void export_hf_llama(const std::string& path, const LlamaConfig& cfg, const Para
 /// path and the first mismatch, e.g. "model.layers.0.self_attn.k_proj.weight: expected shape
 /// [16, 64], file has [64, 64]".
 NamedTensors import_hf_llama(const std::string& path, const LlamaConfig& cfg);
+/// import_hf_llama's checks when opening; the parameters are read when the reader is asked.
+ParamReader open_hf_llama(const std::string& path, const LlamaConfig& cfg);
 
 }  // namespace mfsdp

@@ -100,4 +100,6 @@ NamedTensors import_hf_moe(const std::string& path, const MoeConfig& cfg) {
   return import_hf_decoder(path, moe_file(cfg));
 }
 
+ParamReader open_hf_moe(const std::string& path, const MoeConfig& cfg) { return open_hf_decoder(path, moe_file(cfg)); }
+
 }  // namespace mfsdp

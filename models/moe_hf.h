@@ -43,5 +43,7 @@ void export_hf_moe(const std::string& path, const MoeConfig& cfg, const ParamSou
 /// export_hf_moe) into our layout. Throws std::runtime_error naming the path and the first
 /// mismatch (config field, missing or unexpected tensor, shape, nonzero attention bias).
 NamedTensors import_hf_moe(const std::string& path, const MoeConfig& cfg);
+/// import_hf_moe's checks when opening; the parameters are read when the reader is asked.
+ParamReader open_hf_moe(const std::string& path, const MoeConfig& cfg);
 
 }  // namespace mfsdp

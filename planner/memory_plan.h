@@ -58,6 +58,15 @@ MemoryPlan plan_memory(const ShardPlan& plan, const MemoryModel& model, const Me
 MemoryPlan plan_memory_worst(const ShardPlan& plan, const MemoryModel& model, const MemoryPlanOptions& opts,
                              int* rank_out = nullptr);
 
+/// Share of the plan a rank keeps free beyond it (allocator slack, buffers the plan does not name).
+inline constexpr double kMemoryPlanMargin = 0.10;
+/// The bytes `total` planned bytes need of a rank's memory: the plan, kMemoryPlanMargin of it and
+/// `process_bytes`, what the process holds outside the planned tensors (a CPU rank's code, MPI and
+/// oneDNN buffers: kCpuProcessBytes; a GPU's context is outside its free memory already). The one
+/// fit rule of the trainer's start-up check, the projection's OOM verdict and the capacity table.
+inline double memory_needed(double total, double process_bytes) { return total * (1 + kMemoryPlanMargin) + process_bytes; }
+inline constexpr double kCpuProcessBytes = 256.0 * (1 << 20);
+
 /// Saved activation bytes of one token of one transformer layer at `context` with 4-byte values:
 /// 2 * (34 * C + 5 * n_head * context) (Korthikanti et al. 2022, eq. 1, which counts 2-byte values).
 double activation_bytes_per_token_layer(const MemoryModel& model, int context);

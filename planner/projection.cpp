@@ -395,7 +395,7 @@ Projection project(const ProjectionInput& in, const ClusterSpec& cluster, int wo
   optimizer_terms(in, cluster, plan, cost, engine.batch_orthogonalize, p);
   p.step_ms = p.forward_ms + p.backward_ms + p.reduce_ms + p.optimizer_ms;
   p.total_gb = memory_gb(in, plan, engine, p);
-  p.oom = p.total_gb > cluster.memory_gb - cluster.reserve_gb;
+  p.oom = memory_needed(p.total_gb, cluster.gpu() ? 0.0 : kCpuProcessBytes / 1e9) > cluster.memory_gb - cluster.reserve_gb;
   return p;
 }
 

@@ -168,7 +168,8 @@ struct Projection {
 ///  - memory: the rank that needs most under the memory plan the trainer checks at start-up
 ///    (planner/memory_plan.h: stored segments, gradients and owned state, the gathered units of
 ///    the schedule, the Newton-Schulz workspace, activations and the fused classifier's chunk).
-///    OOM when the total exceeds memory - reserve.
+///    OOM when memory_needed(total) (the plan's margin, and a CPU rank's process bytes) exceeds
+///    memory - reserve, the trainer's start-up rule.
 /// `engine`: the schedule, batching and planner options the engine would use (EngineChoices; the
 /// overload project(in, cluster, world) in runtime/engine/projection_rules.h resolves them).
 /// Throws std::invalid_argument when replicas is < 1 or does not divide world.

@@ -6,6 +6,7 @@
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "models/moe.h"
+#include "planner/memory_plan.h"
 #include "planner/planner.h"
 #include "runtime/engine/sharded_engine.h"
 #include "runtime/memory.h"
@@ -20,7 +21,8 @@ const std::vector<std::string>& bench_time_phases() {
 
 const std::vector<std::string>& bench_memory_categories() {
   static const std::vector<std::string> c{"params",         "grads",       "opt_state",    "persistent", "gathered_params",
-                                          "gathered_grads", "activations", "comm_buffers", "total"};
+                                          "gathered_grads", "activations", "comm_buffers", "planned",
+                                          "total"};
   return c;
 }
 
@@ -76,6 +78,20 @@ std::unique_ptr<UnitModel> make_bench_model(ModelShape m, int seq) {
   return std::make_unique<GPT>(m.gpt_config());
 }
 
+// This rank's memory plan (planner/memory_plan.h) for the case, with the options the engine resolves.
+double planned_bytes(const UnitModel& model, const ShardPlan& plan, const EngineOptions& opts, const BenchCase& c, int rank) {
+  const ResolvedOptions r = resolve(opts, Device::CPU, c.placement, c.replicas, model_facts(model));
+  int64_t padded_vocab = 0;
+  for (const ParamSpec& p : model.inventory().params)
+    if (p.role == ParamRole::embedding && p.shape.size() == 2) padded_vocab = std::max(padded_vocab, p.shape[0]);
+  MemoryPlanOptions o;
+  o.micro_batch = c.batch;
+  o.seq = c.seq;
+  o.prefetch_depth = r.prefetch_depth();
+  o.overlap_reduce = r.overlap_reduce();
+  return plan_memory(plan, {c.model.n_layer, c.model.n_embd, c.model.n_head, padded_vocab}, o, rank).total();
+}
+
 }  // namespace
 
 BenchResult run_bench_case(Communicator& comm, Communicator* replica, const BenchCase& c) {
@@ -125,6 +141,7 @@ BenchResult run_bench_case(Communicator& comm, Communicator* replica, const Benc
                                 MemCategory::comm_buffers};
     for (MemCategory m : cats) peaks.push_back(static_cast<double>(mt.peak(Device::CPU, m)) / (1024.0 * 1024.0));
     peaks.insert(peaks.begin() + 3, peaks[0] + peaks[1] + peaks[2]);
+    peaks.push_back(planned_bytes(model, plan, opts, c, comm.rank()) / (1024.0 * 1024.0));
     peaks.push_back(static_cast<double>(mt.peak_total(Device::CPU)) / (1024.0 * 1024.0));
   }
   res.bytes = max_over(comm, replica, res.bytes);

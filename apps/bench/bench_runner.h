@@ -31,7 +31,8 @@ struct BenchCase {
 /// Phase names of BenchResult::ms, in order: forward, backward, reduce, optimizer, total.
 const std::vector<std::string>& bench_time_phases();
 /// Memory categories of BenchResult::mib, in order: params, grads, opt_state, persistent
-/// (= the first three), gathered_params, gathered_grads, activations, comm_buffers, total.
+/// (= the first three), gathered_params, gathered_grads, activations, comm_buffers, planned (the
+/// start-up memory plan's total, planner/memory_plan.h), total (the measured peak of the sum).
 const std::vector<std::string>& bench_memory_categories();
 
 /// Measurements of one case, the same on every rank.

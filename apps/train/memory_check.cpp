@@ -76,9 +76,8 @@ std::string largest_terms(const MemoryPlan& m) {
 std::string what_would_fit(const TrainConfig& cfg, const ShardPlan& plan, const MemoryModel& model,
                            const MemoryPlanOptions& opts, double available,
                            const std::function<ShardPlan(Placement, int)>& replan) {
-  const auto need = [&](const MemoryPlan& m) {
-    return m.total() * (1 + kMemoryPlanMargin) + (cfg.runtime.device == Device::CPU ? kCpuProcessOverheadBytes : 0.0);
-  };
+  const double process = cfg.runtime.device == Device::CPU ? kCpuProcessBytes : 0.0;
+  const auto need = [&](const MemoryPlan& m) { return memory_needed(m.total(), process); };
   std::vector<std::string> fits, other;
   auto consider = [&](const std::string& what, const ShardPlan& p, const MemoryPlanOptions& o) {
     const MemoryPlan m = plan_memory_worst(p, model, o);
@@ -150,8 +149,8 @@ MemoryPlan check_memory_plan(const TrainConfig& cfg, Communicator& comm, Communi
   const bool lead = comm.rank() == 0 && (!replicas || replicas->rank() == 0);
   const bool check = cfg.sharding.memory_check != MemoryCheck::off;
   const RankMemory avail = check ? rank_memory_available(cfg.runtime.device, local_ranks) : RankMemory{};
-  const double overhead = cfg.runtime.device == Device::CPU ? kCpuProcessOverheadBytes : 0.0;
-  const double need = mine.total() * (1 + kMemoryPlanMargin) + overhead;
+  const double overhead = cfg.runtime.device == Device::CPU ? kCpuProcessBytes : 0.0;
+  const double need = memory_needed(mine.total(), overhead);
   if (lead)
     spdlog::info("memory plan: {} persistent + {} peak transient per rank (rank {}; largest: {}){}", format_bytes(worst.persistent()),
                  format_bytes(worst.transient()), worst_rank, largest_terms(worst),

@@ -22,18 +22,13 @@ struct RankMemory {
 /// memory.limit_in_bytes, the tightest along the process's cgroup path), divided by `local_ranks`.
 RankMemory rank_memory_available(Device device, int local_ranks);
 
-/// Share of the plan added before comparing with the available bytes, and the process's own
-/// bytes outside the tracked tensors (code, MPI and oneDNN buffers, allocator slack) on CPU ranks.
-inline constexpr double kMemoryPlanMargin = 0.10;
-inline constexpr double kCpuProcessOverheadBytes = 256.0 * (1 << 20);
-
 /// The plan options of a run whose engine options resolved to `resolved`, with matmuls in `matmul`.
 MemoryPlanOptions memory_plan_options(const TrainConfig& cfg, const ResolvedOptions& resolved, DType matmul);
 
 /// Plans `rank`'s memory under `plan`; on rank 0 prints "memory plan: X persistent + Y peak
 /// transient per rank (largest: ...); Z available per rank (source)". Unless
-/// sharding.memory_check is off, compares planned bytes x (1 + kMemoryPlanMargin) (+ the CPU
-/// process overhead) with the available bytes on every rank and agrees on the verdict with one
+/// sharding.memory_check is off, compares memory_needed(plan) (planner/memory_plan.h: the margin
+/// and, on CPU, the process's own bytes) with the available bytes on every rank and agrees on the verdict with one
 /// scalar all-reduce over `comm` (and `replicas`): when any rank's plan does not fit, error
 /// throws InputError on every rank (the message names the largest terms and what would fit:
 /// `replan(placement)` for the other placements, training.recompute=block, a smaller micro-batch,

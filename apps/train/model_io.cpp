@@ -31,8 +31,8 @@ std::string describe_family(const MoeConfig& c) {
                      c.seq_len, c.vocab_size, c.padded_vocab_size(), c.tie_embeddings ? "tied" : "untied",
                      c.num_params() / 1e6, c.num_active_params() / 1e6);
 }
-TensorMap import_family(const GPTConfig& c, const std::string& path) { return import_hf_gpt2(path, c); }
-TensorMap import_family(const LlamaConfig& c, const std::string& path) { return import_hf_llama(path, c); }
+ParamReader open_family(const GPTConfig& c, const std::string& path) { return open_hf_gpt2(path, c); }
+ParamReader open_family(const LlamaConfig& c, const std::string& path) { return open_hf_llama(path, c); }
 void export_family(const GPTConfig& c, const std::string& path, const ParamSource& p,
                    const std::map<std::string, std::string>& meta) {
   export_hf_gpt2(path, c, p, DType::f32, meta);
@@ -51,7 +51,7 @@ std::string init_from_mismatch_family(const LlamaConfig& c, const std::string& p
   const HfCheckpoint ck(path);  // a directory's config.json is checked by the import
   return ck.config().is_null() ? "" : hf_llama_config_mismatch(ck.config(), c);
 }
-TensorMap import_family(const MoeConfig& c, const std::string& path) { return import_hf_moe(path, c); }
+ParamReader open_family(const MoeConfig& c, const std::string& path) { return open_hf_moe(path, c); }
 void export_family(const MoeConfig& c, const std::string& path, const ParamSource& p,
                    const std::map<std::string, std::string>& meta) {
   export_hf_moe(path, c, p, DType::f32, meta);
@@ -72,13 +72,14 @@ class Trainable final : public TrainableModel {
  public:
   explicit Trainable(const Config& cfg) : cfg_(cfg), model_(cfg) {}
   UnitModel& units() override { return model_; }
+  const ParamInventory& inventory() const override { return model_.inventory(); }
   std::string describe() const override { return describe_family(cfg_); }
   double flops_per_token() const override { return cfg_.flops_per_token(cfg_.seq_len); }
   int64_t num_params() const override { return cfg_.num_params(); }
   MemoryModel memory_model() const override {
     return {cfg_.n_layer, cfg_.n_embd, cfg_.n_head, static_cast<int64_t>(cfg_.padded_vocab_size())};
   }
-  TensorMap import_weights(const std::string& path) const override { return import_family(cfg_, path); }
+  ParamReader open_weights(const std::string& path) const override { return open_family(cfg_, path); }
   std::string init_from_mismatch(const std::string& path) const override { return init_from_mismatch_family(cfg_, path); }
   void export_weights(const std::string& path, const ParamSource& params,
                       const std::map<std::string, std::string>& metadata) const override {

@@ -23,6 +23,8 @@ class TrainableModel {
   virtual ~TrainableModel() = default;
   /// The model the engine binds and runs.
   virtual UnitModel& units() = 0;
+  /// The model's parameters (UnitModel::inventory).
+  virtual const ParamInventory& inventory() const = 0;
   /// One line: family, depth, heads, width, context, vocabulary and parameter count.
   virtual std::string describe() const = 0;
   /// Training FLOPs per token (forward + backward) at the configured context, for MFU.
@@ -30,10 +32,11 @@ class TrainableModel {
   virtual int64_t num_params() const = 0;
   /// The sizes the memory plan needs (planner/memory_plan.h): layers, width, heads, padded vocabulary.
   virtual MemoryModel memory_model() const = 0;
-  /// Reads model.init_from (a Hugging Face checkpoint directory of the family, or one exported
-  /// safetensors file) into full tensors. Throws std::runtime_error naming the path and the first
-  /// mismatch with the config.
-  virtual TensorMap import_weights(const std::string& path) const = 0;
+  /// Opens model.init_from (a Hugging Face checkpoint directory of the family, or one exported
+  /// safetensors file), checks its names, shapes and config.json, and returns a reader of one
+  /// parameter at a time. Throws std::runtime_error naming the path and the first mismatch with
+  /// the config.
+  virtual ParamReader open_weights(const std::string& path) const = 0;
   /// "" when model.init_from at `path` was made for this config as far as its recorded
   /// hyperparameters tell (what tensor shapes cannot, e.g. the head count), else why not.
   virtual std::string init_from_mismatch(const std::string& path) const = 0;

@@ -77,13 +77,19 @@ std::string check_inputs(const TrainConfig& cfg, const TrainableModel& model, in
              std::to_string(tok->vocab_size()) + " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size);
   }
   if (cfg.model.init_from.resolved.empty()) return "";
-  NamedTensors init;
-  with_key("model.init_from", [&] { init = model.import_weights(cfg.model.init_from.resolved); });
-  for (const auto& [name, values] : init)  // a NaN/Inf weight would only show up as a diverged step
-    for (size_t i = 0; i < values.size(); ++i)
-      if (!std::isfinite(values[i]))
-        return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": tensor '" + name +
-               "' holds a non-finite value (" + std::to_string(values[i]) + " at element " + std::to_string(i) + ")";
+  std::string bad;  // a NaN/Inf weight would only show up as a diverged step; one tensor in memory at a time
+  with_key("model.init_from", [&] {
+    const ParamReader read = model.open_weights(cfg.model.init_from.resolved);
+    for (const ParamSpec& p : model.inventory().params) {
+      const std::vector<float> values = read(p);
+      for (size_t i = 0; i < values.size() && bad.empty(); ++i)
+        if (!std::isfinite(values[i]))
+          bad = "tensor '" + p.name + "' holds a non-finite value (" + std::to_string(values[i]) + " at element " +
+                std::to_string(i) + ")";
+      if (!bad.empty()) return;
+    }
+  });
+  if (!bad.empty()) return cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": " + bad;
   const std::string mismatch = model.init_from_mismatch(cfg.model.init_from.resolved);
   return mismatch.empty() ? "" : cfg.source + ": model.init_from: " + cfg.model.init_from.resolved + ": " + mismatch;
 }

@@ -136,7 +136,7 @@ Trainer::Trainer(const TrainConfig& cfg, Communicator& comm, const TrainerOption
               static_cast<uint64_t>(cfg.data.seed), cfg.model.vocab_size),
       ckpt_root_(cfg.checkpoint.root(cfg.logging.run_dir.resolved)),
       log_(cfg.logging.run_dir.resolved, rank_ == 0) {
-  if (!cfg.model.init_from.resolved.empty()) engine_.load_full_parameters(model_->import_weights(cfg.model.init_from.resolved));
+  if (!cfg.model.init_from.resolved.empty()) engine_.load_parameters(model_->open_weights(cfg.model.init_from.resolved));
   else engine_.init_parameters(static_cast<uint64_t>(cfg.training.seed));
   resumed_ = resume_run(cfg, ckpt_root_, engine_, loader_, lead_);
   if (lead_ && !ckpt_root_.empty()) data_files_ = data_fingerprints(cfg);
@@ -387,7 +387,10 @@ void Trainer::finish(bool preempted) {
     if (cfg_.training.target_val_loss && last_val_ <= *cfg_.training.target_val_loss)
       time_to_target_ = now_seconds() - opts_.program_start;
   }
-  if (cfg_.training.sample_tokens > 0) print_sample();
+  if (cfg_.training.sample_tokens > 0) {
+    print_sample();
+    wait_for_lead_io(comm_, cfg_.training.sample_tokens * 64, "rank 0's printing of the sample");
+  }
   if (!cfg_.output.export_path.resolved.empty()) export_model(final_step);
   write_summary(train_seconds, counters, peaks, peak_total);
 }

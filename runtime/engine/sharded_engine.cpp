@@ -367,19 +367,28 @@ Tensor ShardedEngine::forward_backward(const MicroBatch& mb, bool last_micro, fl
 
 // ----------------------------------------------------------------------------------------------
 
-void ShardedEngine::load_full_parameters(const std::map<std::string, std::vector<float>>& full) {
+void ShardedEngine::load_parameters(const std::function<std::vector<float>(const ParamSpec&)>& full_value_of) {
   for (size_t si = 0; si < plan_.shards.size(); ++si) {
     const MatrixShard& s = plan_.shards[si];
-    auto it = full.find(s.name);
-    check_arg(it != full.end(), "load_full_parameters", "missing tensor '" + s.name + "'");
-    check_arg(static_cast<int64_t>(it->second.size()) == s.numel(), "load_full_parameters",
-              s.name + ": expected " + std::to_string(s.numel()) + " elements, got " + std::to_string(it->second.size()));
+    std::vector<float> full;  // asked for only when this rank stores a piece of it
     for (const ShardPiece& p : s.pieces)
-      if (Tensor dst = units_.stored_piece(static_cast<int>(si), p); dst.defined())
-        dst.copy_from_host(it->second.data() + p.param_offset);
+      if (Tensor dst = units_.stored_piece(static_cast<int>(si), p); dst.defined()) {
+        if (full.empty()) {
+          full = full_value_of(model_.inventory().params[si]);
+          check_arg(static_cast<int64_t>(full.size()) == s.numel(), "load_parameters",
+                    s.name + ": expected " + std::to_string(s.numel()) + " elements, got " + std::to_string(full.size()));
+        }
+        dst.copy_from_host(full.data() + p.param_offset);
+      }
   }
   units_.finish_load();
   owners_.reset();
+}
+
+void ShardedEngine::load_full_parameters(const std::map<std::string, std::vector<float>>& full) {
+  for (const MatrixShard& s : plan_.shards)
+    check_arg(full.count(s.name) > 0, "load_full_parameters", "missing tensor '" + s.name + "'");
+  load_parameters([&](const ParamSpec& spec) { return full.at(spec.name); });
 }
 
 void ShardedEngine::init_parameters(uint64_t seed) {

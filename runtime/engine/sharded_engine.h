@@ -70,8 +70,12 @@ class ShardedEngine {
   /// The model's initialisation (UnitModel::init_param) of the stored pieces: identical values at any world
   /// size and placement for the same seed. Resets optimizer state.
   void init_parameters(uint64_t seed);
-  /// Sets every parameter from full logical tensors (name -> numel floats, our layout); each rank
-  /// keeps its pieces. Throws naming the first missing or mis-sized tensor. Resets optimizer state.
+  /// Sets every parameter from full_value_of(spec) (its full logical tensor, our layout), asked in
+  /// inventory order and only for the parameters this rank stores a piece of, one at a time (a
+  /// rank never holds the whole model). Throws naming a mis-sized tensor; exceptions of
+  /// `full_value_of` propagate. Local (no collective). Resets optimizer state.
+  void load_parameters(const std::function<std::vector<float>(const ParamSpec&)>& full_value_of);
+  /// The same from full logical tensors (name -> numel floats). Throws naming the first missing tensor.
   void load_full_parameters(const std::map<std::string, std::vector<float>>& full);
   /// All-gathers every parameter at once: name -> full logical tensor, on every rank: the f32
   /// master values, also under bf16 mixed precision. The whole model on every rank: for tests and

@@ -711,7 +711,7 @@ def case_full_disk(bin_dir, tmp):
 
 
 def case_preempt(bin_dir, tmp):
-    steps = 1500
+    steps = 6000  # long enough (about 6 s) for the signal to arrive mid-run through mpirun (up to ~1 s)
     ref = full_run(bin_dir, tmp, "full", 2, steps, "logging.interval=100")
     run = os.path.join(tmp, "preempted")
     p, out = start_training(command(bin_dir, 2, [f"logging.run_dir={run}", f"training.steps={steps}",
