@@ -1,6 +1,7 @@
 #include "planner/memory_plan.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 
 #include "planner/cost_model.h"
@@ -25,12 +26,30 @@ double largest_window(const ShardPlan& plan, int n) {
   return best;
 }
 
-// Newton-Schulz on one m x n matrix (m <= n after the transpose): the normalised X and the
-// update (m x n each), A = X X^T and B (m x m each), and the product B X before it replaces X.
-double newton_schulz_bytes(const MatrixShard& s) {
+// Newton-Schulz on `count` m x n matrices at once (m <= n after the transpose): their Muon inputs,
+// which become the updates (m x n each), and one orthogonalization's scratch at a time: two
+// iterates (m x n) and A = X X^T and B (m x m).
+double newton_schulz_bytes(const MatrixShard& s, double count = 1) {
   const double m = static_cast<double>(std::min(s.shape[0], s.shape[1]));
   const double n = static_cast<double>(std::max(s.shape[0], s.shape[1]));
-  return 4.0 * (3.0 * m * n + 2.0 * m * m);
+  return 4.0 * (count * m * n + 2.0 * m * n + 2.0 * m * m);
+}
+
+// The batched chains of a rank's owned matrices: the largest chain's workspace, each chain at most
+// kNewtonSchulzBatchBytes of inputs (and at least one matrix).
+double batched_newton_schulz_bytes(const std::vector<const MatrixShard*>& owned) {
+  std::map<std::pair<int64_t, int64_t>, std::pair<const MatrixShard*, int64_t>> shapes;  // shape -> (one of them, count)
+  for (const MatrixShard* s : owned) {
+    auto& [any, count] = shapes[{s->shape[0], s->shape[1]}];
+    any = s;
+    ++count;
+  }
+  double worst = 0;
+  for (const auto& [shape, group] : shapes) {
+    const int64_t per_chain = std::max<int64_t>(1, kNewtonSchulzBatchBytes / (4 * group.first->numel()));
+    worst = std::max(worst, newton_schulz_bytes(*group.first, static_cast<double>(std::min(group.second, per_chain))));
+  }
+  return worst;
 }
 
 }  // namespace
@@ -61,6 +80,7 @@ MemoryPlan plan_memory(const ShardPlan& plan, const MemoryModel& model, const Me
   if (traits.resident && !traits.every_rank_updates_all)  // zero1: the owner's reduced segment besides the full gradients
     for (const UnitLayout& u : plan.units) m.gradients += 4.0 * static_cast<double>(u.segment_numel[static_cast<size_t>(rank)]);
   double largest_matrix = 0;
+  std::vector<const MatrixShard*> owned_whole;  // the Muon matrices this rank owns whole (batched chains)
   for (const MatrixShard& s : plan.shards) {
     const double state = 4.0 * static_cast<double>(state_per_element(s.optimizer));
     const bool muon = s.optimizer == OptimizerKind::muon;
@@ -73,11 +93,13 @@ MemoryPlan plan_memory(const ShardPlan& plan, const MemoryModel& model, const Me
       if (p.rank == rank) {
         m.optimizer_state += state * static_cast<double>(p.numel);
         if (muon && !traits.gathered_muon_input) largest_matrix = std::max(largest_matrix, newton_schulz_bytes(s));
+        if (muon && !traits.gathered_muon_input && p.numel == s.numel()) owned_whole.push_back(&s);
       }
     if (muon && traits.gathered_muon_input)  // every rank gathers each Muon input and orthogonalises it
       largest_matrix = std::max(largest_matrix, newton_schulz_bytes(s) + 8.0 * static_cast<double>(s.numel()));
   }
-  m.newton_schulz = largest_matrix;
+  m.newton_schulz = opts.batch_orthogonalize ? std::max(largest_matrix, batched_newton_schulz_bytes(owned_whole))
+                                             : largest_matrix;
   const double largest_unit = [&] {
     double x = 0;
     for (const UnitLayout& u : plan.units) x = std::max(x, static_cast<double>(u.total_numel()));

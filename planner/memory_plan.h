@@ -1,6 +1,7 @@
 // The memory of one rank for a run, term by term (bytes): the one model behind the trainer's
 // start-up check, mfsdp-plan's capacity table and the cluster projection (planner/projection.h).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -10,6 +11,10 @@
 #include "runtime/core/dtype.h"
 
 namespace mfsdp {
+
+/// The largest batch of same-shape matrices an owner orthogonalizes in one chain
+/// (batch_orthogonalize; runtime/engine/owner_state.h): its Muon inputs' bytes, at least one matrix.
+inline constexpr int64_t kNewtonSchulzBatchBytes = int64_t(256) << 20;
 
 /// What the memory plan needs of a model besides its ShardPlan (planner/projection.h's
 /// ModelProfile gives these for projections; the trainer from its config).
@@ -26,16 +31,19 @@ struct MemoryPlanOptions {
   bool recompute = false;           ///< training.recompute=block: unit inputs kept, one unit's activations
   int prefetch_depth = 0;           ///< units gathered ahead of the one computing
   bool overlap_reduce = false;      ///< a unit's full gradients wait for their reduction one unit longer
+  bool batch_orthogonalize = false; ///< an owner's same-shape matrices in chains of kNewtonSchulzBatchBytes
 };
 
-/// One rank's planned bytes by term (DESIGN.md section 15):
+/// One rank's planned bytes by term (DESIGN.md section 15); the peak is the persistent terms plus
+/// the larger phase of transient ones:
 ///  - persistent: the stored parameter segments and gradients (f32; resident placements every
 ///    unit whole, zero1 also the owner's reduced gradient segment) and the owned optimizer state
 ///    (Muon momentum 4 B, AdamW m and v 8 B per element);
 ///  - transient: the gathered units in flight (prefetch depth + 1 consecutive units, the f32 buffer
 ///    plus a bf16 wire copy under bf16 parameters), the full gradients of one unit (two with
 ///    overlapped reductions), the Newton-Schulz workspace of the largest matrix this rank
-///    orthogonalises (fsdp2: also its gathered input and update), the saved activations of one
+///    orthogonalises (fsdp2: also its gathered input and update; batched: the largest chain of
+///    same-shape matrices, up to kNewtonSchulzBatchBytes of inputs), the saved activations of one
 ///    micro-batch (Korthikanti et al. 2022; with recompute: the unit inputs plus one layer's) and the
 ///    fused classifier's chunk (runtime/core/classifier_memory.h).
 struct MemoryPlan {
@@ -43,7 +51,11 @@ struct MemoryPlan {
   double gathered_params = 0, gathered_grads = 0, newton_schulz = 0, activations = 0, classifier = 0;
 
   double persistent() const { return parameters + gradients + optimizer_state; }
-  double transient() const { return gathered_params + gathered_grads + newton_schulz + activations + classifier; }
+  /// The larger of the two phases that hold transient tensors: forward and backward (gathered
+  /// units, their gradients, activations, the classifier) and the optimizer step (Newton-Schulz).
+  double transient() const {
+    return std::max(gathered_params + gathered_grads + activations + classifier, newton_schulz);
+  }
   double total() const { return persistent() + transient(); }
   /// Every term as (name, bytes) in the order above: the names summary.json and refusals use.
   std::vector<std::pair<std::string, double>> terms() const;
@@ -65,7 +77,7 @@ inline constexpr double kMemoryPlanMargin = 0.10;
 /// oneDNN buffers: kCpuProcessBytes; a GPU's context is outside its free memory already). The one
 /// fit rule of the trainer's start-up check, the projection's OOM verdict and the capacity table.
 inline double memory_needed(double total, double process_bytes) { return total * (1 + kMemoryPlanMargin) + process_bytes; }
-inline constexpr double kCpuProcessBytes = 256.0 * (1 << 20);
+inline constexpr double kCpuProcessBytes = 384.0 * (1 << 20);
 
 /// Saved activation bytes of one token of one transformer layer at `context` with 4-byte values:
 /// 2 * (34 * C + 5 * n_head * context) (Korthikanti et al. 2022, eq. 1, which counts 2-byte values).

@@ -91,6 +91,7 @@ double memory_gb(const ProjectionInput& in, const ShardPlan& plan, const EngineC
   o.recompute = in.activation_checkpointing;
   o.prefetch_depth = engine.prefetch_depth;
   o.overlap_reduce = engine.overlap_reduce;
+  o.batch_orthogonalize = engine.batch_orthogonalize;
   const MemoryPlan m = plan_memory_worst(plan, model, o);
   p.persistent_gb = m.persistent() / 1e9;
   p.gathered_gb = (m.gathered_params + m.gathered_grads) / 1e9;

@@ -89,6 +89,7 @@ double planned_bytes(const UnitModel& model, const ShardPlan& plan, const Engine
   o.seq = c.seq;
   o.prefetch_depth = r.prefetch_depth();
   o.overlap_reduce = r.overlap_reduce();
+  o.batch_orthogonalize = r.batch_orthogonalize();
   return plan_memory(plan, {c.model.n_layer, c.model.n_embd, c.model.n_head, padded_vocab}, o, rank).total();
 }
 

@@ -137,6 +137,7 @@ MemoryPlanOptions memory_plan_options(const TrainConfig& cfg, const ResolvedOpti
   o.recompute = resolved.options.recompute_units;
   o.prefetch_depth = resolved.prefetch_depth();
   o.overlap_reduce = resolved.overlap_reduce();
+  o.batch_orthogonalize = resolved.batch_orthogonalize();
   return o;
 }
 

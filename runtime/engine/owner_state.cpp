@@ -1,3 +1,4 @@
+#include "planner/memory_plan.h"
 #include "runtime/engine/owner_state.h"
 
 #include <algorithm>
@@ -129,11 +130,13 @@ void OwnerState::optimizer_step(int64_t step, StepStats& st, const std::vector<R
   st.lr_adamw = opts_.adamw.lr * mult;
   ++steps_;
   const bool batched = opts_.batch_orthogonalize == Toggle::on;  // resolve() left no Toggle automatic
-  if (batched && !traits_.gathered_muon_input) orthogonalize_batched();
-  for (OwnedPiece& o : pieces_) {
+  std::vector<char> stepped(pieces_.size(), 0);  // Muon pieces the batched chunks updated already
+  if (batched && !traits_.gathered_muon_input) stepped = orthogonalize_batched(st.lr_muon);
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    OwnedPiece& o = pieces_[i];
     const MatrixShard& s = plan_.shards[o.shard];
     if (s.optimizer == OptimizerKind::muon) {
-      muon_piece(o, st.lr_muon);
+      if (!stepped[i]) muon_piece(o, st.lr_muon);
     } else if (o.numel) {
       AdamWOptions a = opts_.adamw;
       if (s.shape.size() < 2) a.weight_decay = 0.0;  // norms and biases are not decayed
@@ -181,7 +184,8 @@ Tensor OwnerState::orthogonalized(OwnedPiece& o, bool commit) {
   return update;
 }
 
-void OwnerState::orthogonalize_batched() {
+std::vector<char> OwnerState::orthogonalize_batched(double lr) {
+  std::vector<char> stepped(pieces_.size(), 0);
   std::map<std::array<int64_t, 3>, std::vector<OwnedPiece*>> groups;  // (rows, cols, blocks) -> pieces
   for (OwnedPiece& o : pieces_) {
     const MatrixShard& s = plan_.shards[o.shard];
@@ -193,7 +197,7 @@ void OwnerState::orthogonalize_batched() {
   for (const auto& [shape, group] : groups) {
     const auto [rows, cols, blocks] = shape;
     const int64_t numel = rows * cols;
-    const size_t per_chunk = static_cast<size_t>(std::max<int64_t>(1, kBatchBytes / (4 * numel)));
+    const size_t per_chunk = static_cast<size_t>(std::max<int64_t>(1, kNewtonSchulzBatchBytes / (4 * numel)));
     for (size_t first = 0; first < group.size(); first += per_chunk) {
       const int64_t n = static_cast<int64_t>(std::min(per_chunk, group.size() - first));
       if (n < 2) break;  // a lone matrix takes the one-matrix path
@@ -209,10 +213,16 @@ void OwnerState::orthogonalize_batched() {
         return ns_args("", n, rows, cols) + ",\"names\":[" + names + "]";
       });
       muon_orthogonalize(U, U, n * rows, cols, n * blocks, opts_.muon);
-      for (int64_t i = 0; i < n; ++i) group[first + static_cast<size_t>(i)]->update = U.view(i * numel, {numel});
       orthogonalizations_ += n;
+      for (int64_t i = 0; i < n; ++i) {  // applied now, so one chunk's updates are alive at a time
+        OwnedPiece& o = *group[first + static_cast<size_t>(i)];
+        o.update = U.view(i * numel, {numel});
+        muon_piece(o, lr);
+        stepped[static_cast<size_t>(&o - pieces_.data())] = 1;
+      }
     }
   }
+  return stepped;
 }
 
 // One Muon-family step of piece o: the orthogonalized update (made now, or during backward under

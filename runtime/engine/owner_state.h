@@ -88,10 +88,11 @@ class OwnerState {
   /// Batched orthogonalization: the updates of the whole Muon matrices this rank owns, grouped by
   /// shape (and block split), each group's Muon inputs laid out as the row blocks of one tall
   /// matrix so that CUDA runs one strided-batched Newton-Schulz chain per group (chunks of at
-  /// most kBatchBytes). Sets OwnedPiece::update like overlap_backward does; the same arithmetic
-  /// per matrix as the one-matrix path.
-  void orthogonalize_batched();
-  static constexpr int64_t kBatchBytes = int64_t(256) << 20;
+  /// most kNewtonSchulzBatchBytes, planner/memory_plan.h), and steps each chunk's pieces with
+  /// learning rate `lr` as soon as the chunk is orthogonalized, so one chunk's updates are alive
+  /// at a time; the same arithmetic per matrix as the one-matrix path. Returns, per piece of
+  /// pieces_, whether it was stepped.
+  std::vector<char> orthogonalize_batched(double lr);
   void muon_piece(OwnedPiece& o, double lr);
   void scale_rows(const std::vector<RowScale>& scales);
 

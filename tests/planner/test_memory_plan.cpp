@@ -40,7 +40,8 @@ double seg(const ShardPlan& plan, int rank) {
   return n;
 }
 
-// Newton-Schulz of a [16, 8] or [8, 16] matrix: m = 8, n = 16: 4 * (3 m n + 2 m^2) bytes.
+// Newton-Schulz of a [16, 8] or [8, 16] matrix: m = 8, n = 16: its update and one
+// orthogonalization's scratch, 4 * (m n + 2 m n + 2 m^2) bytes.
 constexpr double kNs = 4.0 * (3 * 8 * 16 + 2 * 8 * 8);  // 2048
 
 }  // namespace
@@ -100,6 +101,7 @@ TEST_CASE("memory plan: transient terms follow the schedule's options", "[memory
   CHECK(plan_memory(plan, kModel, options(true), 0).activations == 1 * 4 * 8 * 4.0 + 624.0 * 4);
   // The classifier: 4 x (chunk rows x Vp + Vp x C + N x C + N) with 4 rows.
   CHECK(base.classifier == 4.0 * (4 * 64 + 64 * 8 + 4 * 8 + 4));
+  CHECK(base.transient() == base.gathered_params + base.gathered_grads + base.activations + base.classifier);
   CHECK(base.total() == base.persistent() + base.transient());
   MemoryPlanOptions half = options();
   half.param_dtype = DType::bf16;
@@ -116,4 +118,21 @@ TEST_CASE("memory plan: the worst rank and a rank out of range", "[memory]") {
   for (int r = 0; r < 3; ++r) CHECK(plan_memory(plan, kModel, options(), r).total() <= w.total());
   CHECK(plan_memory(plan, kModel, options(), worst).total() == w.total());
   CHECK_THROWS_WITH(plan_memory(plan, kModel, options(), 3), Catch::Contains("rank 3 outside [0, 3)"));
+}
+
+TEST_CASE("memory plan: batched Newton-Schulz holds a chain of same-shape inputs", "[memory]") {
+  // 6 same-shape [16, 8] matrices in one unit at 1 rank: batched, the 6 Muon inputs (updates) of one
+  // chain plus one orthogonalization's scratch; the optimizer phase is the larger one here.
+  ParamInventory inv;
+  inv.unit_names = {"block"};
+  for (int i = 0; i < 6; ++i) inv.params.push_back({"w" + std::to_string(i), {16, 8}, ParamRole::matrix, 0});
+  const ShardPlan plan = make_plan(inv, 1, Placement::matrixfsdp);
+  MemoryPlanOptions o = options();
+  const double one = plan_memory(plan, kModel, o, 0).newton_schulz;
+  CHECK(one == kNs);
+  o.batch_orthogonalize = true;
+  const MemoryPlan batched = plan_memory(plan, kModel, o, 0);
+  CHECK(batched.newton_schulz == 4.0 * (6 * 128 + 2 * 128 + 2 * 64));
+  CHECK(batched.transient() == std::max(batched.newton_schulz, batched.gathered_params + batched.gathered_grads +
+                                                                   batched.activations + batched.classifier));
 }
