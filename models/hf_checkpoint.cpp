@@ -11,7 +11,6 @@
 #include "runtime/core/file_checks.h"
 #include "runtime/core/json_fields.h"
 #include "runtime/core/json_limits.h"
-#include "runtime/tensor.h"
 
 namespace mfsdp {
 namespace fs = std::filesystem;
@@ -50,7 +49,8 @@ void write_f32_safetensors(const std::string& path, const std::vector<NamedArray
   remove_abandoned_temporaries(path);  // those of an earlier export killed while writing
   write_safetensors(path, views, metadata, [&](size_t i) -> const void* {
     values = values_of(i);
-    const int64_t n = shape_numel(tensors[i].shape);
+    int64_t n = 1;
+    for (int64_t d : tensors[i].shape) n *= d;
     if (n != static_cast<int64_t>(values.size()))
       throw SafetensorsError(path + ": " + tensors[i].name + ": " + std::to_string(values.size()) +
                              " values for a shape of " + std::to_string(n) + " elements");

@@ -143,6 +143,9 @@ struct Projection {
   double host_ms = 0;  ///< row_sharded fsdp2: host dispatch of its DTensor ops (BaselineOptions::host_op_us)
   /// Communication not hidden behind compute: gathers compute waited for, and reductions.
   double exposed_gather_ms = 0;
+  /// Memory (planner/memory_plan.h): persistent state, gathered units with their gradients,
+  /// activations with the classifier's chunk, the optimizer step's Newton-Schulz (transient_gb);
+  /// total = persistent + max(gathered + activations, transient).
   double persistent_gb = 0, gathered_gb = 0, activations_gb = 0, transient_gb = 0, total_gb = 0;
   bool oom = false;
   nlohmann::json to_json() const;

@@ -82,6 +82,27 @@ def with_run_dir(sets):
     return [*sets, f"logging.run_dir={fresh_dir('run')}"]
 
 
+def run_trainer(bin_dir, np, config, sets, expect=0):
+    """mpirun -np NP mfsdp-train --config CONFIG --threads 1 with `sets` as --set, in a fresh run
+    directory unless `sets` names one. Returns (exit code, output, run directory, summary.json or
+    None); prints the output's tail when the exit code is not `expect`."""
+    sets = with_run_dir(sets)
+    cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", config,
+           "--threads", "1"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    if p.returncode != expect:
+        print(out[-4000:])
+    run_dir = next(s.split("=", 1)[1] for s in sets if s.startswith("logging.run_dir="))
+    summary = None
+    if p.returncode == 0:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+    return p.returncode, out, run_dir, summary
+
+
 def run_case(namespace, prefix):
     """usage: DRIVER BIN_DIR CASE: runs namespace["case_" + CASE](bin_dir, tmp) in a fresh temporary
     directory. Exit 0 on success, 1 on failure, 77 when the case skipped itself."""

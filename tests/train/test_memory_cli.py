@@ -6,12 +6,10 @@ usage: test_memory_cli.py BIN_DIR CASE
                      peaks (peak_bytes) for GPT-2, Llama and MoE at 1 and 2 ranks, every placement,
                      with and without recompute and prefetch: persistent terms exact, the total
                      within kTotalTolerance"""
-import json
 import os
-import subprocess
 import sys
 
-from cli_common import ENV, ROOT, check, read, run_case, with_run_dir
+from cli_common import ROOT, check, run_case, run_trainer
 
 CONFIGS = {"gpt2": "tiny_test.json", "llama": "llama_shakespeare_char.json", "qwen2_moe": "moe_tiny_test.json"}
 # The plan's total against the measured peak total: the activation term is an estimate
@@ -21,18 +19,8 @@ TOTAL_TOLERANCE = 0.25
 
 
 def train(bin_dir, np, config, *sets, expect=0):
-    sets = with_run_dir(sets)
-    cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config",
-           os.path.join(ROOT, "configs", config), "--threads", "1"]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
-    out = p.stdout + p.stderr
-    if p.returncode != expect:
-        print(out[-4000:])
-    run_dir = next(s.split("=", 1)[1] for s in sets if s.startswith("logging.run_dir="))
-    summary = json.loads(read(os.path.join(run_dir, "summary.json"))) if p.returncode == 0 else None
-    return p.returncode, out, summary, run_dir
+    rc, out, run_dir, summary = run_trainer(bin_dir, np, os.path.join(ROOT, "configs", config), sets, expect)
+    return rc, out, summary, run_dir
 
 
 def case_refusal(bin_dir, tmp):

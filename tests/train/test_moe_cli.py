@@ -21,13 +21,12 @@ usage: test_moe_cli.py BIN_DIR CASE with CASE one of
               rank with the key named (exit 2)
 Exit 0 on success, 1 on failure.
 """
-import json
 import os
 import re
 import subprocess
 import sys
 
-from cli_common import ENV, ROOT, check, read_jsonl, run_case, with_run_dir
+from cli_common import ENV, ROOT, check, read_jsonl, run_case, run_trainer
 
 MOE_TINY = os.path.join(ROOT, "configs", "moe_tiny_test.json")
 LOSS_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+) \| lr (\S+) \| grad norm (\S+)")
@@ -35,24 +34,12 @@ LOSS_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss (\S+) \| lr (\S+) \| grad norm
 
 def train(bin_dir, np, *sets, expect=0):
     """mpirun -np NP mfsdp-train --config moe_tiny_test.json --threads 1 with `sets` as --set, in a
-    fresh run directory. Returns (exit code, output, summary.json or None)."""
-    sets = with_run_dir(sets)
-    cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", MOE_TINY,
-           "--threads", "1"]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
-    out = p.stdout + p.stderr
-    if p.returncode != expect:
-        print(out[-4000:])
-    run_dir = next(s.split("=", 1)[1] for s in sets if s.startswith("logging.run_dir="))
-    summary = None
-    if p.returncode == 0:
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            summary = json.load(f)
+    fresh run directory. Returns (exit code, output, summary.json with its train records, or None)."""
+    rc, out, run_dir, summary = run_trainer(bin_dir, np, MOE_TINY, sets, expect)
+    if summary is not None:
         summary["train_records"] = [m for m in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
                                     if m["type"] == "train"]
-    return p.returncode, out, summary
+    return rc, out, summary
 
 
 def check_expert_load(key, records):
