@@ -2,7 +2,7 @@
 # The paper's capacity claim on one machine: a model that matrixfsdp trains at W ranks in a memory
 # budget where zero1 and ddp cannot. By default GPT-2 medium widths (24 layers x 1024, 355M
 # parameters, T=64, B=1) at W=4 inside a memory cgroup of 10 GiB (2.5 GiB per rank; matrixfsdp
-# measures about 2.35 GiB per rank there, zero1 and ddp plan 3.8 and 4.6 GiB):
+# measures about 2.39 GiB per rank there, zero1 and ddp plan 3.66 and 4.47 GiB):
 #   1. the capacity table of every family's presets at that budget (mfsdp-project --capacity);
 #   2. zero1 and ddp: refused by the start-up memory plan (exit 2, with their figures);
 #   3. matrixfsdp: trains STEPS steps; the loss per step and each rank's measured peak are printed;

@@ -149,7 +149,14 @@ MemoryPlan check_memory_plan(const TrainConfig& cfg, Communicator& comm, Communi
   const MemoryPlan worst = plan_memory_worst(plan, model, opts, &worst_rank);
   const bool lead = comm.rank() == 0 && (!replicas || replicas->rank() == 0);
   const bool check = cfg.sharding.memory_check != MemoryCheck::off;
-  const RankMemory avail = check ? rank_memory_available(cfg.runtime.device, local_ranks) : RankMemory{};
+  RankMemory avail;  // unknown (0) when the probe fails: this rank then counts as fitting
+  if (check) {
+    try {
+      avail = rank_memory_available(cfg.runtime.device, local_ranks);
+    } catch (const std::exception& e) {
+      avail.source = e.what();
+    }
+  }
   const double overhead = cfg.runtime.device == Device::CPU ? kCpuProcessBytes : 0.0;
   const double need = memory_needed(mine.total(), overhead);
   if (lead)
@@ -157,8 +164,8 @@ MemoryPlan check_memory_plan(const TrainConfig& cfg, Communicator& comm, Communi
                  format_bytes(worst.transient()), worst_rank, largest_terms(worst),
                  avail.bytes > 0 ? "; " + format_bytes(avail.bytes) + " available per rank (" + avail.source + ")"
                                  : check ? "; available memory unknown, not checked" : "; not checked (sharding.memory_check=off)");
-  if (!check || avail.bytes <= 0) return mine;
-  const bool short_here = need > avail.bytes;
+  if (!check) return mine;
+  const bool short_here = avail.bytes > 0 && need > avail.bytes;  // every rank joins the agreement below
   double any_short = short_here ? 1.0 : 0.0;  // a scalar: no weights have moved yet
   any_short = comm.all_reduce_scalar(any_short, ReduceOp::max, CommPhase::other);
   if (replicas) any_short = replicas->all_reduce_scalar(any_short, ReduceOp::max, CommPhase::other);

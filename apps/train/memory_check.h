@@ -25,14 +25,15 @@ RankMemory rank_memory_available(Device device, int local_ranks);
 /// The plan options of a run whose engine options resolved to `resolved`, with matmuls in `matmul`.
 MemoryPlanOptions memory_plan_options(const TrainConfig& cfg, const ResolvedOptions& resolved, DType matmul);
 
-/// Plans `rank`'s memory under `plan`; on rank 0 prints "memory plan: X persistent + Y peak
-/// transient per rank (largest: ...); Z available per rank (source)". Unless
+/// Plans this rank's memory under `plan`; rank 0 prints the worst rank's plan, "memory plan: X
+/// persistent + Y peak transient per rank (rank R; largest: ...); Z available per rank (source)". Unless
 /// sharding.memory_check is off, compares memory_needed(plan) (planner/memory_plan.h: the margin
 /// and, on CPU, the process's own bytes) with the available bytes on every rank and agrees on the verdict with one
 /// scalar all-reduce over `comm` (and `replicas`): when any rank's plan does not fit, error
 /// throws InputError on every rank (the message names the largest terms and what would fit:
 /// `replan(placement)` for the other placements, training.recompute=block, a smaller micro-batch,
-/// more ranks) and warn prints it on rank 0 and goes on. Returns the plan.
+/// more ranks) and warn prints it on each rank that is short and goes on. A rank whose available
+/// memory is unknown counts as fitting (and still joins the all-reduce). Returns the plan.
 MemoryPlan check_memory_plan(const TrainConfig& cfg, Communicator& comm, Communicator* replicas, const ShardPlan& plan,
                              const MemoryModel& model, const MemoryPlanOptions& opts, int local_ranks,
                              const std::function<ShardPlan(Placement, int world)>& replan);

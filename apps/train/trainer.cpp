@@ -440,6 +440,10 @@ void Trainer::print_sample() {
 // When rank 0's write fails, it still takes part in the remaining gathers, then reports.
 void Trainer::export_model(int64_t final_step) {
   const std::vector<ParamSpec>& params = units_.inventory().params;
+  const int64_t bytes = model_->num_params() * 4;
+  const std::string what = "rank 0's export, " + format_bytes(static_cast<double>(bytes)) + " written";
+  // the gathers wait behind rank 0's writes: under the I/O bound of the whole export
+  comm_.set_timeout(lead_io_timeout_seconds(bytes, cfg_.sharding.collective_timeout_s), lead_io_timeout_name(what));
   ShardedEngine::ParameterStream stream(engine_);
   size_t asked = 0;
   std::string failure;
@@ -460,11 +464,11 @@ void Trainer::export_model(int64_t final_step) {
       failure = e.what();
     }
   }
-  for (; asked < params.size(); ++asked) stream(params[asked]);  // the other ranks' gathers (and a failed lead's)
+  for (; asked < params.size(); ++asked) stream.gather(params[asked]);  // the other ranks' gathers (and a failed lead's)
+  comm_.set_timeout(cfg_.sharding.collective_timeout_s, kCollectiveTimeoutKey);
   if (!failure.empty()) throw std::runtime_error(failure);
   if (lead_ && opts_.after_export) opts_.after_export(cfg_.output.export_path.resolved);
-  const int64_t bytes = model_->num_params() * 4;
-  wait_for_lead_io(comm_, bytes, "rank 0's export, " + format_bytes(static_cast<double>(bytes)) + " written");
+  wait_for_lead_io(comm_, bytes, what);
 }
 
 // Collectives first (traffic summed, memory peaks maxed over ranks), then rank 0 writes.

@@ -419,7 +419,12 @@ Tensor ShardedEngine::logits_by_unit(const Tensor& tokens) {
   Tensor x;
   for (int u = 0; u < U; ++u) {
     for (int d : model_.units_needed_by(u)) units_.gather(d, CommPhase::other);
-    x = u + 1 < U ? model_.forward_unit(u, x, mb, 1.0) : model_.head_logits(x);
+    try {
+      x = u + 1 < U ? model_.forward_unit(u, x, mb, 1.0) : model_.head_logits(x);
+    } catch (...) {  // nothing stays gathered (a later f32 gather must not find a compute-dtype copy)
+      for (int d : model_.units_needed_by(u)) units_.release(d);
+      throw;
+    }
     for (int d : model_.units_needed_by(u)) units_.release(d);
   }
   return x;
@@ -433,7 +438,7 @@ ShardedEngine::ParameterStream::~ParameterStream() {
   if (unit_ >= 0) engine_.units_.release(unit_);
 }
 
-std::vector<float> ShardedEngine::ParameterStream::operator()(const ParamSpec& spec) {
+int ShardedEngine::ParameterStream::gather(const ParamSpec& spec) {
   const auto it = shard_of_.find(spec.name);
   check_arg(it != shard_of_.end(), "ParameterStream", "unknown parameter '" + spec.name + "'");
   const int u = engine_.plan_.shards[it->second].unit;
@@ -442,8 +447,13 @@ std::vector<float> ShardedEngine::ParameterStream::operator()(const ParamSpec& s
     engine_.units_.gather(u, CommPhase::other, DType::f32);  // the f32 master values, whatever the compute dtype
     unit_ = u;
   }
-  for (const UnitParam& b : engine_.units_.unit(u).params)
-    if (b.shard == it->second) return b.param.to_vector();
+  return it->second;
+}
+
+std::vector<float> ShardedEngine::ParameterStream::operator()(const ParamSpec& spec) {
+  const int si = gather(spec);
+  for (const UnitParam& b : engine_.units_.unit(unit_).params)
+    if (b.shard == si) return b.param.to_vector();
   throw std::logic_error("ParameterStream: '" + spec.name + "' is not in its unit");
 }
 

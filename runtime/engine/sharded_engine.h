@@ -146,6 +146,8 @@ class ShardedEngine {
     ParameterStream(const ParameterStream&) = delete;
     ParameterStream& operator=(const ParameterStream&) = delete;
     std::vector<float> operator()(const ParamSpec& spec);
+    /// The same gathers without the copy (a rank that does not write): returns the shard index.
+    int gather(const ParamSpec& spec);
 
    private:
     ShardedEngine& engine_;
