@@ -34,7 +34,7 @@ struct MemoryPlanOptions {
   bool batch_orthogonalize = false; ///< an owner's same-shape matrices in chains of kNewtonSchulzBatchBytes
 };
 
-/// One rank's planned bytes by term (DESIGN.md section 15); the peak is the persistent terms plus
+/// One rank's planned bytes by term (planner/README.md, "Memory"); the peak is the persistent terms plus
 /// the larger phase of transient ones:
 ///  - persistent: the stored parameter segments and gradients (f32; resident placements every
 ///    unit whole, zero1 also the owner's reduced gradient segment) and the owned optimizer state

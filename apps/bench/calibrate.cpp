@@ -1,3 +1,4 @@
+#include "runtime/core/meminfo.h"
 #include "apps/bench/calibrate.h"
 
 #include <algorithm>
@@ -30,14 +31,7 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
-double memory_gb() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (f >> key >> kb)
-    if (key == "MemTotal:") return kb * 1024 / 1e9;
-  return 0;
-}
+double memory_gb() { return meminfo_bytes("MemTotal").value_or(0.0) / 1e9; }
 
 // Rank-0 single-thread rates: GEMM f32 (FLOP/s), NS (FLOP/s), model fwd+bwd (FLOP/s), AdamW (B/s),
 // GEMM bf16 (FLOP/s).

@@ -10,6 +10,7 @@
 
 #include "apps/train/trainer.h"
 #include "runtime/core/format_bytes.h"
+#include "runtime/core/meminfo.h"
 #include "runtime/cuda/device_api.h"
 
 namespace mfsdp {
@@ -51,16 +52,6 @@ std::optional<double> cgroup_limit(std::string& source) {
     }
   }
   return best;
-}
-
-std::optional<double> mem_available() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024.0;
-  return std::nullopt;
 }
 
 std::string largest_terms(const MemoryPlan& m) {
@@ -118,7 +109,7 @@ RankMemory rank_memory_available(Device device, int local_ranks) {
     return r;
   }
   std::string cg;
-  const std::optional<double> limit = cgroup_limit(cg), avail = mem_available();
+  const std::optional<double> limit = cgroup_limit(cg), avail = meminfo_bytes("MemAvailable");
   if (!limit && !avail) return r;
   const double node = std::min(limit.value_or(1e30), avail.value_or(1e30));
   r.source = limit && *limit <= avail.value_or(1e30) ? cg : "MemAvailable " + format_bytes(*avail);
