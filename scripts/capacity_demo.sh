@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The paper's capacity claim on one machine: a model that matrixfsdp trains at W ranks in a memory
 # budget where zero1 and ddp cannot. By default GPT-2 medium widths (24 layers x 1024, 355M
-# parameters, T=64, B=1) at W=4 inside a memory cgroup of 10 GiB (2.5 GiB per rank; matrixfsdp
-# measures about 2.39 GiB per rank there, zero1 and ddp plan 3.66 and 4.47 GiB):
+# parameters, T=64, B=1) at W=4 inside a memory cgroup of 9 GiB (2.25 GiB per rank; matrixfsdp
+# measures about 1.96 GiB per rank there, zero1 and ddp plan 3.66 and 4.47 GiB):
 #   1. the capacity table of every family's presets at that budget (mfsdp-project --capacity);
 #   2. zero1 and ddp: refused by the start-up memory plan (exit 2, with their figures);
 #   3. matrixfsdp: trains STEPS steps; the loss per step and each rank's measured peak are printed;
 #   4. zero1 forced past the check (sharding.memory_check=off): it really runs out inside the
 #      cgroup (the kernel's OOM killer, exit 137) and nothing outside the cgroup is touched.
 # Needs root for the cgroup (v1 memory controller or v2); without one it stops and says so.
-# Environment: WORLD (4), BUDGET_GIB (10, for all ranks together), STEPS (3), LAYERS (24),
+# Environment: WORLD (4), BUDGET_GIB (9, for all ranks together), STEPS (3), LAYERS (24),
 # WIDTH (1024), HEADS (16), OUT (runs/capacity_demo).
 # Usage: bash scripts/capacity_demo.sh      (after bash scripts/setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORLD=${WORLD:-4} BUDGET_GIB=${BUDGET_GIB:-10} STEPS=${STEPS:-3}
+WORLD=${WORLD:-4} BUDGET_GIB=${BUDGET_GIB:-9} STEPS=${STEPS:-3}
 LAYERS=${LAYERS:-24} WIDTH=${WIDTH:-1024} HEADS=${HEADS:-16} OUT=${OUT:-runs/capacity_demo}
 BIN=build/bin
 [ -x "$BIN/mfsdp-train" ] || { echo "capacity_demo.sh: build first (bash scripts/setup.sh)" >&2; exit 2; }

@@ -23,8 +23,14 @@ struct FakeDevice {
     in_use += bytes;
     return p + 1;
   }
-  static void free(void* p) {
+  static void* resize(void* p, size_t old_bytes, size_t new_bytes) {  // moves, as mremap may
+    void* q = alloc(new_bytes);
+    if (q) free(p, old_bytes);
+    return q;
+  }
+  static void free(void* p, size_t bytes) {
     size_t* h = static_cast<size_t*>(p) - 1;
+    if (*h != bytes) throw std::logic_error("freed with another size than allocated");
     in_use -= *h;
     std::free(h);
   }
@@ -34,7 +40,7 @@ struct FakeDevice {
 
 TEST_CASE("freed blocks are reused by exact size and counted", "[block_cache]") {
   FakeDevice::capacity = 1 << 20;
-  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 64, 1 << 20);
+  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 64, 1 << 20, false);
   void* a = cache.get(1000);
   void* b = cache.get(2000);
   cache.put(a, 1000);
@@ -63,7 +69,7 @@ TEST_CASE("freed blocks are reused by exact size and counted", "[block_cache]") 
 
 TEST_CASE("the cache holds at most max_cached bytes", "[block_cache]") {
   FakeDevice::capacity = 1 << 20;
-  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 1, 2500);
+  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 1, 2500, false);
   void* a = cache.get(1000);
   void* b = cache.get(2000);
   cache.put(a, 1000);
@@ -74,9 +80,67 @@ TEST_CASE("the cache holds at most max_cached bytes", "[block_cache]") {
   cache.clear();
 }
 
+TEST_CASE("bounded by the peak, in-use plus cached bytes never exceed the most ever in use", "[block_cache]") {
+  FakeDevice::capacity = 1 << 20;
+  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 1, 1 << 20, true);
+  auto held = [&] { return cache.stats().in_use_bytes + cache.stats().cached_bytes; };
+  void* a = cache.get(1000);
+  void* b = cache.get(3000);  // peak 4000 in use
+  CHECK(cache.stats().peak_in_use_bytes == 4000);
+  cache.put(a, 1000);
+  cache.put(b, 3000);
+  CHECK(held() == 4000);
+  void* c = cache.get(2000);  // a miss: 2000 + 4000 cached > 4000, so the 3000 block goes
+  CHECK(cache.stats().evictions == 1);
+  CHECK(cache.stats().cached_bytes == 1000);
+  CHECK(held() == 3000);
+  void* d = cache.get(1000);  // a hit: the 1000 block comes back, nothing evicted
+  CHECK(d == a);
+  void* e = cache.get(1500);  // in use 4500: a new peak, and nothing is left to evict
+  CHECK(cache.stats().peak_in_use_bytes == 4500);
+  CHECK(held() == 4500);
+  CHECK(FakeDevice::in_use == 4500);  // the device holds exactly the peak
+  for (auto [p, n] : {std::pair{c, 2000}, {d, 1000}, {e, 1500}}) cache.put(p, static_cast<size_t>(n));
+  void* f = cache.get(2500);  // 2500 + 4500 cached > 4500: the two largest cached blocks go
+  CHECK(cache.stats().evictions == 3);
+  CHECK(cache.stats().cached_bytes == 1000);
+  CHECK(FakeDevice::in_use == 3500);
+  cache.put(f, 2500);
+  cache.clear();
+  CHECK(FakeDevice::in_use == 0);
+  CHECK(cache.stats().in_use_bytes == 0);
+}
+
+TEST_CASE("bounded by the peak with a resize, a miss reshapes the cached block of the nearest size", "[block_cache]") {
+  FakeDevice::capacity = 1 << 20;
+  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 1, 1 << 20, true, FakeDevice::resize);
+  void* a = cache.get(1000);
+  void* b = cache.get(3000);
+  void* c = cache.get(5000);  // peak 9000
+  cache.put(a, 1000);
+  cache.put(b, 3000);
+  cache.put(c, 5000);
+  void* d = cache.get(2500);  // over the bound: the 3000 block (smallest >= 2500) becomes 2500, nothing freed
+  CHECK(cache.stats().resizes == 1);
+  CHECK(cache.stats().evictions == 0);
+  CHECK(cache.stats().cached_bytes == 6000);
+  CHECK(FakeDevice::in_use == 8500);
+  void* e = cache.get(7000);  // none >= 7000: the largest (5000) grows to 7000, then 1000 goes
+  CHECK(cache.stats().resizes == 2);
+  CHECK(cache.stats().evictions == 1);
+  CHECK(cache.stats().cached_bytes == 0);
+  CHECK(cache.stats().peak_in_use_bytes == 9500);
+  CHECK(FakeDevice::in_use == 9500);
+  CHECK(cache.stats().raw_allocs == 3);
+  cache.put(d, 2500);
+  cache.put(e, 7000);
+  cache.clear();
+  CHECK(FakeDevice::in_use == 0);
+}
+
 TEST_CASE("out of memory empties the cache and retries once, then names the size", "[block_cache]") {
   FakeDevice::capacity = 4000;
-  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 1, 1 << 20);
+  BlockCache cache(FakeDevice::alloc, FakeDevice::free, 1, 1 << 20, false);
   void* a = cache.get(3000);
   cache.put(a, 3000);                 // cached: the device is still full
   void* b = cache.get(2000);          // fails, cache emptied, retried: succeeds
