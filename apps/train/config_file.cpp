@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "apps/train/train_config.h"
@@ -19,34 +21,47 @@ using json = nlohmann::json;
 // U+FFFD, put in place of each byte that is not UTF-8 to find the key that holds it.
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 
+// Thrown from the parser's callback at the first container nested deeper than kMaxJsonDepth: the
+// parser itself counts the depth, so comments and strings cannot hide a level from the guard.
+struct NestedTooDeep {};
+
 // Parses config text (comments allowed). A key repeated in one object is reported in `duplicate`
-// (JSON lets the last one win; in a config that is always a mistake).
+// (JSON lets the last one win; in a config that is always a mistake). Throws NestedTooDeep, or
+// json::exception for text that is not JSON.
 json parse_config_text(const std::string& text, std::string& duplicate) {
-  std::vector<std::vector<std::string>> keys_seen;  // one list per open object
-  auto reject_duplicates = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) keys_seen.emplace_back();
-    else if (event == json::parse_event_t::object_end && !keys_seen.empty()) keys_seen.pop_back();
-    else if (event == json::parse_event_t::key && !keys_seen.empty() && duplicate.empty()) {
-      const std::string k = parsed.get<std::string>();
-      auto& seen = keys_seen.back();
-      if (std::find(seen.begin(), seen.end(), k) != seen.end()) duplicate = k;
-      seen.push_back(k);
+  std::vector<std::unordered_set<std::string>> keys_seen;  // one set per open object
+  auto check_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth >= kMaxJsonDepth) throw NestedTooDeep{};  // `depth` containers are open around it
+        if (event == json::parse_event_t::object_start) keys_seen.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keys_seen.empty()) keys_seen.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys_seen.empty() && !keys_seen.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+          duplicate = parsed.get<std::string>();
+        break;
+      default:
+        break;
     }
     return true;
   };
-  return json::parse(text, reject_duplicates, true, /*ignore_comments=*/true);
+  return json::parse(text, check_event, true, /*ignore_comments=*/true);
 }
 
-// The dotted path of the first key or string in `j` that holds U+FFFD, or "".
-std::string key_holding_replacement(const json& j, const std::string& prefix) {
-  if (j.is_string()) return j.get<std::string>().find(kReplacement) != std::string::npos ? prefix : "";
+// The dotted path of the first key or string in `j` that holds `needle`, or "".
+std::string key_holding(const json& j, std::string_view needle, const std::string& prefix) {
+  if (j.is_string()) return j.get_ref<const std::string&>().find(needle) != std::string::npos ? prefix : "";
   if (!j.is_object() && !j.is_array()) return "";
   size_t i = 0;
   for (auto it = j.begin(); it != j.end(); ++it, ++i) {
     const std::string here = j.is_object() ? (prefix.empty() ? it.key() : prefix + "." + it.key())
                                             : prefix + "[" + std::to_string(i) + "]";
-    if (j.is_object() && it.key().find(kReplacement) != std::string::npos) return here;
-    if (std::string k = key_holding_replacement(it.value(), here); !k.empty()) return k;
+    if (j.is_object() && it.key().find(needle) != std::string::npos) return here;
+    if (std::string k = key_holding(it.value(), needle, here); !k.empty()) return k;
   }
   return "";
 }
@@ -70,8 +85,9 @@ std::string utf8_parse_problem(const std::string& text) {
       repaired += rest.substr(0, at) + std::string(kReplacement);
     std::string duplicate;
     try {
-      key = key_holding_replacement(parse_config_text(repaired + rest, duplicate), "");
+      key = key_holding(parse_config_text(repaired + rest, duplicate), kReplacement, "");
     } catch (const json::exception&) {
+    } catch (const NestedTooDeep&) {
     }
   }
   return (key.empty() ? "" : key + ": ") + where + "; config strings must be UTF-8";
@@ -79,22 +95,32 @@ std::string utf8_parse_problem(const std::string& text) {
 
 }  // namespace
 
+json parse_config_json(const std::string& text, const std::string& where, bool plain_string_if_not_json) {
+  json doc;
+  std::string duplicate;
+  try {
+    doc = parse_config_text(text, duplicate);
+  } catch (const NestedTooDeep&) {
+    throw ConfigError(where + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  } catch (const json::exception& e) {
+    if (plain_string_if_not_json) return json(text);  // its UTF-8 is checked with every config string
+    if (const std::string bad = utf8_parse_problem(text); !bad.empty()) throw ConfigError(where + ": " + bad);
+    throw ConfigError(where + ": invalid JSON: " + json_error_text(e.what()));
+  }
+  if (!duplicate.empty()) throw ConfigError(where + ": key \"" + duplicate + "\" appears twice in the same object");
+  constexpr std::string_view kNul("\0", 1);  // cuts C strings: paths, messages
+  const std::string key = doc.is_string() ? (doc.get_ref<const std::string&>().find(kNul) != std::string::npos ? "value" : "")
+                                          : key_holding(doc, kNul, "");
+  if (!key.empty()) throw ConfigError(where + ": " + key + ": holds a NUL character (\\u0000); config keys and strings cannot");
+  return doc;
+}
+
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (fs::is_directory(path)) throw ConfigError(path + ": is a directory, not a config file");
   if (!fs::exists(path)) throw ConfigError(path + ": cannot open the config file");
   // A FIFO or a device: refused by name; a config is small, so more than 64 MiB is refused unread.
   const std::string text = read_input_file<ConfigError>(path, "", size_t{64} << 20);
-  if (json_nesting_depth(text) > kMaxJsonDepth)
-    throw ConfigError(path + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  json doc;
-  std::string duplicate;
-  try {
-    doc = parse_config_text(text, duplicate);
-  } catch (const json::exception& e) {
-    if (const std::string bad = utf8_parse_problem(text); !bad.empty()) throw ConfigError(path + ": " + bad);
-    throw ConfigError(path + ": invalid JSON: " + json_error_text(e.what()));
-  }
-  if (!duplicate.empty()) throw ConfigError(path + ": key \"" + duplicate + "\" appears twice in the same object");
+  const json doc = parse_config_json(text, path, false);
   const fs::path dir = fs::path(path).parent_path();
   return parse_train_config(doc, path, dir.empty() ? std::string(".") : dir.string(), overrides);
 }

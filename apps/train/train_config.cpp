@@ -35,8 +35,27 @@ std::string type_name(const json& v) {
   return "an object";
 }
 
+// Appends `v` as compact JSON to `out` until `out` holds `limit` characters: never more work, and
+// never deeper recursion, than the limit allows, whatever the value's size or nesting.
+void append_clipped(const json& v, std::string& out, size_t limit) {
+  if (out.size() >= limit) return;
+  if (!v.is_structured()) {
+    out += v.dump(-1, ' ', false, json::error_handler_t::replace);  // a --set value may hold any bytes
+    return;
+  }
+  out += v.is_array() ? '[' : '{';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end() && out.size() < limit; ++it, first = false) {
+    if (!first) out += ',';
+    if (v.is_object()) out += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ':';
+    append_clipped(it.value(), out, limit);
+  }
+  out += v.is_array() ? ']' : '}';
+}
+
 std::string shown(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);  // a --set value may hold any bytes
+  std::string s;
+  append_clipped(v, s, 60);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
@@ -187,15 +206,6 @@ void record_origin(const json& doc, const std::string& prefix, const std::string
   }
 }
 
-json parse_override_value(const std::string& text) {
-  if (json_nesting_depth(text) > kMaxJsonDepth)
-    throw ConfigError("--set " + clip_for_message(text) + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  try {
-    return json::parse(text);
-  } catch (const json::exception&) {
-    return json(text);
-  }
-}
 
 std::string resolve(const std::string& raw, const std::string& base) {
   if (raw.empty()) return raw;
@@ -515,13 +525,16 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   std::map<std::string, std::string> origin;
   record_origin(doc, "", source, origin);
 
+  std::map<std::string, std::string> overridden;  // key -> the --set that set it
   for (const std::string& ov : overrides) {
-    const std::string where = "--set " + ov;
+    const std::string where = "--set " + clip_for_message(ov);
     const size_t eq = ov.find('=');
     if (eq == std::string::npos || eq == 0)
       throw ConfigError(where + ": expected key.path=value");
     const std::string key = ov.substr(0, eq);
-    const json value = parse_override_value(ov.substr(eq + 1));
+    if (const auto [it, fresh] = overridden.emplace(key, where); !fresh)
+      throw ConfigError(where + ": " + key + " is already set by " + it->second + " (a key may be set once)");
+    const json value = parse_config_json(ov.substr(eq + 1), where, /*plain_string_if_not_json=*/true);
     checker.check(value, key, where);
     set_at(merged, key, value);
     if (value.is_object()) record_origin(value, key, where, origin);

@@ -222,6 +222,13 @@ struct TrainConfig {
 /// path. Files (shards, tokenizer) are not opened. Defined in config_file.cpp.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+/// Parses one config input (a file's text, a --set value) as every config input is read: comments
+/// allowed, at most kMaxJsonDepth levels (counted by the parser, so no comment or string hides one),
+/// no key twice in one object, no NUL in a key or string, UTF-8. Text that is not JSON is the plain
+/// string `text` when `plain_string_if_not_json` (--set a=hello), else an error. Throws ConfigError
+/// "<where>: ...". Defined in config_file.cpp.
+nlohmann::json parse_config_json(const std::string& text, const std::string& where, bool plain_string_if_not_json);
+
 /// The same from an in-memory JSON document (`source` names it in messages; relative paths are
 /// resolved against `base_dir`).
 TrainConfig parse_train_config(const nlohmann::json& doc, const std::string& source, const std::string& base_dir,

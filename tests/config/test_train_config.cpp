@@ -116,6 +116,32 @@ TEST_CASE("--set overrides apply, are type-checked and named in errors", "[confi
                     Contains("--set training.steps=-1: training.steps: must be >= 1, got -1"));
   CHECK_THROWS_WITH(load_train_config(cfg, {"training.steps"}), Contains("expected key.path=value"));
   CHECK_THROWS_WITH(load_train_config(cfg, {"model.n_head=3"}), Contains("model.n_embd: must be divisible by model.n_head"));
+  // a key set twice, inside one value or by two --set options, is refused as in a file
+  CHECK_THROWS_WITH(load_train_config(cfg, {"training.steps=3", "training.steps=4"}),
+                    Contains("--set training.steps=4: training.steps is already set by --set training.steps=3"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"model={\"n_layer\": 2, \"n_layer\": 3}"}),
+                    Contains("key \"n_layer\" appears twice in the same object"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"logging.run_dir=\"a\\u0000b\""}), Contains("value: holds a NUL character"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"model=" + std::string(5000, '[')}), Contains("nested deeper than 64 levels"));
+  // an error shows at most 60 characters of a value, however large or deep it is
+  std::string deep = "[1]";
+  for (int i = 0; i < 60; ++i) deep = "[" + deep + ",[2]]";
+  try {
+    load_train_config(cfg, {"training.steps=" + deep});
+    FAIL("a list accepted as training.steps");
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    REQUIRE(msg.find("expected an integer, got [[[[") != std::string::npos);
+    CHECK(msg.size() - msg.find("got [") - 4 == 60);  // 57 characters and "..."
+  }
+}
+
+TEST_CASE("a config object with many keys is checked for repeats in linear time", "[config]") {
+  // 200,000 distinct keys under one object: a quadratic repeat check would take minutes
+  std::string many = "{";
+  for (int i = 0; i < 200000; ++i) many += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":0";
+  many += ",\"k7\":1}";
+  CHECK_THROWS_WITH(parse_config_json(many, "many.json", false), Contains("many.json: key \"k7\" appears twice"));
 }
 
 TEST_CASE("range checks name the key", "[config]") {
