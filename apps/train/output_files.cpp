@@ -12,7 +12,11 @@ std::string foreign_outputs(const std::vector<OwnedOutput>& files, const std::st
   const std::string fix = " (move it or use another " + key + ")";
   for (const OwnedOutput& f : files) {
     std::error_code ec;
-    if (!fs::exists(f.path, ec)) continue;
+    const fs::file_status st = fs::symlink_status(f.path, ec);
+    if (!fs::exists(st)) continue;
+    if (fs::is_symlink(st))  // written through, it would change the file it points to
+      return f.path.string() + " is a symbolic link (to " + fs::read_symlink(f.path, ec).string() +
+             "); the run would write through it" + fix;
     if (!input_config.empty() && fs::equivalent(f.path, input_config, ec))
       return f.path.string() + " is the input config; the run would overwrite it (use another " + key + ")";
     if (const std::string special = special_input_file(f.path.string()); !special.empty())
@@ -37,7 +41,15 @@ std::string foreign_export_files(const std::string& export_path, const std::stri
     files.push_back({out.config, "an export's config.json",
                      [w = out.weights](const fs::path& p) { return is_export_config(p.string(), w); }});
   if (std::string e = foreign_outputs(files, key); !e.empty()) return e;
-  if (out.config.empty()) return "";
+  if (out.config.empty()) {  // a single file: never the weights of a Hugging Face directory
+    const fs::path dir = fs::path(out.weights).parent_path(), config = dir / "config.json";
+    std::error_code ec;
+    if (fs::path(out.weights).filename() == "model.safetensors" && fs::exists(fs::symlink_status(config, ec)))
+      return out.weights + " is the weights file of the Hugging Face model directory " + dir.string() +
+             " (it holds " + config.string() + "); a single-file export would leave that config.json beside other " +
+             "weights (set " + key + " to the directory itself to replace the whole export, or choose another file name)";
+    return "";
+  }
   std::string names;
   for (const std::string& n : hf_other_weight_files(export_path)) names += (names.empty() ? "" : ", ") + n;
   if (names.empty()) return "";

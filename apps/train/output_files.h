@@ -22,7 +22,8 @@ struct OwnedOutput {
 
 /// Why the run must not write `files`: "" when each is absent or recognised by its `ours`.
 /// Otherwise, for the first that is not: "<path> is the input config; the run would overwrite it
-/// (use another <key>)" when it is `input_config`; "<why it cannot be read: a FIFO, a device, a
+/// (use another <key>)" when it is `input_config`; "<path> is a symbolic link (to <target>); the run
+/// would write through it (move it or use another <key>)"; "<why it cannot be read: a FIFO, a device, a
 /// directory>; the run would write it (move it or use another <key>)" (never opened, so a FIFO
 /// never blocks); or "<path> was not written by mfsdp-train as <what>; refusing to overwrite it
 /// (move it or use another <key>)". `key` is the config key that names the output.
@@ -31,7 +32,8 @@ std::string foreign_outputs(const std::vector<OwnedOutput>& files, const std::st
 
 /// Why output.export (`export_path`, see hf_export_paths) must not be written: foreign_outputs over
 /// its weights file and config.json (each replaced only when it is an earlier export of this
-/// project, is_export_weights / is_export_config), then, for a directory, the weights it would
+/// project, is_export_weights / is_export_config); a single file named model.safetensors beside a
+/// config.json (a Hugging Face directory's weights) is refused; then, for a directory, the weights it would
 /// leave beside the new model.safetensors (hf_other_weight_files: the shards and index of a
 /// sharded checkpoint, PyTorch .bin files): "<dir> holds other weights (<names>); ...". The
 /// messages name `key`. "" when the export may be written.

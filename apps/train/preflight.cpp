@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "apps/train/run_log.h"
 #include "runtime/core/file_checks.h"
 #include "models/hf_checkpoint.h"
+#include "checkpoint/checkpoint_lock.h"
 #include "checkpoint/owner_checkpoint.h"
 #include "runtime/core/json_limits.h"
 #include "runtime/core/utf8.h"
@@ -29,6 +31,40 @@ namespace mfsdp {
 namespace {
 
 using json = nlohmann::json;
+
+// The lock file of another mfsdp-train job's run directory or checkpoint directory that `file`
+// would be written under (that directory or one below it), or "". This job's own directories are
+// skipped; a lock is another job's when no shared lock on it can be taken now (the holder keeps an
+// exclusive one until it exits).
+std::string other_jobs_lock_above(const std::filesystem::path& file, const TrainConfig& cfg) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto canonical = [&](const fs::path& p) { return p.empty() ? p : fs::weakly_canonical(p, ec); };
+  const fs::path own_run = canonical(cfg.logging.run_dir.resolved);
+  const fs::path own_ckpt = canonical(cfg.checkpoint.root(cfg.logging.run_dir.resolved));
+  for (fs::path dir = canonical(fs::absolute(file, ec)).parent_path();; dir = dir.parent_path()) {
+    if (dir != own_run && dir != own_ckpt)
+      for (const char* name : {kRunDirLockFile, kCheckpointLockFile}) {
+        const fs::path lock = dir / name;
+        const int fd = ::open(lock.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0) continue;
+        const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+        ::close(fd);  // and with it the shared lock, when taken
+        if (held) return lock.string();
+      }
+    if (dir == dir.root_path() || dir.empty()) return "";
+  }
+}
+
+// Why an output at `file` (named by config key `key`) must not be written because another job
+// owns the directory it is in; "" when none does.
+std::string inside_other_job(const std::filesystem::path& file, const TrainConfig& cfg, const std::string& key) {
+  const std::string lock = other_jobs_lock_above(file, cfg);
+  if (lock.empty()) return "";
+  return cfg.source + ": " + key + ": " + file.string() + " is inside " +
+         std::filesystem::path(lock).parent_path().string() + ", a directory of another mfsdp-train job that is running (it holds " +
+         lock + "); choose a path outside it";
+}
 
 std::string check_writable_dir(const std::filesystem::path& dir, const std::string& what) {
   std::error_code ec;
@@ -143,7 +179,7 @@ std::vector<std::pair<std::string, std::string>> files_of_the_run(const TrainCon
 // output.export: a path ending in .safetensors is one file; anything else an export directory
 // (model.safetensors + config.json, Hugging Face's from_pretrained layout). It must be writable,
 // never a file the run reads or writes otherwise, and replace only an earlier export of ours.
-std::string check_export(const TrainConfig& cfg) {
+std::string check_export_paths(const TrainConfig& cfg) {
   const HfExportPaths files = hf_export_paths(cfg.output.export_path.resolved);
   const std::filesystem::path out(cfg.output.export_path.resolved);
   const std::filesystem::path weights(files.weights);
@@ -185,8 +221,9 @@ std::string check_export(const TrainConfig& cfg) {
 
 // logging.trace: a writable file name (its directory is made) that is no file the run reads or
 // writes otherwise, and no existing file but a trace of mfsdp-train.
-std::string check_trace(const TrainConfig& cfg) {
+std::string check_trace_path(const TrainConfig& cfg) {
   const std::filesystem::path out(cfg.logging.trace.resolved);
+  if (std::string e = inside_other_job(out, cfg, "logging.trace"); !e.empty()) return e;
   std::error_code ec;
   if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path(), ec);
   if (std::string e = output_file_problem(out.string()); !e.empty()) return cfg.source + ": logging.trace: " + e;
@@ -226,13 +263,32 @@ std::string check_device(const TrainConfig& cfg) {
 
 }  // namespace
 
+std::string trace_output_problem(const TrainConfig& cfg) {
+  try {
+    return check_trace_path(cfg);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::string export_output_problem(const TrainConfig& cfg) {
+  try {
+    for (const std::string& file : {cfg.output.export_path.resolved, hf_export_paths(cfg.output.export_path.resolved).config})
+      if (!file.empty())
+        if (std::string e = inside_other_job(file, cfg, "output.export"); !e.empty()) return e;
+    return check_export_paths(cfg);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 std::string lock_run_dir(const TrainConfig& cfg) {
   std::filesystem::path dir = cfg.logging.run_dir.resolved;
   if (dir.empty()) dir = cfg.checkpoint.root("");
   if (dir.empty()) return "";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  const std::string path = (dir / ".mfsdp.lock").string();
+  const std::string path = (dir / kRunDirLockFile).string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return "";  // an unwritable run directory is reported by preflight_check
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -262,8 +318,8 @@ std::string preflight_check(const TrainConfig& cfg, int world_size, bool eval_on
     // the outputs must be writable before hours of training, not after
     if (std::string e = check_run_dir(cfg); !e.empty()) return e;
     if (!cfg.logging.trace.resolved.empty())
-      if (std::string e = check_trace(cfg); !e.empty()) return e;
-    if (!cfg.output.export_path.resolved.empty()) return check_export(cfg);
+      if (std::string e = trace_output_problem(cfg); !e.empty()) return e;
+    if (!cfg.output.export_path.resolved.empty()) return export_output_problem(cfg);
   } catch (const std::exception& e) {
     return e.what();
   }

@@ -76,6 +76,33 @@ void drop_partial_last_line(const std::filesystem::path& path) {
   spdlog::warn("{}: dropped its last {} bytes, a record cut short by the interrupted run", path.string(), size - keep);
 }
 
+// metrics.jsonl is appended in place, so it must be this directory's own file: a symbolic link is
+// refused (another run's history would be written through it), and a file with other hard links
+// (a snapshot made with rsync --link-dest or cp -l) is first copied to a file of its own, which
+// leaves the snapshot as it was. A fresh run removes the old file instead of truncating it.
+void own_metrics_file(const std::filesystem::path& path, bool resumed) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (!fs::exists(st)) return;
+  if (fs::is_symlink(st))
+    throw std::runtime_error(path.string() + " is a symbolic link (to " + fs::read_symlink(path, ec).string() +
+                             "); refusing to write a run's history through it");
+  if (fs::hard_link_count(path, ec) <= 1) return;
+  if (!resumed) {
+    fs::remove(path);
+    return;
+  }
+  const std::string copy = create_temp_beside(path.string());
+  try {
+    fs::copy_file(path, copy, fs::copy_options::overwrite_existing);
+    fs::rename(copy, path);
+  } catch (...) {
+    fs::remove(copy, ec);
+    throw;
+  }
+}
+
 }  // namespace
 
 std::string foreign_run_files(const std::filesystem::path& run_dir, const std::string& input_config) {
@@ -99,6 +126,7 @@ void RunLog::open(const json& config, bool resumed) {
   if (!lead_ || dir_.empty()) return;
   std::filesystem::create_directories(dir_);
   std::filesystem::remove(dir_ / "summary.json");
+  own_metrics_file(dir_ / "metrics.jsonl", resumed);
   if (resumed) drop_partial_last_line(dir_ / "metrics.jsonl");
   metrics_.open(dir_ / "metrics.jsonl", resumed ? std::ios::app : std::ios::trunc);
   if (!metrics_) throw std::runtime_error((dir_ / "metrics.jsonl").string() + ": cannot open for writing");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "apps/train/preflight.h"
 #include "apps/train/trainer.h"
 #include "comm/comm_factory.h"
 #include "runtime/core/file_checks.h"
@@ -64,6 +65,11 @@ void TraceWindow::write() {
   written_ = true;
   const std::string text = recorder_->end_window(*host_);
   if (host_->rank() != 0) return;
+  // the start-up rule again: another job may have started in that directory since
+  if (const std::string e = trace_output_problem(cfg_); !e.empty()) {
+    spdlog::error("logging.trace: the trace is not written: {}", e);
+    return;
+  }
   write_file_swap(cfg_.logging.trace.resolved, text);
   spdlog::info("trace of steps {}..{} written to {} ({} bytes; open it in ui.perfetto.dev or chrome://tracing)",
                first_, traced_last_, cfg_.logging.trace.resolved, text.size());

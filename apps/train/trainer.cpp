@@ -15,6 +15,7 @@
 #include "apps/train/memory_check.h"
 #include "apps/train/model_io.h"
 #include "apps/train/preemption.h"
+#include "apps/train/preflight.h"
 #include "apps/train/run_log.h"
 #include "apps/train/run_precision.h"
 #include "apps/train/trace_window.h"
@@ -450,6 +451,8 @@ void Trainer::export_model(int64_t final_step) {
   if (lead_) {
     std::filesystem::path out(cfg_.output.export_path.resolved);
     try {
+      // the start-up rule again: another job may have started in that directory since
+      if (const std::string e = export_output_problem(cfg_); !e.empty()) throw std::runtime_error(e);
       if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
       model_->export_weights(out.string(), ParamSource([&](const ParamSpec& p) {
                                check_arg(asked < params.size() && params[asked].name == p.name, "export",

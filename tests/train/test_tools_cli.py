@@ -52,6 +52,18 @@ def mpirun(np, exe, *args):
     return ["mpirun", "-np", str(np), "--oversubscribe", exe, *args]
 
 
+def replacing(args, *sets):
+    """`args` (["--config", C, "--set", "k=v", ...]) with each "k=v" of `sets` in place of the --set of
+    the same key, or added (mfsdp-train refuses a key set twice)."""
+    keys = {x.split("=", 1)[0] for x in sets}
+    out = [a for i, a in enumerate(args)
+           if not (a == "--set" and args[i + 1].split("=", 1)[0] in keys)
+           and not (i > 0 and args[i - 1] == "--set" and a.split("=", 1)[0] in keys)]
+    for x in sets:
+        out += ["--set", x]
+    return out
+
+
 def put(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -159,15 +171,15 @@ def case_run_dir_files(bin_dir, tmp):
     # a run killed inside a metrics.jsonl write left a cut last line: the resumed run drops it, so every
     # line is one JSON record, and says so
     cut = os.path.join(tmp, "cut")
-    rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={cut}", "--set", "checkpoint.at_end=true",
+    rc, out = run(mpirun(2, train, *replacing(base, "checkpoint.at_end=true"), "--set", f"logging.run_dir={cut}",
                          "--set", "logging.interval=1"))
     check(rc == 0, f"run to resume: {rc} {out[-500:]}")
     metrics = os.path.join(cut, "metrics.jsonl")
     whole = open(metrics).read()
     with open(metrics, "a") as f:
         f.write('{"type": "train", "step": 3, "lo')
-    rc, out = run(mpirun(2, train, *base, "--set", f"logging.run_dir={cut}", "--set", "training.resume=auto",
-                         "--set", "training.steps=4", "--set", "logging.interval=1"))
+    rc, out = run(mpirun(2, train, *replacing(base, "training.steps=4"), "--set", f"logging.run_dir={cut}",
+                         "--set", "training.resume=auto", "--set", "logging.interval=1"))
     text = open(metrics).read()
     try:
         records = [json.loads(x) for x in text.splitlines()]

@@ -11,6 +11,11 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
   other_runs_outputs  logging.trace / output.export over another run's files, a user's safetensors
                 file or a sharded checkpoint: refused on every rank, nothing changed; the other run
                 resumes and replaces its own export and trace
+  outputs_links_and_locks  a metrics.jsonl that is a symbolic link is refused; a hard-linked snapshot
+                of a run directory is unchanged by the run's resume; a single-file export over a
+                Hugging Face directory's weights, and a trace or export inside a directory another
+                running job holds locked, are refused; a trace path taken by another run after
+                start-up is not written, and that run's file is kept
   e2e           tiny config, 20 steps at world 2: the loss falls, summary.json complete, opt-step bytes 0;
                 without data.val the done line says there is no validation split
   world_sizes   -np 1/2/4 with grad_accum 4/2/1, shuffle off and on: bitwise-identical losses,
@@ -25,6 +30,7 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
                 gather bytes, log the step telemetry; recompute block prints the same losses
 Exit 0 on success, 1 on failure, 77 when skipped.
 """
+import fcntl
 import json
 import os
 import re
@@ -33,7 +39,7 @@ import struct
 import subprocess
 import sys
 
-from cli_common import ENV, ROOT, TINY, check, read, read_jsonl, run_case, with_run_dir
+from cli_common import ENV, ROOT, TINY, check, read, read_jsonl, run_case, start_training, with_run_dir
 
 
 def train(bin_dir, np, config, *sets, expect=0, args=()):
@@ -237,6 +243,64 @@ def case_other_runs_outputs(bin_dir, tmp):
           f"the other run's resume over its own export and trace: rc {rc}: {out[-600:]}")
     check(read(os.path.join(base, "hf", "model.safetensors")) != kept[base][os.path.join("hf", "model.safetensors")],
           "the resumed run did not replace its own export")
+
+
+def case_outputs_links_and_locks(bin_dir, tmp):
+    quick = ["training.steps=2", "training.sample_tokens=0", "training.eval_interval=0"]
+    base = os.path.join(tmp, "base")
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={base}", f"output.export={base}/hf", *quick)
+    check(rc == 0, f"the first run: rc {rc}: {out[-400:]}")
+    kept = tree(base)
+    # 1. a run directory whose metrics.jsonl links to another run's history
+    linked = os.path.join(tmp, "linked")
+    os.makedirs(linked)
+    os.symlink(os.path.join(base, "metrics.jsonl"), os.path.join(linked, "metrics.jsonl"))
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={linked}", *quick, expect=2)
+    check(rc == 2 and "metrics.jsonl is a symbolic link" in out, f"symlinked metrics.jsonl: rc {rc}: {out[-400:]}")
+    # 2. a single-file export named over a Hugging Face directory's weights
+    rc, out = train(bin_dir, 2, TINY, f"output.export={base}/hf/model.safetensors", *quick, expect=2)
+    check(rc == 2 and "is the weights file of the Hugging Face model directory" in out,
+          f"single-file export into an export directory: rc {rc}: {out[-400:]}")
+    # 3. outputs inside a directory another running job holds locked (this test holds the lock)
+    held = os.path.join(tmp, "held")
+    os.makedirs(held)
+    lock = open(os.path.join(held, ".mfsdp.lock"), "w")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    for key, path in [("logging.trace", os.path.join(held, "sub", "t.json")), ("output.export", os.path.join(held, "m.safetensors"))]:
+        rc, out = train(bin_dir, 2, TINY, f"{key}={path}", *quick, expect=2)
+        check(rc == 2 and f"{key}: {path} is inside {held}, a directory of another mfsdp-train job" in out,
+              f"{key} inside a locked run directory: rc {rc}: {out[-400:]}")
+    lock.close()
+    check(tree(base) == kept, "a refused run changed the other run's files")
+    # 4. a hard-linked snapshot (rsync --link-dest, cp -l) stays as it was when the run resumes
+    snap = os.path.join(tmp, "snap")
+    for r, _, files in os.walk(base):
+        os.makedirs(os.path.join(snap, os.path.relpath(r, base)), exist_ok=True)
+        for f in files:
+            os.link(os.path.join(r, f), os.path.join(snap, os.path.relpath(r, base), f))
+    rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={base}", f"output.export={base}/hf", "training.resume=auto",
+                    *quick[1:], "training.steps=3")
+    check(rc == 0 and len(read_jsonl(os.path.join(base, "metrics.jsonl"))) > len(read_jsonl(os.path.join(snap, "metrics.jsonl"))),
+          f"the resume beside a snapshot: rc {rc}: {out[-400:]}")
+    # (a lock file names its holder, in place: replacing it could let two jobs lock two files)
+    changed = sorted(f for f in set(kept) | set(tree(snap)) if kept.get(f) != tree(snap).get(f) and not f.endswith(".lock"))
+    check(not changed, f"the resume changed the hard-linked snapshot: {changed}")
+    # 5. the trace path is taken by another run after this run's start-up: not written, that file kept
+    later = os.path.join(tmp, "later")
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", TINY]
+    for x in [f"logging.run_dir={os.path.join(tmp, 'racer')}", f"logging.trace={later}/metrics.jsonl",
+              "training.steps=400", "logging.trace_start=400", "logging.trace_steps=1", *quick[1:]]:
+        cmd += ["--set", x]
+    p, out = start_training(cmd)
+    os.makedirs(later, exist_ok=True)  # start-up made it for the trace
+    theirs = b'{"type": "a record of another program"}\n'
+    with open(os.path.join(later, "metrics.jsonl"), "wb") as f:
+        f.write(theirs)
+    rest, _ = p.communicate(timeout=600)
+    out += rest
+    check(p.returncode == 0 and "the trace is not written" in out and "was not written by mfsdp-train as a trace" in out,
+          f"a trace path taken after start-up: rc {p.returncode}: {out[-600:]}")
+    check(read(os.path.join(later, "metrics.jsonl")) == theirs, "the run wrote its trace over another run's file")
 
 
 def case_e2e(bin_dir, tmp):
