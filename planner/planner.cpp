@@ -67,44 +67,72 @@ void layout_round_robin(ShardPlan& plan) {
 
 // Spreads each unit's matrices over ranks without changing any rank's FLOPs or bytes: matrices
 // with identical cost (same FLOPs and bytes, e.g. the same layer type in different blocks) may
-// trade owners. A trade is taken when it lowers sum over (unit, rank) of (unit bytes on rank)^2;
-// pairs are visited in a fixed order until no trade helps (or a pass limit), so it is
-// deterministic. `mats` is sorted by (FLOPs, bytes) descending, so equal-cost runs are adjacent.
+// trade owners. Each run of equal-cost matrices keeps its multiset of owners (the LPT result):
+// 1. deal: in inventory order, each matrix takes, among the ranks with an owner slot of the run
+//    left, the one holding the fewest bytes of its unit (the lowest rank on ties); O(run x N);
+// 2. trade: pairs are visited in a fixed order, and two matrices swap owners when that lowers sum
+//    over (unit, rank) of (unit bytes on rank)^2, until no swap helps, for at most
+//    kMaxTradePairs pair visits per run (quadratic: a run of thousands of experts is dealt only).
+// Deterministic. `mats` is sorted by (FLOPs, bytes) descending, so equal-cost runs are adjacent.
+constexpr int64_t kMaxTradePairs = int64_t{1} << 24;
+
+// Step 2 of spread_units over one run of matrices of `w` bytes each; `at(unit, rank)` is the bytes
+// of the unit's matrices on the rank, kept up to date.
+template <class At>
+void trade_owners(ShardPlan& plan, const std::vector<int>& run, int64_t w, At& at) {
+  const int64_t n = static_cast<int64_t>(run.size());
+  int64_t budget = kMaxTradePairs;
+  for (bool improved = true; improved && budget >= n * (n - 1) / 2;) {
+    budget -= n * (n - 1) / 2;
+    improved = false;
+    for (size_t a = 0; a < run.size(); ++a)
+      for (size_t b = a + 1; b < run.size(); ++b) {
+        auto& sa = plan.shards[run[a]];
+        auto& sb = plan.shards[run[b]];
+        const int ra = sa.pieces[0].rank, rb = sb.pieces[0].rank;
+        if (ra == rb || sa.unit == sb.unit) continue;
+        // Change of the squared sums when a moves ra -> rb and b moves rb -> ra (halved).
+        const int64_t delta = (at(sa.unit, rb) - at(sa.unit, ra) + w) + (at(sb.unit, ra) - at(sb.unit, rb) + w);
+        if (delta >= 0) continue;
+        at(sa.unit, ra) -= w;
+        at(sa.unit, rb) += w;
+        at(sb.unit, rb) -= w;
+        at(sb.unit, ra) += w;
+        sa.pieces[0].rank = rb;
+        sb.pieces[0].rank = ra;
+        improved = true;
+      }
+  }
+}
+
 void spread_units(ShardPlan& plan, const std::vector<int>& mats, const std::vector<double>& flops,
                   const std::vector<int64_t>& bytes) {
   const int N = plan.world_size;
   if (N == 1) return;
-  std::vector<double> x(plan.units.size() * static_cast<size_t>(N), 0.0);
-  auto at = [&](int unit, int rank) -> double& { return x[static_cast<size_t>(unit) * N + rank]; };
+  std::vector<int64_t> x(plan.units.size() * static_cast<size_t>(N), 0);  // unit x rank -> bytes
+  auto at = [&](int unit, int rank) -> int64_t& { return x[static_cast<size_t>(unit) * N + rank]; };
   for (int i : mats) at(plan.shards[i].unit, plan.shards[i].pieces[0].rank) += bytes[i];
+  std::vector<int> slots(N);
   for (size_t lo = 0; lo < mats.size();) {
     size_t hi = lo + 1;
-    while (hi < mats.size() && flops[mats[hi]] == flops[mats[lo]] &&
-           bytes[mats[hi]] == bytes[mats[lo]])
-      ++hi;
-    const double w = static_cast<double>(bytes[mats[lo]]);
-    for (int pass = 0; pass < 32; ++pass) {
-      bool improved = false;
-      for (size_t a = lo; a < hi; ++a)
-        for (size_t b = a + 1; b < hi; ++b) {
-          auto& sa = plan.shards[mats[a]];
-          auto& sb = plan.shards[mats[b]];
-          const int ra = sa.pieces[0].rank, rb = sb.pieces[0].rank;
-          if (ra == rb || sa.unit == sb.unit) continue;
-          // Change of the squared sums when a moves ra -> rb and b moves rb -> ra.
-          const double delta = 2.0 * w * (at(sa.unit, rb) - at(sa.unit, ra) + w) +
-                               2.0 * w * (at(sb.unit, ra) - at(sb.unit, rb) + w);
-          if (delta >= 0.0) continue;
-          at(sa.unit, ra) -= w;
-          at(sa.unit, rb) += w;
-          at(sb.unit, rb) -= w;
-          at(sb.unit, ra) += w;
-          sa.pieces[0].rank = rb;
-          sb.pieces[0].rank = ra;
-          improved = true;
-        }
-      if (!improved) break;
+    while (hi < mats.size() && flops[mats[hi]] == flops[mats[lo]] && bytes[mats[hi]] == bytes[mats[lo]]) ++hi;
+    std::vector<int> run(mats.begin() + static_cast<std::ptrdiff_t>(lo), mats.begin() + static_cast<std::ptrdiff_t>(hi));
+    std::sort(run.begin(), run.end());  // inventory order
+    std::fill(slots.begin(), slots.end(), 0);
+    for (int i : run) {
+      ++slots[plan.shards[i].pieces[0].rank];
+      at(plan.shards[i].unit, plan.shards[i].pieces[0].rank) -= bytes[i];
     }
+    for (int i : run) {
+      const int unit = plan.shards[i].unit;
+      int best = -1;
+      for (int r = 0; r < N; ++r)
+        if (slots[r] > 0 && (best < 0 || at(unit, r) < at(unit, best))) best = r;
+      --slots[best];
+      at(unit, best) += bytes[i];
+      plan.shards[i].pieces[0].rank = best;
+    }
+    trade_owners(plan, run, bytes[run[0]], at);
     lo = hi;
   }
 }

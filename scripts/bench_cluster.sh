@@ -11,7 +11,8 @@
 # runs use 5 Newton-Schulz steps), SEQ=64, WARMUP=1, STEPS=1, PLACEMENTS="matrixfsdp fsdp2 zero1",
 # PYTHON=/usr/bin/python3 (with matplotlib for the plot).
 # The emulated nodes share this machine's cores: every rank runs one thread, and the sizes are
-# chosen so that link time dominates the baseline's step.
+# chosen so that link time dominates the baseline's step. The cluster has its own state directory
+# (MFSDP_EMULATE_DIR, default /run/mfsdp-bench-cluster), so a cluster of the user's is left alone.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
@@ -20,14 +21,18 @@ LINK_RATE="${LINK_RATE:-50mbit}" NODES="${NODES:-1 2 4}" LAYERS="${LAYERS:-2}" V
 NS="${NS:-5}" SEQ="${SEQ:-64}" WARMUP="${WARMUP:-1}" STEPS="${STEPS:-1}"
 PLACEMENTS="${PLACEMENTS:-matrixfsdp fsdp2 zero1}" PYTHON="${PYTHON:-/usr/bin/python3}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export MFSDP_EMULATE_DIR="${MFSDP_EMULATE_DIR:-/run/mfsdp-bench-cluster}"
 emulate="$root/scripts/emulate_cluster.sh"
 bin="$build/bin"
+WORLD=4
+for n in $NODES; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] && (( WORLD % n == 0 )) ||
+    { echo "bench_cluster.sh: NODES='$NODES': '$n' is not a node count that divides the $WORLD ranks (1, 2 or 4)" >&2; exit 2; }
+done
 for exe in mfsdp-bench mfsdp-bench-comm mfsdp-project; do
   [ -x "$bin/$exe" ] || { echo "bench_cluster.sh: $bin/$exe not built" >&2; exit 2; }
 done
 mkdir -p "$out"
-trap 'bash "$emulate" down' EXIT
-WORLD=4
 
 # Bytes sent by all nodes' links so far (each node's eth0; within-node traffic never reaches it).
 link_bytes() {
@@ -53,10 +58,10 @@ bench_case() {
 }
 
 for n in $NODES; do
-  (( WORLD % n == 0 )) || { echo "bench_cluster.sh: $n nodes do not divide $WORLD ranks" >&2; exit 2; }
   rc=0; bash "$emulate" up "$n" --slots $(( WORLD / n )) --link-rate "$LINK_RATE" || rc=$?
   (( rc == 77 )) && exit 77
   (( rc == 0 )) || exit "$rc"
+  trap 'bash "$emulate" down' EXIT  # only a cluster this script brought up
   echo "== $n node(s) x $(( WORLD / n )) ranks, links $LINK_RATE"
   # The collectives' bus bandwidth over the whole layout (nccl-tests' busbw: what the projection's
   # link rates mean); each node's link carries its ranks' share.

@@ -17,19 +17,30 @@
 #   emulate_cluster.sh down                                  removes everything `up` made
 #
 # Only addresses inside the namespaces it creates are used (10.213.47.0/24); the host's own network
-# is not touched. `up` removes a previous cluster first, and a failed `up` removes what it made.
-# Where namespaces or tc are not permitted (not root, no CAP_SYS_ADMIN, no sch_tbf), it stops
-# with one line and exit code 77. Needs root, iproute2 (ip, tc) and util-linux (unshare, nsenter).
+# is not touched. A cluster is its state directory (MFSDP_EMULATE_DIR, default
+# /run/mfsdp-emulated-cluster): its namespaces are named after it, so clusters with different state
+# directories live side by side, and `down` removes only the namespaces, processes and files that
+# this directory's `up` made (a directory holding anything else is kept, and said so). `up` removes
+# the previous cluster of the same directory first; a failed or interrupted `up` (an error, INT or
+# TERM) removes what it made. Where namespaces or tc are not permitted (not root, no CAP_SYS_ADMIN,
+# no sch_tbf), it stops with one line and exit code 77; any other failure to set up is exit 1.
+# Needs root, iproute2 (ip, tc) and util-linux (unshare, nsenter).
 set -euo pipefail
 
 STATE=${MFSDP_EMULATE_DIR:-/run/mfsdp-emulated-cluster}
-PREFIX=mfsdp-emu
 SUBNET=10.213.47
-SWITCH=${PREFIX}-switch
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
+# The files `up` makes in the state directory (and `down` removes), besides node<I>.pid / .err.
+STATE_FILES=(cluster namespaces nodes hosts hostfile agent rate)
 
 die() { echo "emulate_cluster: $*" >&2; exit 1; }
 not_permitted() { echo "emulate_cluster: not permitted here: $* (needs root with network namespaces and tc)" >&2; exit 77; }
+# The state path goes into Open MPI's agent option (split at spaces) and into scripts: plain characters only.
+[[ "$STATE" =~ ^/[A-Za-z0-9._/-]+$ ]] ||
+  die "MFSDP_EMULATE_DIR '$STATE' must be an absolute path of letters, digits, '.', '_', '-' and '/'"
+# Namespace names carry a tag of the state directory: mfsdp-emu-<tag>-node<I>, -switch, -probe.
+PREFIX=mfsdp-emu-$(printf '%s' "$STATE" | cksum | awk '{ printf "%08x", $1 }')
+SWITCH=${PREFIX}-switch
 node_ns() { echo "${PREFIX}-node$1"; }
 nodes() { cat "$STATE/nodes" 2>/dev/null || echo 0; }
 holder_pid() { cat "$STATE/node$1.pid" 2>/dev/null || die "no node $1 (is the cluster up? 'emulate_cluster.sh up N')"; }
@@ -38,7 +49,11 @@ check_node() {
   (( $1 < $(nodes) )) || die "node $1 does not exist (the cluster has $(nodes) nodes)"
 }
 # A tc rate in bits per second, e.g. 1gbit, 200mbit, 1mbit; refuses anything else.
-check_rate() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$ ]] || die "link rate '$1' is not like 1gbit, 200mbit or 1mbit"; }
+check_rate() {
+  [[ "$1" =~ ^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$ ]] || die "link rate '$1' is not like 1gbit, 200mbit or 1mbit"
+  [[ "$1" =~ ^0*\.?0*[a-z]+$ ]] && die "link rate '$1' is zero"
+  return 0
+}
 # tbf's bucket: 10 ms of traffic at the rate, at least 32 KiB (several MTUs), so shaping is smooth
 # at the kernel's timer resolution; packets queue up to 200 ms before they are dropped.
 shape() {  # shape NETNS DEV RATE
@@ -49,35 +64,53 @@ shape() {  # shape NETNS DEV RATE
   ip netns exec "$1" tc qdisc replace dev "$2" root tbf rate "$3" burst "$burst" latency 200ms
 }
 
+# Whether the state directory is absent, empty or one `up` made (its `cluster` file says so).
+state_is_ours() {
+  [[ ! -e "$STATE" ]] && return 0
+  [[ -d "$STATE" ]] || return 1
+  [[ -z "$(ls -A "$STATE")" ]] && return 0
+  [[ "$(head -c 64 "$STATE/cluster" 2>/dev/null)" == "mfsdp emulated cluster $PREFIX" ]]
+}
+
+# Every process in the namespaces this state directory lists is killed, the namespaces deleted,
+# the files `up` made removed, and the directory too when nothing else is left in it.
 cmd_down() {
-  local n i
-  n=$(nodes)
-  for (( i = 0; i < n; i++ )); do
-    ip netns pids "$(node_ns "$i")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-  done
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}-" || true); do
+  [[ -e "$STATE" ]] || return 0
+  state_is_ours || die "$STATE is not the state directory of an emulated cluster; left as it is"
+  local ns
+  for ns in $(cat "$STATE/namespaces" 2>/dev/null || true); do
+    [[ "$ns" == "$PREFIX"-* ]] || continue  # only names of this cluster
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns delete "$ns" 2>/dev/null || true
   done
-  rm -rf "$STATE"
+  local f
+  for f in "${STATE_FILES[@]}"; do rm -f "$STATE/$f"; done
+  rm -f "$STATE"/node[0-9]*.pid "$STATE"/node[0-9]*.err
+  rmdir "$STATE" 2>/dev/null || echo "emulate_cluster: $STATE holds files emulate_cluster.sh did not make; kept" >&2
+}
+
+# `ip netns add` that records the name first, so that `down` (and a failed `up`) finds it.
+add_netns() {
+  echo "$1" >> "$STATE/namespaces"
+  ip netns add "$1"
 }
 
 # The node-entering agent Open MPI calls as `AGENT HOST CMD...` (like ssh): it enters HOST's
 # namespaces and runs CMD with sh -c, as sshd would.
 write_agent() {
-  cat > "$STATE/agent" <<EOF
+  cat > "$STATE/agent" <<'EOF'
 #!/bin/sh
-host="\$1"; shift
-case "\$host" in node[0-9]*) ;; *) echo "emulate_cluster agent: unknown host \$host" >&2; exit 255;; esac
-pid=\$(cat "$STATE/\$host.pid") || exit 255
-exec nsenter -t "\$pid" -n -u -m -- sh -c "\$*"
+host="$1"; shift
+case "$host" in node[0-9]*) ;; *) echo "emulate_cluster agent: unknown host $host" >&2; exit 255;; esac
+pid=$(cat "$(dirname "$0")/$host.pid") || exit 255
+exec nsenter -t "$pid" -n -u -m -- sh -c "$*"
 EOF
   chmod +x "$STATE/agent"
 }
 
 start_node() {  # start_node I SLOTS RATE
   local i=$1 ns; ns=$(node_ns "$1")
-  ip netns add "$ns"
+  add_netns "$ns"
   ip link add eth0 netns "$ns" type veth peer name "n$i" netns "$SWITCH"
   ip -n "$SWITCH" link set "n$i" master br0 up
   ip -n "$ns" addr add "$SUBNET.$((i + 1))/24" dev eth0
@@ -97,9 +130,10 @@ start_node() {  # start_node I SLOTS RATE
 start_holder() {
   local i=$1
   setsid ip netns exec "$(node_ns "$i")" unshare --uts --mount --propagation private -- sh -c \
-    "hostname node$i && mount -t tmpfs -o size=4g tmpfs /dev/shm && mount --bind '$STATE/hosts' /etc/hosts && exec sleep infinity" \
-    </dev/null >/dev/null 2>"$STATE/node$i.err" &
+    'hostname "$1" && mount -t tmpfs -o size=4g tmpfs /dev/shm && mount --bind "$2" /etc/hosts && exec sleep infinity' \
+    sh "node$i" "$STATE/hosts" </dev/null >/dev/null 2>"$STATE/node$i.err" &
   echo $! > "$STATE/node$i.pid"
+  disown $!  # killed by `down`, never reported as a job of this shell
 }
 
 wait_holders() {
@@ -132,18 +166,20 @@ cmd_up() {
   check_rate "$rate"
   (( EUID == 0 )) || not_permitted "not root"
   for tool in ip tc unshare nsenter mpirun; do command -v "$tool" >/dev/null || die "'$tool' is not installed"; done
+  state_is_ours || die "$STATE holds files emulate_cluster.sh did not make; choose another MFSDP_EMULATE_DIR"
   cmd_down
-  ip netns add "${PREFIX}-probe" 2>/dev/null || not_permitted "'ip netns add' failed"
-  if ! ip netns exec "${PREFIX}-probe" tc qdisc add dev lo root tbf rate 1gbit burst 32768 latency 10ms 2>/dev/null; then
-    ip netns delete "${PREFIX}-probe"; not_permitted "'tc qdisc ... tbf' failed"
-  fi
-  ip netns delete "${PREFIX}-probe"
+  probe_facilities
   mkdir -p "$STATE"
-  trap 'cmd_down; exit 1' ERR
+  echo "mfsdp emulated cluster $PREFIX" > "$STATE/cluster"
+  # From here on an error, INT or TERM removes what was made.
+  UP_DONE=0  # global: the EXIT trap runs after this function's scope is gone
+  trap '(( UP_DONE )) || { trap - EXIT; cmd_down; }' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   echo "$n" > "$STATE/nodes"
   echo "127.0.0.1 localhost" > "$STATE/hosts"
   : > "$STATE/hostfile"
-  ip netns add "$SWITCH"
+  add_netns "$SWITCH"
   ip -n "$SWITCH" link add br0 type bridge
   ip -n "$SWITCH" link set br0 up
   local i
@@ -152,8 +188,27 @@ cmd_up() {
   wait_holders "$n"
   write_agent
   echo "$rate" > "$STATE/rate"
-  trap - ERR
+  UP_DONE=1
+  trap - EXIT INT TERM
   echo "emulated cluster: $n node(s) x $slots slot(s), links $rate, addresses $SUBNET.1-$n (state in $STATE)"
+}
+
+# Namespaces and tc tbf, tried in a probe namespace: exit 77 where the kernel does not permit them
+# (EPERM, no sch_tbf), exit 1 where they exist but fail.
+probe_facilities() {
+  local probe=${PREFIX}-probe err
+  ip netns delete "$probe" 2>/dev/null || true
+  if ! err=$(ip netns add "$probe" 2>&1); then
+    [[ "$err" == *"not permitted"* || "$err" == *"Permission denied"* ]] && not_permitted "'ip netns add': $err"
+    die "'ip netns add' failed: $err"
+  fi
+  if ! err=$(ip netns exec "$probe" tc qdisc add dev lo root tbf rate 1gbit burst 32768 latency 10ms 2>&1); then
+    ip netns delete "$probe"
+    [[ "$err" == *"not permitted"* || "$err" == *"No such file"* || "$err" == *"Unknown qdisc"* ]] &&
+      not_permitted "'tc qdisc ... tbf': $err"
+    die "'tc qdisc ... tbf' failed: $err"
+  fi
+  ip netns delete "$probe"
 }
 
 # mpirun on node 0: the rsh agent enters the other nodes (no tree spawn: node 0 starts every
@@ -222,5 +277,5 @@ case "${1:-}" in
   kill) shift; cmd_kill "$@" ;;
   pids) shift; cmd_pids "$@" ;;
   status) cmd_status ;;
-  *) sed -n '2,21p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
+  *) sed -n '2,26p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
 esac

@@ -318,6 +318,72 @@ def case_bench(bin_dir, tmp, _):
     print(report[:3000])
 
 
+def emulate_in(state, *args):
+    """emulate_cluster.sh ARGS with MFSDP_EMULATE_DIR=state; returns the CompletedProcess (77 raises)."""
+    r = subprocess.run(["bash", EMULATE, *args], env=dict(ENV, MFSDP_EMULATE_DIR=state), capture_output=True, text=True)
+    if r.returncode == 77:
+        raise NotPermitted(r.stderr.strip())
+    return r
+
+
+def netns_names():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def case_ownership(bin_dir, tmp, _):
+    """emulate_cluster.sh touches only what its state directory's `up` made: a second cluster's
+    `down` leaves the first running; a directory of a user's is neither removed nor taken; an
+    interrupted `up` leaves no namespace and no holder process; a state path that cannot be used
+    and bench_cluster.sh's bad NODES are refused with one line, nothing made."""
+    a, b, user = (os.path.join(tmp, n) for n in ("cluster_a", "cluster_b", "user_dir"))
+    r = emulate_in(a, "up", "2")
+    check(r.returncode == 0, f"up A: {r.stderr}")
+    r = emulate_in(b, "up", "1")
+    check(r.returncode == 0, f"up B: {r.stderr}")
+    r = emulate_in(b, "down")
+    check(r.returncode == 0 and not os.path.exists(b), f"down B: rc {r.returncode} {r.stderr}")
+    status = emulate_in(a, "status").stdout
+    check(status.count("processes 1") == 2 and emulate_in(a, "exec", "1", "--", "hostname").stdout.strip() == "node1",
+          f"B's down touched A: {status}")
+    os.makedirs(user)
+    with open(os.path.join(user, "mine"), "w") as f:
+        f.write("mine")
+    for verb in (["down"], ["up", "1"]):
+        r = emulate_in(user, *verb)
+        check(r.returncode == 1 and "did not make" in r.stderr + r.stdout or "not the state directory" in r.stderr,
+              f"{verb} in a user's directory: rc {r.returncode} {r.stderr}")
+        check(read(os.path.join(user, "mine")) == b"mine" and os.listdir(user) == ["mine"], f"{verb} changed {user}")
+    r = emulate_in(os.path.join(tmp, "it's"), "up", "1")
+    check(r.returncode == 1 and "must be an absolute path of letters" in r.stderr, f"a quote in the state path: {r.stderr}")
+    # up interrupted by TERM while it starts its nodes
+    c = os.path.join(tmp, "cluster_c")
+    p = subprocess.Popen(["bash", EMULATE, "up", "24"], env=dict(ENV, MFSDP_EMULATE_DIR=c),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tag, holders = "", []
+    deadline = time.time() + 30
+    while time.time() < deadline and p.poll() is None:
+        try:
+            tag = read(os.path.join(c, "cluster")).decode().split()[-1]
+            holders = [read(f).decode().strip() for f in glob.glob(os.path.join(c, "node*.pid"))]
+            if len(holders) >= 2:
+                break
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.01)
+    p.send_signal(15)
+    p.communicate(timeout=60)
+    check(tag and p.returncode == 143, f"up was not interrupted while starting (rc {p.returncode}, tag {tag!r})")
+    check(tag not in netns_names() and not os.path.exists(c), f"an interrupted up left {netns_names()} / {c}")
+    alive = [h for h in holders if os.path.exists(f"/proc/{h}")]
+    check(not alive, f"an interrupted up left holder processes {alive}")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "bench_cluster.sh"), os.path.dirname(bin_dir), tmp],
+                       env=dict(ENV, NODES="1 x3"), capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and r.stderr.strip().startswith("bench_cluster.sh: NODES='1 x3': 'x3' is not a node count"),
+          f"bench_cluster.sh with bad NODES: rc {r.returncode} {r.stderr}")
+    check(emulate_in(a, "status").stdout.count("processes 1") == 2, "A did not survive")
+    check(emulate_in(a, "down").returncode == 0 and not os.path.exists(a), "down A")
+
+
 if __name__ == "__main__":
     extra = sys.argv[3]
     ns = {k: (lambda f: (lambda b, t: f(b, t, extra)))(v) for k, v in globals().items() if k.startswith("case_")}

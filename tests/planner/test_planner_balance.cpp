@@ -158,3 +158,22 @@ TEST_CASE("the LPT bound holds for every orthogonalizer and the per-head split",
   const ShardPlan back = ShardPlan::from_json(plan.to_json());
   REQUIRE(back.options == heads);
 }
+
+TEST_CASE("two MoE layers of 65536 equal experts plan in linear time, spread evenly over the ranks", "[balance][moe]") {
+  // A quadratic owner spread took minutes here; the ctest timeout bounds this case.
+  constexpr int kExperts = 65536, N = 8;
+  ParamInventory inv;
+  inv.unit_names = {"layer.0", "layer.1"};
+  for (int u = 0; u < 2; ++u)
+    for (int e = 0; e < kExperts; ++e)
+      inv.params.push_back(ParamSpec{"layer." + std::to_string(u) + ".expert." + std::to_string(e) + ".w", {16, 8},
+                                     ParamRole::matrix, u, 1, e});
+  const ShardPlan plan = make_plan(inv, N, Placement::matrixfsdp);
+  std::vector<std::vector<int>> owned(2, std::vector<int>(N, 0));
+  for (const MatrixShard& s : plan.shards) ++owned.at(static_cast<size_t>(s.unit)).at(static_cast<size_t>(s.owner));
+  for (int u = 0; u < 2; ++u)
+    for (int r = 0; r < N; ++r) {
+      INFO("unit " << u << " rank " << r);
+      CHECK(owned[u][r] == kExperts / N);  // equal experts: each rank owns an equal share of each layer
+    }
+}
