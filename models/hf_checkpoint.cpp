@@ -26,8 +26,16 @@ json read_json(const fs::path& path) {
   const std::string text = read_input_file(path.string(), "", size_t{256} << 20);  // regular files only
   if (json_nesting_depth(text) > kMaxJsonDepth)
     throw std::runtime_error(path.string() + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels, refused");
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw std::runtime_error(path.string() + ": not a JSON object");
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    if (const size_t bad = invalid_utf8_at(text); bad != std::string::npos)
+      throw std::runtime_error(path.string() + ": not valid UTF-8 (byte " + std::to_string(bad) + ")");
+    throw std::runtime_error(path.string() + ": not valid JSON: " + json_error_text(e.what()));
+  }
+  if (!j.is_object())
+    throw std::runtime_error(path.string() + ": a JSON " + std::string(j.type_name()) + ", not an object of the model's fields");
   return j;
 }
 

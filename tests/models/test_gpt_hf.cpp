@@ -163,6 +163,26 @@ TEST_CASE("import refuses names or shapes that do not match the config", "[hf_gp
   CHECK_THROWS_WITH(export_hf_gpt2(s.file("x"), c128, params), Contains("not in the GPT-2 inventory"));
 }
 
+TEST_CASE("a config.json that cannot be read says why: not JSON, not UTF-8, not an object", "[hf_gpt2]") {
+  Scratch s;
+  GPTConfig cfg;
+  cfg.n_layer = 1;
+  const std::string dir = s.file("hf");
+  export_hf_gpt2(dir, cfg, random_params(cfg, 7));
+  const std::string config = (fs::path(dir) / "config.json").string();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"n_layer\": 1,", config + ": not valid JSON: parse error at line 1, column 15"},
+      {"{\"name\": \"\xff\"}", config + ": not valid UTF-8 (byte 10)"},
+      {"[1, 2]", config + ": a JSON array, not an object of the model's fields"},
+      {"\"gpt2\"", config + ": a JSON string, not an object of the model's fields"},
+  };
+  for (const auto& [text, message] : cases) {
+    std::ofstream(config, std::ios::trunc) << text;
+    INFO(text);
+    CHECK_THROWS_WITH(import_hf_gpt2(dir, cfg), Contains(message));
+  }
+}
+
 TEST_CASE("import refuses config.json fields that change GPT-2's maths, naming file and field", "[hf_gpt2]") {
   Scratch s;
   GPTConfig cfg;
