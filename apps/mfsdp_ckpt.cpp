@@ -72,6 +72,18 @@ int list(const std::string& root) {
   return 0;
 }
 
+// Every piece's checksum (verify_checkpoint), then, when they match, the state fingerprint of the
+// checkpoint loaded on one process: what resume checks of the state itself.
+std::vector<std::string> state_problems(const CheckpointManifest& m) {
+  std::vector<std::string> problems = verify_checkpoint(m);
+  if (problems.empty()) {  // MPI on this host only
+    MpiSession mpi;
+    const auto host = make_host_communicator();
+    problems = verify_loaded_state(m, *host);
+  }
+  return problems;
+}
+
 int verify(const std::string& dir, const std::string& config, const std::vector<std::string>& overrides) {
   const CheckpointManifest m = CheckpointManifest::read(dir);
   std::optional<TrainConfig> run;  // the run that would resume: its data is checked
@@ -79,12 +91,7 @@ int verify(const std::string& dir, const std::string& config, const std::vector<
   std::string note;
   auto problems = verify_run_state(m, run ? &*run : nullptr, &note);  // the run-state checks of resume
   if (!note.empty()) std::printf("notice: %s\n", note.c_str());
-  for (auto& p : verify_checkpoint(m)) problems.push_back(std::move(p));
-  if (problems.empty()) {  // the loaded state's fingerprint, on one process (MPI on this host only)
-    MpiSession mpi;
-    const auto host = make_host_communicator();
-    problems = verify_loaded_state(m, *host);
-  }
+  for (auto& p : state_problems(m)) problems.push_back(std::move(p));
   for (const auto& p : problems) std::printf("%s\n", p.c_str());
   size_t pieces = 0;
   for (const auto& t : m.tensors)
@@ -141,6 +148,9 @@ int export_hf(const std::string& dir, const std::string& out) {
   const CheckpointManifest m = CheckpointManifest::read(dir);
   const TrainConfig cfg = parse_train_config(m.config, (fs::path(dir) / "manifest.json").string() + " (config)", dir);
   check_claimed_sizes(m);
+  if (const std::vector<std::string> problems = state_problems(m); !problems.empty())
+    throw CheckpointError(dir + ": not exported: " + problems[0] +
+                          (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more: mfsdp-ckpt verify lists them)" : ""));
   NamedTensors params;
   for (const auto& t : m.tensors) params[t.name] = read_tensor(m, t.name, StateKind::param);
   const std::map<std::string, std::string> meta{{"step", std::to_string(m.step)}};

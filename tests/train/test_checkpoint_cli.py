@@ -578,6 +578,11 @@ def case_manifest(bin_dir, tmp):
         check("step      1/" not in out and "step      3/" not in out, f"{name}: training started")
         rc, vout = ckpt_tool(bin_dir, "verify", d)
         check(rc != 0 and expect in vout, f"{name}: verify exit {rc}, expected a refusal naming '{expect}': {vout[-600:]}")
+        if expect == "fingerprint":  # the export checks the state as resume and verify do
+            exported = os.path.join(tmp, re.sub(r"\W+", "_", name) + ".safetensors")
+            rc, eout = ckpt_tool(bin_dir, "export", d, exported)
+            check(rc == 2 and "not exported" in eout and "fingerprint" in eout and not os.path.exists(exported),
+                  f"{name}: export exit {rc}, expected a refusal naming the fingerprint: {eout[-600:]}")
     # the same checkpoint under another directory name, unedited, resumes (the step comes from the manifest)
     d = os.path.join(tmp, "renamed", "backup")
     shutil.copytree(good, d)
