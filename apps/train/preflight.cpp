@@ -133,6 +133,30 @@ std::string check_inputs(const TrainConfig& cfg, const TrainableModel& model, in
 // training.resume and the checkpoint directory. Saving into a directory that holds other
 // checkpoints is only safe when continuing from the newest of them: a fresh run, or one resumed
 // from elsewhere or from an older step, would collide with them at save time and prune them.
+// A step directory without a manifest (a save that did not finish) beyond the newest complete
+// checkpoint: this run's save of that step would collide with it after all the training, so it is
+// refused now. "" when there is none.
+std::string incomplete_step_dirs_ahead(const TrainConfig& cfg, const std::string& ckpt_root,
+                                       const std::vector<std::string>& complete) {
+  namespace fs = std::filesystem;
+  const auto step_of = [](const std::string& name) -> int64_t {  // step_NNNNNNNN, else -1
+    if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+    for (size_t i = 5; i < name.size(); ++i)
+      if (name[i] < '0' || name[i] > '9') return -1;
+    return std::stoll(name.substr(5));
+  };
+  const int64_t newest = complete.empty() ? 0 : step_of(fs::path(complete.back()).filename().string());
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(ckpt_root, ec)) {
+    const int64_t step = step_of(entry.path().filename().string());
+    if (step > newest && entry.is_directory(ec) && !fs::exists(fs::symlink_status(entry.path() / "manifest.json", ec)))
+      return cfg.source + ": checkpoint.dir: " + entry.path().string() +
+             " has no manifest.json (a save that did not finish); this run would save step " + std::to_string(step) +
+             " there after training: remove or move it (mfsdp-ckpt list " + ckpt_root + " shows the checkpoints)";
+  }
+  return "";
+}
+
 std::string check_checkpoints(const TrainConfig& cfg, bool eval_only) {
   const std::string ckpt_root = cfg.checkpoint.root(cfg.logging.run_dir.resolved);
   if (ckpt_root.empty() && (cfg.training.resume == "auto" || cfg.checkpoint.interval > 0))
@@ -155,7 +179,7 @@ std::string check_checkpoints(const TrainConfig& cfg, bool eval_only) {
            (cfg.training.resume.empty() ? "" : " (resumed from " + cfg.training.resume + ")") +
            " would overwrite or prune; continue the newest with --set training.resume=auto, or branch into "
            "another checkpoint.dir / logging.run_dir";
-  return "";
+  return incomplete_step_dirs_ahead(cfg, ckpt_root, existing);
 }
 
 /// Every file the run reads or writes, as (its config key or "the config file", path), except those

@@ -357,6 +357,13 @@ def case_crash(bin_dir, tmp):
         same_as(ref, run, "resume after a crashed save")
         check(tree_digest(os.path.join(ck, "step_00000003")) == before or not os.path.exists(os.path.join(ck, "step_00000003")),
               "the step-3 checkpoint was altered")
+    # a step directory that lost its manifest, ahead of the newest checkpoint: the save of that step
+    # would collide with it after training, so resume=auto refuses it at start-up
+    lost = os.path.join(ck, "step_00000010")
+    os.makedirs(lost)
+    rc, out = train(bin_dir, 2, f"logging.run_dir={run}", "training.steps=12", "training.resume=auto", expect=2)
+    check(rc == 2 and f"{lost} has no manifest.json" in out and "step      9/" not in out and os.path.isdir(lost),
+          f"resume=auto beside a step directory without a manifest: rc {rc}: {out[-600:]}")
 
 
 
