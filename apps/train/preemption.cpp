@@ -35,6 +35,7 @@ StopSignals& stop_signals() {
   return *s;
 }
 std::atomic<int> g_stop{0};  ///< the first signal that requested a stop
+std::atomic<const char*> g_nothing_to_save{nullptr};  ///< end_on_stop_request()'s reason, or null
 
 sigset_t watched_signals() {
   sigset_t set;
@@ -48,6 +49,11 @@ bool always_stops(int sig) { return sig == SIGTERM || sig == SIGINT; }
 /// The first stop signal is kept for the training loop; SIGTERM or SIGINT after it ends the
 /// process now (the launcher's second request, or a user's second Ctrl-C).
 void request_stop(int sig) {
+  if (const char* why = g_nothing_to_save.load()) {
+    std::fprintf(stderr, "mfsdp: %s: stopping now (%s)\n", signal_name(sig).c_str(), why);
+    std::fflush(stderr);
+    _exit(128 + sig);
+  }
   int none = 0;
   if (g_stop.compare_exchange_strong(none, sig) || !always_stops(sig)) return;
   std::fprintf(stderr, "mfsdp: %s while a stop was pending (%s): exiting now\n", signal_name(sig).c_str(),
@@ -141,5 +147,10 @@ void arm_notice_signal(int notice_signal) {
 }
 
 int stop_signal() { return g_stop.load(); }
+
+void end_on_stop_request(const char* why) {
+  g_nothing_to_save.store(why);
+  if (const int sig = g_stop.load()) request_stop(sig);  // one that came before
+}
 
 }  // namespace mfsdp

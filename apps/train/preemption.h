@@ -47,4 +47,9 @@ void arm_notice_signal(int notice_signal);
 /// none has. The training loop polls it at each step boundary.
 int stop_signal();
 
+/// For a process with nothing to save (--eval-only): from now on a stop request ends the process at
+/// once with 128 + the signal number, after the line "mfsdp: SIGINT: stopping now (<why>)" on
+/// stderr; a request that came before ends it now. `why` must outlive the process (a literal).
+void end_on_stop_request(const char* why);
+
 }  // namespace mfsdp

@@ -540,6 +540,7 @@ void Trainer::write_summary(double train_seconds, const CommCounters& counters, 
 
 void run_training(const TrainConfig& asked, Communicator& comm, const TrainerOptions& opts) {
   arm_notice_signal(notice_signal_number(asked.checkpoint.notice_signal));
+  if (opts.eval_only) end_on_stop_request("--eval-only has nothing to save");
   TrainConfig cfg = asked;  // auto precisions resolved, the same on every rank
   const RunPrecision precision = resolve_precision(cfg, comm, opts.replicas);
   Trainer trainer(cfg, comm, opts, precision);

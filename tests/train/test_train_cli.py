@@ -31,10 +31,12 @@ usage: test_train_cli.py BIN_DIR CASE FAULT_BIN   with FAULT_BIN the test_train_
 Exit 0 on success, 1 on failure, 77 when skipped.
 """
 import fcntl
+import glob
 import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -528,6 +530,23 @@ def case_export(bin_dir, tmp):
                 got = float(line.split()[2])
         check(got is not None and abs(got - final_val) <= 5e-6,
               f"world {np}: --eval-only loss {got} != final val loss {final_val}")
+    # one SIGINT (Ctrl-C) during --eval-only ends it at once, saying so: there is nothing to save
+    val = os.path.join(tmp, "long_val")
+    os.makedirs(val)
+    with open(TINY) as f:
+        val_glob = json.load(f)["data"]["val"]
+    source = sorted(glob.glob(os.path.join(os.path.dirname(TINY), val_glob)))[0]
+    for i in range(40):  # 40 copies of the validation shard: seconds of evaluation
+        shutil.copy(source, os.path.join(val, f"val_{i:02d}.bin"))
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", *cmd_base, "--threads", "1", "--set", f"data.val={val}/val_*.bin"]
+    p, out = start_training(cmd, pattern=r"^topology:")
+    ranks = subprocess.run(["pgrep", "-f", "-P", str(p.pid), "mfsdp-train"], capture_output=True, text=True).stdout.split()
+    for pid in ranks:
+        os.kill(int(pid), signal.SIGINT)
+    rest, _ = p.communicate(timeout=120)
+    out += rest
+    check(len(ranks) == 2 and p.returncode != 0 and "SIGINT: stopping now (--eval-only has nothing to save)" in out
+          and "validation loss" not in out, f"SIGINT during --eval-only: rc {p.returncode}, ranks {ranks}: {out[-800:]}")
     # NaN weights in init_from are refused before training, naming the tensor (exit 2, no export)
     poisoned = os.path.join(tmp, "poisoned.safetensors")
     shutil.copy(model, poisoned)
