@@ -344,7 +344,8 @@ void Trainer::log_progress(int64_t step, const StepStats& s) {
                  {"rank0", local_counters(comm_, engine_.device())},
                  {"rank0_step", {{"orthogonalizations", s.orthogonalizations},
                                  {"optimizer_step_bytes", s.optimizer_step_bytes},
-                                 {"host_device_bytes", s.host_device_bytes}}}});
+                                 {"host_device_bytes", s.host_device_bytes},
+                                 {"overlapped_reductions", s.overlapped_reductions}}}});
   }
   window_.restart(now);
 }

@@ -138,6 +138,9 @@ struct StepStats {
   int64_t orthogonalizations = 0;
   int64_t optimizer_step_bytes = 0;
   int64_t host_device_bytes = 0;
+  /// Unit gradient reductions of the step that ran behind the backward (started, then finished
+  /// later: UnitBuffers::overlapped_reductions); 0 without sharding.overlap_reduce.
+  int64_t overlapped_reductions = 0;
 };
 
 /// One kind of per-element training state: the parameter itself, the first optimizer moment

@@ -199,7 +199,8 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   st.step = step;
   const double t_start = now_seconds();
   const int64_t orth0 = owners_.orthogonalizations(), copies0 = host_device_copy_bytes(),
-                opt_bytes0 = comm_.counters().at(CommPhase::opt_step).bytes_sent;
+                opt_bytes0 = comm_.counters().at(CommPhase::opt_step).bytes_sent,
+                overlapped0 = units_.overlapped_reductions();
   units_.zero_gradients();
   const ExpertsStay experts(*this);
   if (opts_.qk_clip > 0) model_.take_attention_logit_maxima();  // drop what forwards outside steps left
@@ -243,6 +244,7 @@ StepStats ShardedEngine::train_step(const std::vector<MicroBatch>& micro, int64_
   st.orthogonalizations = owners_.orthogonalizations() - orth0;
   st.optimizer_step_bytes = comm_.counters().at(CommPhase::opt_step).bytes_sent - opt_bytes0;
   st.host_device_bytes = host_device_copy_bytes() - copies0;
+  st.overlapped_reductions = units_.overlapped_reductions() - overlapped0;
 
   // 4. step statistics reduced once (and once more over HSDP replicas): tokens summed, phase times maxed
   PhaseScope phase("step statistics");

@@ -259,6 +259,7 @@ void UnitBuffers::reduce_gradients(int u, bool last_micro, bool overlap) {
 void UnitBuffers::finish_reduce(int u) {
   UnitBuffer& unit = this->unit(u);
   if (!unit.pending_reduce) return;
+  ++overlapped_reductions_;
   unit.pending_reduce->wait();
   unit.pending_reduce.reset();
   unit.reduce_wire = Tensor();

@@ -97,6 +97,9 @@ class UnitBuffers {
   /// Waits for unit u's started reduction, if any, then frees its full gradients (non-resident
   /// placements); afterwards its owners' gradient shard is complete. No-op when none is pending.
   void finish_reduce(int u);
+  /// Reductions that were still in flight when reduce_gradients returned and were completed by
+  /// finish_reduce, since construction: what only the overlapped path does.
+  int64_t overlapped_reductions() const { return overlapped_reductions_; }
   /// Zeroes the gradient shards (and resident full gradients) at the start of a step.
   void zero_gradients();
   /// Multiplies every gradient shard by alpha.
@@ -149,6 +152,7 @@ class UnitBuffers {
   DType param_dtype_, reduce_dtype_;
   int rank_;
   bool experts_stay_ = false;
+  int64_t overlapped_reductions_ = 0;
   std::vector<std::unique_ptr<UnitBuffer>> units_;
 };
 

@@ -45,7 +45,6 @@ struct Run {
   ShardPlan plan;
   int64_t ns_calls = 0;
   int64_t gathered_peak = 0;  ///< peak bytes of gathered parameters during the steps
-  bool overlap_reduce = false;  ///< the engine's reductions overlapped the backward (resolved)
 };
 
 // Trains kSteps steps on `comm` under `placement`, `accum` micro-batches of `B` sequences per
@@ -75,7 +74,6 @@ Run train(Communicator& comm, Placement placement, int accum, int64_t B, const S
     run.stats.push_back(engine.train_step(micro, s));
   }
   run.gathered_peak = MemoryTracker::instance().peak(comm.device(), MemCategory::gathered_params);
-  run.overlap_reduce = engine.overlap_reduce();
   run.counters = comm.counters();
   run.ns_calls = newton_schulz_call_count();
   run.fingerprint = engine.state_fingerprint();
@@ -599,10 +597,22 @@ TEST_CASE("overlap_reduce: bitwise equal to world 1 under every placement, with 
   const int64_t B = kGlobalSeqs / W;
   const Run plain = train(world(), Placement::matrixfsdp, 1, B, variant([](EngineOptions& o) { o.overlap_reduce = Toggle::off; }));
   const Run over = train(world(), Placement::matrixfsdp, 1, B, overlapped(DType::f32, DType::f32, 0));
-  CHECK(over.overlap_reduce);  // the overlapped path ran, and the plain run's did not
-  CHECK_FALSE(plain.overlap_reduce);
-  for (Placement p : overlapping) CHECK(train(world(), p, 1, B, overlapped(DType::f32, DType::f32, 0)).overlap_reduce);
-  CHECK_FALSE(train(world(), Placement::ddp, 1, B, overlapped(DType::f32, DType::f32, 0)).overlap_reduce);
+  // the overlapped path ran (every unit's reduction finished after the backward went on), and
+  // the plain run's did not: counted where the reductions are left in flight, not read from resolve()
+  const auto overlapped_per_step = [](const Run& r) {
+    std::vector<int64_t> n;
+    for (const StepStats& s : r.stats) n.push_back(s.overlapped_reductions);
+    return n;
+  };
+  const auto all_units = [](const Run& r) { return std::vector<int64_t>(r.stats.size(), static_cast<int64_t>(r.plan.units.size())); };
+  CHECK(overlapped_per_step(over) == all_units(over));
+  CHECK(overlapped_per_step(plain) == std::vector<int64_t>(plain.stats.size(), 0));
+  for (Placement p : overlapping) {
+    const Run r = train(world(), p, 1, B, overlapped(DType::f32, DType::f32, 0));
+    CHECK(overlapped_per_step(r) == all_units(r));
+  }
+  const Run ddp = train(world(), Placement::ddp, 1, B, overlapped(DType::f32, DType::f32, 0));
+  CHECK(overlapped_per_step(ddp) == std::vector<int64_t>(ddp.stats.size(), 0));  // ddp all-reduces after the backward
   CHECK(over.counters.at(CommPhase::grad_reduce).bytes_sent == plain.counters.at(CommPhase::grad_reduce).bytes_sent);
   CHECK(over.counters.at(CommPhase::grad_reduce).bytes_received ==
         plain.counters.at(CommPhase::grad_reduce).bytes_received);

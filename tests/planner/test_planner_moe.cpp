@@ -56,13 +56,46 @@ TEST_CASE("MoE: 64 experts x 3 matrices x 4 layers at world 8, Newton-Schulz max
     if (s.name.find(".mlp.experts.") != std::string::npos) {
       ++experts;
       CHECK(s.optimizer == OptimizerKind::muon);
-      CHECK(s.owner >= 0);  // whole, on one rank
-      CHECK(s.pieces.size() == 1);
+      // whole on its owner: one piece, on the owner's rank, of every element
+      REQUIRE(s.pieces.size() == 1);
+      CHECK(s.pieces[0].rank == s.owner);
+      CHECK(s.pieces[0].numel == s.numel());
     }
     if (s.name.ends_with("mlp.gate.weight") || s.name.ends_with("shared_expert_gate.weight"))
       CHECK(s.optimizer == OptimizerKind::adamw);
   }
   CHECK(experts == 64 * 3 * 4);
+  // the expert matrices cost the same, so the owners spread them over the ranks in each layer:
+  // a layer's Muon matrix elements per rank differ by at most one expert matrix's plus the layer's
+  // largest other matrix (the attention and shared-expert matrices LPT places first)
+  for (int u = 0; u < static_cast<int>(plan.units.size()); ++u) {
+    std::vector<int64_t> elements(world, 0);
+    int64_t largest_other = 0, expert_matrix = 0;
+    for (const MatrixShard& s : plan.shards)
+      if (s.unit == u && s.optimizer == OptimizerKind::muon) {
+        elements[static_cast<size_t>(s.owner)] += s.numel();
+        if (s.name.find(".mlp.experts.") != std::string::npos) expert_matrix = s.numel();
+        else largest_other = std::max(largest_other, s.numel());
+      }
+    if (!expert_matrix) continue;
+    INFO("unit " << plan.units[static_cast<size_t>(u)].name);
+    CHECK(*std::max_element(elements.begin(), elements.end()) - *std::min_element(elements.begin(), elements.end()) <=
+          expert_matrix + largest_other);
+  }
+  // under expert parallelism an expert's three matrices are one item: one owner, 64 / 8 experts per rank and layer
+  PlannerOptions ep;
+  ep.expert_parallel = true;
+  const ShardPlan pe = make_plan(inv, world, Placement::matrixfsdp, ep);
+  std::map<std::pair<int, int>, std::set<int>> owners_of_expert;  // (unit, expert) -> owners
+  std::map<std::pair<int, int>, std::set<int>> experts_of_rank;   // (unit, owner) -> experts
+  for (const MatrixShard& s : pe.shards)
+    if (s.expert >= 0) {
+      owners_of_expert[{s.unit, s.expert}].insert(s.owner);
+      experts_of_rank[{s.unit, s.owner}].insert(s.expert);
+    }
+  CHECK(owners_of_expert.size() == 64 * 4);
+  for (const auto& [key, owners] : owners_of_expert) CHECK(owners.size() == 1);
+  for (const auto& [key, held] : experts_of_rank) CHECK(held.size() == 64 / world);
   const std::vector<double> ns = ns_flops_per_rank(plan, world);
   const double total = std::accumulate(ns.begin(), ns.end(), 0.0);
   const double max_over_mean = *std::max_element(ns.begin(), ns.end()) / (total / world);

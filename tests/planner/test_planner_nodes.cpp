@@ -1,6 +1,9 @@
 // Owners spread over nodes (PlannerOptions::node_of_rank): a relabeling of ranks that keeps every
 // rank's load and lowers the bytes a unit's gather sends from its busiest node.
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <string>
 #include <utility>
 
 #include "tests/planner/plan_checks.h"
@@ -26,6 +29,36 @@ std::vector<std::pair<double, int64_t>> rank_loads(const ShardPlan& plan) {
       out[static_cast<size_t>(s.owner)].first += shard_muon_flops(s, plan.options),
           out[static_cast<size_t>(s.owner)].second += s.numel();
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Every piece of every shard (rank, offsets, length), hashed (FNV-1a 64): equal only for equal layouts.
+uint64_t layout_digest(const ShardPlan& plan) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](int64_t v) {
+    for (int b = 0; b < 8; ++b) h = (h ^ static_cast<uint64_t>((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+  };
+  for (const auto& s : plan.shards)
+    for (const ShardPiece& p : s.pieces) {
+      mix(p.rank);
+      mix(p.segment_offset);
+      mix(p.param_offset);
+      mix(p.numel);
+    }
+  return h;
+}
+
+// One line per node layout of the GPT-2 124M plans: "W per_node digest".
+std::string node_plan_digests() {
+  std::string out;
+  const auto inv = gpt_inventory(gpt2_124m());
+  for (int W : {4, 8, 16})
+    for (int per_node : {1, 2, W / 2}) {
+      PlannerOptions opt;
+      for (int r = 0; r < W; ++r) opt.node_of_rank.push_back(r / per_node);
+      out += std::to_string(W) + " " + std::to_string(per_node) + " " +
+             std::to_string(layout_digest(make_plan(inv, W, Placement::matrixfsdp, opt))) + "\n";
+    }
   return out;
 }
 
@@ -79,9 +112,27 @@ TEST_CASE("node relabeling keeps every rank's load, never raises the node object
         if (per_node == W || per_node == 1) {  // one node, or a node per rank: nothing to trade
           for (size_t i = 0; i < flat.shards.size(); ++i) CHECK(spread.shards[i].pieces == flat.shards[i].pieces);
         }
-        const ShardPlan again = make_plan(inv, W, Placement::matrixfsdp, opt);
-        for (size_t i = 0; i < spread.shards.size(); ++i) CHECK(again.shards[i].pieces == spread.shards[i].pieces);
       }
+}
+
+// Printed for the test below by another process of this binary.
+TEST_CASE("print the node plans' digests", "[.node_plan_digests]") { std::printf("%s", node_plan_digests().c_str()); }
+
+TEST_CASE("every process plans the same layout: two other processes agree with this one", "[nodes]") {
+  // Each rank plans for itself, so the plan must not depend on anything of the process (addresses,
+  // hash seeds, allocation order). Two fresh processes of this binary (own address space layouts)
+  // print their digests.
+  const std::string mine = node_plan_digests();
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();  // popen's own would be sh
+  for (int run = 0; run < 2; ++run) {
+    FILE* child = ::popen(("'" + self + "' '[.node_plan_digests]' 2>&1").c_str(), "r");
+    REQUIRE(child);
+    std::string theirs;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, child)) > 0;) theirs.append(buf, n);
+    CHECK(::pclose(child) == 0);
+    CHECK(theirs.find(mine) != std::string::npos);  // between Catch's filter line and its summary
+  }
 }
 
 TEST_CASE("node_of_rank of the wrong length or out of range is rejected", "[nodes]") {

@@ -5,6 +5,8 @@
 
 #include "apps/train/run_precision.h"
 #include "comm/mpi_backends.h"
+#include "optim/ns_probe.h"
+#include "runtime/gemm_probe.h"
 
 using namespace mfsdp;
 
@@ -36,9 +38,23 @@ TEST_CASE("resolve_precision on CPU ranks writes the same choice into every rank
   c.precision.matmul = c.precision.ns = DTypeChoice::auto_;
   const RunPrecision p = resolve_precision(c, *comm, nullptr);
   CHECK(p.probed);
-  CHECK(p.matmul_rates.f32 > 0);
-  CHECK(c.optim.matmuls() == p.matmul);
-  CHECK(c.optim.muon.ns_dtype == p.ns);
+  // The expectation, formed without the trainer's code: this rank's probes (cached per process,
+  // so the rates resolve_precision measured) summed with MPI here, and the documented rule
+  // written out: bf16 when the summed bf16 rate is at least 1.15x (GEMM) / 1x (Newton-Schulz step)
+  // the f32 rate.
+  const GemmRates mm = probe_cpu_gemm_rates(matmul_probe_shape(c));
+  const GemmShape ns_shape = ns_probe_shape(c);
+  const GemmRates ns = probe_orthogonalizer_rates(ns_shape.M, ns_shape.K, c.optim.muon.orthogonalizer);
+  const double local[4] = {mm.f32, mm.bf16, ns.f32, ns.bf16};
+  double summed[4];
+  MPI_Allreduce(local, summed, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(p.matmul_rates.f32 == summed[0]);
+  CHECK(p.matmul_rates.bf16 == summed[1]);
+  CHECK(p.ns_rates.f32 == summed[2]);
+  CHECK(p.ns_rates.bf16 == summed[3]);
+  CHECK(summed[0] > 0);
+  CHECK((c.optim.matmuls() == DType::bf16) == (summed[1] >= 1.15 * summed[0]));
+  CHECK((c.optim.muon.ns_dtype == NsDType::bf16) == (summed[3] >= 1.0 * summed[2]));
   const double mine[2] = {c.optim.matmuls() == DType::bf16 ? 1.0 : 0.0, c.optim.muon.ns_dtype == NsDType::bf16 ? 1.0 : 0.0};
   double lo[2], hi[2];
   MPI_Allreduce(mine, lo, 2, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
