@@ -158,7 +158,7 @@ int export_hf(const std::string& dir, const std::string& out) {
   if (cfg.model.arch == "qwen2_moe") {
     if (const std::string why = hf_moe_layout_refusal(cfg.model.moe()); !why.empty()) throw CheckpointError(dir + ": " + why);
     export_hf_moe(out, cfg.model.moe(), params, DType::f32, meta);
-    layout = "Qwen2-MoE";
+    layout = hf_moe_layout_name(cfg.model.moe());
   } else if (cfg.model.arch == "llama") {
     export_hf_llama(out, cfg.model.llama(), params, DType::f32, meta);
     layout = "Llama";

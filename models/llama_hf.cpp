@@ -96,7 +96,8 @@ void export_hf_decoder(const std::string& path, const HfDecoderFile& file, const
   const std::string who = "[export_hf] " + path + ": ";
   params.check(file.inventory, who, file.family);
   std::vector<NamedArray> tensors;  // names and shapes; the values stream in as the file is written
-  for (const ParamSpec& p : file.inventory.params) tensors.push_back(NamedArray{p.name, file_shape(p, file.base), {}});
+  for (const ParamSpec& p : file.inventory.params)
+    tensors.push_back(NamedArray{file.name_in_file(p.name), file_shape(p, file.base), {}});
   for (const auto& [name, shape] : file.zero_tensors) tensors.push_back(NamedArray{name, shape, {}});
   auto values_of = [&](size_t i) {
     if (i >= file.inventory.params.size()) return std::vector<float>(static_cast<size_t>(shape_numel(tensors[i].shape)), 0.0f);
@@ -144,15 +145,15 @@ ParamReader open_hf_decoder(const std::string& path, const HfDecoderFile& file) 
   std::set<std::string> used;
   std::map<std::string, std::vector<int64_t>> shapes;  // our name -> its shape in the file, each checked
   for (const ParamSpec& p : file.inventory.params) {
-    if (!ck->contains(p.name))
-      throw std::runtime_error(who + p.name + ": missing from the checkpoint" +
-                               (p.name == "lm_head.weight" ? " (was it saved with tie_word_embeddings?)" : ""));
+    const std::string name = file.name_in_file(p.name);
+    if (!ck->contains(name))
+      throw std::runtime_error(who + name + ": missing from the checkpoint" +
+                               (name == "lm_head.weight" ? " (was it saved with tie_word_embeddings?)" : ""));
     const std::vector<int64_t> fs = file_shape(p, file.base);
-    if (ck->info(p.name).shape != fs)
-      throw std::runtime_error(who + p.name + ": expected shape " + shape_str(fs) + ", file has " +
-                               shape_str(ck->info(p.name).shape));
+    if (ck->info(name).shape != fs)
+      throw std::runtime_error(who + name + ": expected shape " + shape_str(fs) + ", file has " + shape_str(ck->info(name).shape));
     shapes[p.name] = fs;
-    used.insert(p.name);
+    used.insert(name);
   }
   for (const auto& [name, shape] : file.zero_tensors) {
     if (!ck->contains(name)) continue;
@@ -169,10 +170,10 @@ ParamReader open_hf_decoder(const std::string& path, const HfDecoderFile& file) 
     throw std::runtime_error(who + name + ": not a parameter of this config" +
                              (name == "lm_head.weight" ? " (model.tie_embeddings is true)" : ""));
   }
-  return [ck, shapes, who](const ParamSpec& p) {
+  return [ck, shapes, who, rename = file.file_name](const ParamSpec& p) {
     const auto it = shapes.find(p.name);
     if (it == shapes.end()) throw std::runtime_error(who + p.name + ": not a parameter of this model");
-    std::vector<float> v = read_checked(*ck, p.name, it->second, who);
+    std::vector<float> v = read_checked(*ck, rename ? rename(p.name) : p.name, it->second, who);
     v.resize(static_cast<size_t>(p.numel()), 0.0f);  // padded vocabulary rows
     return v;
   };

@@ -38,7 +38,7 @@ std::string hf_llama_shared_mismatch(const nlohmann::json& config, const LlamaCo
 /// What a Hugging Face file of a Llama-attention family holds besides our parameters: the facts
 /// export_hf_decoder and import_hf_decoder need (the Llama and MoE families fill it).
 struct HfDecoderFile {
-  ParamInventory inventory;  ///< our parameters, named as in the file, in the order written
+  ParamInventory inventory;  ///< our parameters, in the order written (named as in the file by name_in_file)
   LlamaConfig base;          ///< vocabulary rows (Vp in memory, vocab_size in the file) and head tying
   std::string family;        ///< in messages: "Llama", "Qwen2-MoE"
   std::string layout;        ///< the "mfsdp_layout" metadata value: "hf-llama", "hf-qwen2-moe"
@@ -48,6 +48,9 @@ struct HfDecoderFile {
   std::vector<std::pair<std::string, std::vector<int64_t>>> zero_tensors;
   /// "" when a checkpoint's config.json describes this model, else the first mismatch.
   std::function<std::string(const nlohmann::json&)> config_mismatch;
+  /// Our parameter's name -> its name in the file; unset: the same (Mixtral renames the MoE block).
+  std::function<std::string(const std::string&)> file_name;
+  std::string name_in_file(const std::string& ours) const { return file_name ? file_name(ours) : ours; }
 };
 
 /// Writes `params` (exactly the names of file.inventory with its element counts) to `path` as

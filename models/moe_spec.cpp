@@ -58,11 +58,17 @@ ParamInventory moe_inventory(const MoeConfig& cfg) {
   return inv;
 }
 
+bool hf_moe_is_mixtral(const MoeConfig& cfg) { return cfg.shared_expert_intermediate_size == 0 && cfg.norm_topk_prob; }
+
 std::string hf_moe_layout_refusal(const MoeConfig& cfg) {
-  if (cfg.shared_expert_intermediate_size > 0) return "";
-  return "model.shared_expert_intermediate_size: the Hugging Face Qwen2-MoE layout always has a shared expert, "
-         "so it must be > 0 for an export or import (got 0)";
+  if (cfg.shared_expert_intermediate_size > 0 || cfg.norm_topk_prob) return "";
+  return "model.shared_expert_intermediate_size 0 with model.norm_topk_prob false: no Hugging Face class computes "
+         "this model, so it cannot be exported or imported. Qwen2-MoE (Qwen2MoeForCausalLM) always has a shared "
+         "expert (model.shared_expert_intermediate_size > 0); Mixtral (MixtralForCausalLM) has none but always "
+         "renormalises the top-k routing weights (model.norm_topk_prob true)";
 }
+
+const char* hf_moe_layout_name(const MoeConfig& cfg) { return hf_moe_is_mixtral(cfg) ? "Mixtral" : "Qwen2-MoE"; }
 
 int64_t MoeConfig::num_params() const { return inventory_numel(moe_inventory(*this)); }
 

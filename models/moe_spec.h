@@ -47,9 +47,13 @@ struct MoeConfig : LlamaConfig {
 ///     (matrix) and mlp.shared_expert_gate.weight [1, C] (router).
 ParamInventory moe_inventory(const MoeConfig& cfg);
 
-/// "" when `cfg` fits Hugging Face's Qwen2-MoE layout (models/moe_hf.h), else why not, naming the
-/// model.* key: Qwen2MoeSparseMoeBlock always has a shared expert, so
-/// shared_expert_intermediate_size must be > 0.
+/// The Hugging Face layouts of this family (models/moe_hf.h): Qwen2-MoE when the model has a
+/// shared expert (Qwen2MoeSparseMoeBlock always has one), else Mixtral when the top-k routing
+/// weights are renormalised (MixtralSparseMoeBlock always renormalises). hf_moe_is_mixtral: the
+/// second case. hf_moe_layout_refusal: "" when one of them fits, else why neither does, naming the
+/// model.* keys. hf_moe_layout_name: "Qwen2-MoE" or "Mixtral".
+bool hf_moe_is_mixtral(const MoeConfig& cfg);
 std::string hf_moe_layout_refusal(const MoeConfig& cfg);
+const char* hf_moe_layout_name(const MoeConfig& cfg);
 
 }  // namespace mfsdp

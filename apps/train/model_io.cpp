@@ -61,7 +61,9 @@ std::string init_from_mismatch_family(const MoeConfig& c, const std::string& pat
   return ck.config().is_null() ? "" : hf_moe_config_mismatch(ck.config(), c);
 }
 int32_t start_token_family(const MoeConfig&) { return 0; }
-const char* layout_family(const MoeConfig&) { return "Hugging Face Qwen2-MoE"; }
+const char* layout_family(const MoeConfig& c) {
+  return hf_moe_is_mixtral(c) ? "Hugging Face Mixtral" : "Hugging Face Qwen2-MoE";
+}
 int32_t start_token_family(const GPTConfig& c) { return c.vocab_size > 50256 ? 50256 : 0; }
 int32_t start_token_family(const LlamaConfig&) { return 0; }
 const char* layout_family(const GPTConfig&) { return "Hugging Face GPT-2"; }

@@ -2,7 +2,7 @@
 """Hugging Face interoperability of mfsdp-train, checked with the real `transformers` library.
 
 usage: test_hf_interop.py BIN_DIR CASE   with CASE one of
-  export   GPT-2, Llama and Qwen2-MoE trained a few steps at world 2 and exported as a directory
+  export   GPT-2, Llama, Qwen2-MoE and Mixtral trained a few steps at world 2 and exported as a directory
            (output.export without .safetensors): config.json + model.safetensors load with
            AutoModelForCausalLM.from_pretrained, with no missing or unexpected keys, and reproduce
            our --eval-only loss within 1e-4
@@ -10,7 +10,8 @@ usage: test_hf_interop.py BIN_DIR CASE   with CASE one of
            save_pretrained (plain and sharded with max_shard_size, GQA for Llama) are read by
            model.init_from: --eval-only reproduces transformers' loss within 1e-4; training continues
            from the sharded Llama and its export loads back into transformers; a Qwen2MoeForCausalLM
-           (renormalised top-k) likewise, refused when an attention bias is nonzero
+           (renormalised top-k) and a MixtralForCausalLM likewise, refused when an attention bias is
+           nonzero; an MoE no Hugging Face class computes (no shared expert, no renormalisation) is refused
 Needs torch, numpy and transformers: the test virtual environment (scripts/test_venv.sh) is used
 when the running interpreter lacks them; without it the case exits 77 (skipped).
 """
@@ -42,6 +43,9 @@ LLAMA_SETS = ["model.arch=llama", "model.n_kv_head=1", "model.intermediate_size=
 # tiny_test.json as a Mixture of Experts: 4 experts of 16, top 2, a shared expert of 24
 MOE_SETS = ["model.arch=qwen2_moe", "model.n_kv_head=1", "model.num_experts=4", "model.num_experts_per_tok=2",
             "model.moe_intermediate_size=16", "model.shared_expert_intermediate_size=24"]
+# the same without a shared expert, top-k weights renormalised: Mixtral's layout
+MIXTRAL_SETS = ["model.arch=qwen2_moe", "model.n_kv_head=1", "model.num_experts=4", "model.num_experts_per_tok=2",
+                "model.moe_intermediate_size=16", "model.norm_topk_prob=true"]
 LOSS_RE = re.compile(r"validation loss ([0-9.]+) over (\d+) sequences")
 
 
@@ -106,7 +110,8 @@ def case_export(bin_dir, tmp):
     val = os.path.join(tmp, "val.bin")
     toks = write_val_shard(val, 1)
     for arch, sets, hf_class in (("gpt2", [], "GPT2LMHeadModel"), ("gpt2_untied", ["model.tie_embeddings=false"], "GPT2LMHeadModel"),
-                                 ("llama", LLAMA_SETS, "LlamaForCausalLM"), ("moe", MOE_SETS, "Qwen2MoeForCausalLM")):
+                                 ("llama", LLAMA_SETS, "LlamaForCausalLM"), ("moe", MOE_SETS, "Qwen2MoeForCausalLM"),
+                                 ("mixtral", MIXTRAL_SETS, "MixtralForCausalLM")):
         out_dir = os.path.join(tmp, f"{arch}_hf")
         rc, out = mfsdp(bin_dir, tmp, f"train_{arch}", "training.steps=40", f"output.export={out_dir}", *sets)
         check(rc == 0, f"{arch}: training failed (rc {rc})")
@@ -158,7 +163,18 @@ def save_hf_models(tmp):
         moe.model.layers[1].self_attn.k_proj.bias.fill_(0.5)
     dirs["moe_biased"] = os.path.join(tmp, "hf_moe_biased")
     moe.save_pretrained(dirs["moe_biased"])
-    for k in ("gpt2_sharded", "llama_sharded", "moe_sharded"):
+    mixtral_cfg = transformers.MixtralConfig(vocab_size=V, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=T,
+                                             rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                                             initializer_range=0.2, num_local_experts=4, num_experts_per_tok=2)
+    mixtral = transformers.MixtralForCausalLM(mixtral_cfg)
+    with torch.no_grad():
+        for n, p in mixtral.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    dirs["mixtral_sharded"] = os.path.join(tmp, "hf_mixtral_sharded")
+    mixtral.save_pretrained(dirs["mixtral_sharded"], max_shard_size="20KB")
+    for k in ("gpt2_sharded", "llama_sharded", "moe_sharded", "mixtral_sharded"):
         check(os.path.exists(os.path.join(dirs[k], "model.safetensors.index.json")), f"{k}: transformers did not shard")
     return dirs
 
@@ -168,8 +184,8 @@ def case_import(bin_dir, tmp):
     toks = write_val_shard(val, 2)
     dirs = save_hf_models(tmp)
     moe_import = MOE_SETS + ["model.norm_topk_prob=true"]
-    for name in ("gpt2", "gpt2_sharded", "llama_sharded", "moe_sharded"):
-        sets = LLAMA_SETS if name.startswith("llama") else moe_import if name.startswith("moe") else []
+    for name in ("gpt2", "gpt2_sharded", "llama_sharded", "moe_sharded", "mixtral_sharded"):
+        sets = {"llama": LLAMA_SETS, "moe": moe_import, "mixtral": MIXTRAL_SETS}.get(name.split("_")[0], [])
         theirs = hf_loss(dirs[name], toks)
         check(theirs > 4.4, f"{name}: transformers' loss {theirs:.4f} is too close to uniform to tell models apart")
         compare(f"import {name}", our_eval_loss(bin_dir, tmp, f"eval_{name}", dirs[name], val, *sets), theirs)
@@ -185,6 +201,11 @@ def case_import(bin_dir, tmp):
                     args=("--eval-only",))
     check(rc == 2 and "norm_topk_prob is true but model.norm_topk_prob is false" in out,
           f"norm_topk_prob mismatch: rc {rc}: {out[-400:]}")
+    # without a shared expert and without renormalised weights no Hugging Face class fits: refused, naming both
+    rc, out = mfsdp(bin_dir, tmp, "moe_no_layout", f"output.export={os.path.join(tmp, 'never')}", "training.steps=1",
+                    *MIXTRAL_SETS[:-1])
+    check(rc == 2 and "Qwen2-MoE (Qwen2MoeForCausalLM) always has a shared expert" in out and "Mixtral" in out,
+          f"an MoE no layout fits: rc {rc}: {out[-400:]}")
     # continue training public weights, export, load back
     out_dir = os.path.join(tmp, "llama_continued")
     rc, out = mfsdp(bin_dir, tmp, "continue", f"model.init_from={dirs['llama_sharded']}", "training.steps=5",
