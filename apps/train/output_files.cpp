@@ -41,12 +41,13 @@ std::string foreign_export_files(const std::string& export_path, const std::stri
     files.push_back({out.config, "an export's config.json",
                      [w = out.weights](const fs::path& p) { return is_export_config(p.string(), w); }});
   if (std::string e = foreign_outputs(files, key); !e.empty()) return e;
-  if (out.config.empty()) {  // a single file: never the weights of a Hugging Face directory
+  if (out.config.empty()) {  // a single file: never the weights of an earlier directory export
     const fs::path dir = fs::path(out.weights).parent_path(), config = dir / "config.json";
     std::error_code ec;
-    if (fs::path(out.weights).filename() == "model.safetensors" && fs::exists(fs::symlink_status(config, ec)))
-      return out.weights + " is the weights file of the Hugging Face model directory " + dir.string() +
-             " (it holds " + config.string() + "); a single-file export would leave that config.json beside other " +
+    // (a run directory's own config.json, beside an export named model.safetensors, is no export's)
+    if (fs::is_regular_file(config, ec) && is_export_config(config.string(), out.weights))
+      return out.weights + " is the weights file of the Hugging Face export directory " + dir.string() +
+             " (its config.json describes them); a single-file export would leave that config.json beside other " +
              "weights (set " + key + " to the directory itself to replace the whole export, or choose another file name)";
     return "";
   }

@@ -32,8 +32,8 @@ std::string foreign_outputs(const std::vector<OwnedOutput>& files, const std::st
 
 /// Why output.export (`export_path`, see hf_export_paths) must not be written: foreign_outputs over
 /// its weights file and config.json (each replaced only when it is an earlier export of this
-/// project, is_export_weights / is_export_config); a single file named model.safetensors beside a
-/// config.json (a Hugging Face directory's weights) is refused; then, for a directory, the weights it would
+/// project, is_export_weights / is_export_config); a single file that is the weights of an earlier
+/// directory export (its config.json beside it, is_export_config) is refused; then, for a directory, the weights it would
 /// leave beside the new model.safetensors (hf_other_weight_files: the shards and index of a
 /// sharded checkpoint, PyTorch .bin files): "<dir> holds other weights (<names>); ...". The
 /// messages name `key`. "" when the export may be written.

@@ -259,10 +259,16 @@ def case_outputs_links_and_locks(bin_dir, tmp):
     os.symlink(os.path.join(base, "metrics.jsonl"), os.path.join(linked, "metrics.jsonl"))
     rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={linked}", *quick, expect=2)
     check(rc == 2 and "metrics.jsonl is a symbolic link" in out, f"symlinked metrics.jsonl: rc {rc}: {out[-400:]}")
-    # 2. a single-file export named over a Hugging Face directory's weights
+    # 2. a single-file export named over a Hugging Face export directory's weights; a run directory's own
+    # config.json beside a single-file export is no export's, so the default job's layout trains and exports
     rc, out = train(bin_dir, 2, TINY, f"output.export={base}/hf/model.safetensors", *quick, expect=2)
-    check(rc == 2 and "is the weights file of the Hugging Face model directory" in out,
+    check(rc == 2 and "is the weights file of the Hugging Face export directory" in out,
           f"single-file export into an export directory: rc {rc}: {out[-400:]}")
+    own = os.path.join(tmp, "own")
+    for attempt in range(2):  # the second run finds the first one's config.json and model.safetensors
+        rc, out = train(bin_dir, 2, TINY, f"logging.run_dir={own}", f"output.export={own}/model.safetensors",
+                        "checkpoint.at_end=false", *quick)
+        check(rc == 0 and "exported the model" in out, f"an export in its own run directory, run {attempt}: rc {rc}: {out[-400:]}")
     # 3. outputs inside a directory another running job holds locked (this test holds the lock)
     held = os.path.join(tmp, "held")
     os.makedirs(held)
