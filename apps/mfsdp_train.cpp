@@ -76,6 +76,7 @@ std::string check_inputs(const Args& args, Communicator& host, TrainConfig& cfg,
   if (error.empty()) {
     try {
       cfg = load_train_config(args.config_path, args.overrides);
+      error = apply_global_batch(cfg, world);  // grad_accum at this world size, on every rank alike
       // Every later start-up collective is bounded by the config's timeout: a rank that left
       // early (e.g. --help given to it alone) stops the others within it, with a report.
       host.set_timeout(cfg.sharding.collective_timeout_s, kCollectiveTimeoutKey);

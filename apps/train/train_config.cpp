@@ -24,6 +24,7 @@ namespace {
 
 // Leaves whose default is null: their type cannot be read from the defaults.
 const std::map<std::string, std::string> kNullableNumber = {{"training.target_val_loss", "a number or null"},
+                                                            {"training.global_batch_size", "an integer >= 1 or null"},
                                                             {"logging.peak_tflops", "a number or null"}};
 
 std::string type_name(const json& v) {
@@ -514,6 +515,23 @@ void read_sharding(const Reader& r, TrainConfig& c) {
     r.fail("sharding.collective_timeout_s", "must be 0 (wait forever) or >= 1 second");
 }
 
+std::string apply_global_batch(TrainConfig& cfg, int world_size) {
+  if (!cfg.training.global_batch_size) return "";
+  const int64_t G = *cfg.training.global_batch_size, B = cfg.training.micro_batch_size, W = world_size;
+  if (G % (W * B) == 0 && G / (W * B) <= (1 << 20)) {
+    cfg.training.grad_accum = static_cast<int>(G / (W * B));
+    return "";
+  }
+  std::string fits;  // world sizes W' with G = W' x B x A for a whole A
+  int listed = 0;
+  for (int64_t w = 1; G % B == 0 && w <= G / B && listed < 12; ++w)
+    if ((G / B) % w == 0 && G / (w * B) <= (1 << 20)) fits += (listed++ ? ", " : "") + std::to_string(w);
+  return cfg.source + ": training.global_batch_size " + std::to_string(G) + " is not divisible by world size " +
+         std::to_string(W) + " x training.micro_batch_size " + std::to_string(B) + " (= " + std::to_string(W * B) + ")" +
+         (fits.empty() ? "; no world size divides it at this micro-batch size (change training.micro_batch_size)"
+                       : "; world sizes that divide it: " + fits + (listed == 12 ? ", ..." : ""));
+}
+
 TrainConfig parse_train_config(const json& doc, const std::string& source, const std::string& base_dir,
                                const std::vector<std::string>& overrides) {
   const json schema = TrainConfig{}.to_json(false);
@@ -562,6 +580,12 @@ TrainConfig parse_train_config(const json& doc, const std::string& source, const
   c.optim.schedule.total_steps = c.training.steps;
   c.training.micro_batch_size = r.i32("training.micro_batch_size", 1, 1 << 20);
   c.training.grad_accum = r.i32("training.grad_accum", 1, 1 << 20);
+  if (!r.at("training.global_batch_size").is_null()) {
+    c.training.global_batch_size = r.i64("training.global_batch_size", 1, int64_t{1} << 40);
+    if (c.training.grad_accum != 1)
+      r.fail("training.global_batch_size", "set it or training.grad_accum (" + std::to_string(c.training.grad_accum) +
+                                               "), not both: grad_accum is derived from it at the run's world size");
+  }
   c.training.eval_interval = r.i64("training.eval_interval", 0);
   c.training.eval_tokens = r.i64("training.eval_tokens", 0);
   c.training.seed = r.i64("training.seed", 0);

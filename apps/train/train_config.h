@@ -124,6 +124,9 @@ struct TrainingSection {
   int64_t steps = 1000;
   int micro_batch_size = 12;
   int grad_accum = 1;
+  /// Sequences per optimizer step over every rank; when set, grad_accum is derived from it at the
+  /// run's world size (apply_global_batch), so a job resumed on fewer nodes keeps its batch.
+  std::optional<int64_t> global_batch_size;
   int64_t eval_interval = 250;  ///< steps between validations; 0 = only at the end
   int64_t eval_tokens = 0;      ///< tokens per periodic validation; 0 = whole split
   int64_t seed = 1337;          ///< parameter init seed
@@ -228,6 +231,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 /// string `text` when `plain_string_if_not_json` (--set a=hello), else an error. Throws ConfigError
 /// "<where>: ...". Defined in config_file.cpp.
 nlohmann::json parse_config_json(const std::string& text, const std::string& where, bool plain_string_if_not_json);
+
+/// training.global_batch_size at `world_size` ranks: sets training.grad_accum to G / (world_size x
+/// micro_batch_size) and returns ""; without the key, "". Otherwise why not: "<source>:
+/// training.global_batch_size G is not divisible by world size W x training.micro_batch_size B (=
+/// W*B); world sizes that divide it: ..." (at most 12 listed), naming both numbers.
+std::string apply_global_batch(TrainConfig& cfg, int world_size);
 
 /// The same from an in-memory JSON document (`source` names it in messages; relative paths are
 /// resolved against `base_dir`).

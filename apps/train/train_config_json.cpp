@@ -69,6 +69,7 @@ json TrainConfig::to_json(bool resolved_paths) const {
   j["training"] = {{"steps", training.steps},
                    {"micro_batch_size", training.micro_batch_size},
                    {"grad_accum", training.grad_accum},
+                   {"global_batch_size", training.global_batch_size ? json(*training.global_batch_size) : json(nullptr)},
                    {"eval_interval", training.eval_interval},
                    {"eval_tokens", training.eval_tokens},
                    {"grad_clip", optim.grad_clip},

@@ -610,3 +610,27 @@ TEST_CASE("every config string must be UTF-8: refused naming the key, bytes show
                     Contains("data.train: resolves to a path that is not valid UTF-8") &&
                         Contains("(the config file's directory is not UTF-8)") && Contains("odd\\xff"));
 }
+
+TEST_CASE("training.global_batch_size derives grad_accum at the world size, or names what divides it", "[config]") {
+  const std::string cfg = kSrc + "/configs/tiny_test.json";
+  TrainConfig c = load_train_config(cfg, {"training.global_batch_size=24", "training.micro_batch_size=2"});
+  REQUIRE(c.training.global_batch_size == 24);
+  for (const auto& [world, accum] : std::vector<std::pair<int, int>>{{1, 12}, {2, 6}, {3, 4}, {4, 3}, {6, 2}, {12, 1}}) {
+    TrainConfig at = c;
+    CHECK(apply_global_batch(at, world).empty());
+    CHECK(at.training.grad_accum == accum);  // 24 = world x 2 x accum
+  }
+  TrainConfig at5 = c;
+  CHECK(apply_global_batch(at5, 5) ==
+        cfg + ": training.global_batch_size 24 is not divisible by world size 5 x training.micro_batch_size 2 (= 10); "
+              "world sizes that divide it: 1, 2, 3, 4, 6, 12");
+  TrainConfig odd = load_train_config(cfg, {"training.global_batch_size=5", "training.micro_batch_size=2"});
+  CHECK_THAT(apply_global_batch(odd, 1), Contains("no world size divides it at this micro-batch size"));
+  TrainConfig unset = load_train_config(cfg, {"training.grad_accum=3"});
+  CHECK(apply_global_batch(unset, 7).empty());
+  CHECK(unset.training.grad_accum == 3);  // without the key grad_accum is as given
+  CHECK_THROWS_WITH(load_train_config(cfg, {"training.global_batch_size=24", "training.grad_accum=2"}),
+                    Contains("training.global_batch_size: set it or training.grad_accum (2), not both"));
+  CHECK_THROWS_WITH(load_train_config(cfg, {"training.global_batch_size=0"}), Contains("training.global_batch_size"));
+  CHECK(c.to_json().at("training").at("global_batch_size") == 24);
+}
