@@ -5,8 +5,10 @@
 # starts across them through its real multi-host path: a hostfile, one daemon per node started
 # by an rsh agent that enters the node, TCP between nodes, shared memory within a node.
 #
-#   emulate_cluster.sh up N [--slots K] [--link-rate RATE]   N nodes, K rank slots each (default 1),
-#                                                            links at RATE (default 1gbit)
+#   emulate_cluster.sh up N [--slots K] [--link-rate RATE] [--slurm]
+#                                                            N nodes, K rank slots each (default 1),
+#                                                            links at RATE (default 1gbit); --slurm: a
+#                                                            real Slurm over them (below)
 #   emulate_cluster.sh run [-- ] ARGS...                     mpirun on node 0 with the cluster's
 #                                                            hostfile, agent and interfaces, then ARGS
 #   emulate_cluster.sh exec I [--] CMD...                    CMD on node I
@@ -16,6 +18,12 @@
 #   emulate_cluster.sh status                                nodes, addresses, links
 #   emulate_cluster.sh down                                  removes everything `up` made
 #
+# --slurm starts Slurm's controller (slurmctld) in a namespace of its own on the bridge (host `ctl`,
+# the subnet's .254), one slurmd per node (partition `emu`, K CPUs each), and munged on the host
+# when none answers; each node then has its own /tmp, as real nodes do, so a job's files (its
+# binaries, data and run directory) must be on a path every node sees, not under /tmp; `run`, `exec` and `slurm` export SLURM_CONF, so for example
+#   emulate_cluster.sh slurm sbatch job.sh / srun / squeue / scontrol   (run on node 0, the login node)
+# Slurm's files (config, state, logs, the job completion log jobcomp.txt) are in <state>/slurm.
 # Only addresses inside the namespaces it creates are used (10.213.47.0/24); the host's own network
 # is not touched. A cluster is its state directory (MFSDP_EMULATE_DIR, default
 # /run/mfsdp-emulated-cluster): its namespaces are named after it, so clusters with different state
@@ -85,7 +93,9 @@ cmd_down() {
   done
   local f
   for f in "${STATE_FILES[@]}"; do rm -f "$STATE/$f"; done
-  rm -f "$STATE"/node[0-9]*.pid "$STATE"/node[0-9]*.err
+  rm -f "$STATE"/node[0-9]*.pid "$STATE"/node[0-9]*.err "$STATE"/ctl.pid "$STATE"/ctl.err
+  [[ -f "$STATE/munged.pid" ]] && { kill "$(cat "$STATE/munged.pid")" 2>/dev/null || true; rm -f "$STATE/munged.pid"; }
+  rm -rf "$STATE/slurm"  # Slurm's config, state and logs: all made by `up --slurm`
   rmdir "$STATE" 2>/dev/null || echo "emulate_cluster: $STATE holds files emulate_cluster.sh did not make; kept" >&2
 }
 
@@ -125,14 +135,15 @@ start_node() {  # start_node I SLOTS RATE
   echo "node$i slots=$2" >> "$STATE/hostfile"
 }
 
-# One holder process per node keeps its UTS and mount namespaces: hostname nodeI, a private
-# /dev/shm and the cluster's /etc/hosts.
-start_holder() {
-  local i=$1
-  setsid ip netns exec "$(node_ns "$i")" unshare --uts --mount --propagation private -- sh -c \
-    'hostname "$1" && mount -t tmpfs -o size=4g tmpfs /dev/shm && mount --bind "$2" /etc/hosts && exec sleep infinity' \
-    sh "node$i" "$STATE/hosts" </dev/null >/dev/null 2>"$STATE/node$i.err" &
-  echo $! > "$STATE/node$i.pid"
+# One holder process per node keeps its UTS and mount namespaces: hostname nodeI (HOST), a private
+# /dev/shm and the cluster's /etc/hosts; with PRIVATE_TMP=1 a private /tmp too (Slurm's nodes: its
+# PMIx plugin makes per-step directories there under names that would collide between nodes).
+start_holder() {  # start_holder HOST NETNS [PRIVATE_TMP]
+  setsid ip netns exec "$2" unshare --uts --mount --propagation private -- sh -c \
+    'hostname "$1" && mount -t tmpfs -o size=4g tmpfs /dev/shm && mount --bind "$2" /etc/hosts &&
+     { [ "$3" != 1 ] || mount -t tmpfs -o size=1g tmpfs /tmp; } && exec sleep infinity' \
+    sh "$1" "$STATE/hosts" "${3:-0}" </dev/null >/dev/null 2>"$STATE/$1.err" &
+  echo $! > "$STATE/$1.pid"
   disown $!  # killed by `down`, never reported as a job of this shell
 }
 
@@ -152,13 +163,14 @@ wait_holders() {
 
 cmd_up() {
   local n=${1:-}; shift || true
-  local slots=1 rate=1gbit
-  [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: emulate_cluster.sh up N [--slots K] [--link-rate RATE] (N >= 1 nodes)"
+  local slots=1 rate=1gbit slurm=0
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: emulate_cluster.sh up N [--slots K] [--link-rate RATE] [--slurm] (N >= 1 nodes)"
   (( n <= 64 )) || die "at most 64 nodes (asked for $n)"
   while (( $# )); do
     case "$1" in
       --slots) slots=${2:-}; shift 2 || die "--slots needs a value";;
       --link-rate) rate=${2:-}; shift 2 || die "--link-rate needs a value";;
+      --slurm) slurm=1; shift;;
       *) die "unknown option '$1' for up";;
     esac
   done
@@ -166,6 +178,12 @@ cmd_up() {
   check_rate "$rate"
   (( EUID == 0 )) || not_permitted "not root"
   for tool in ip tc unshare nsenter mpirun; do command -v "$tool" >/dev/null || die "'$tool' is not installed"; done
+  if (( slurm )); then
+    for tool in slurmctld slurmd munged munge srun sbatch scontrol; do
+      command -v "$tool" >/dev/null ||
+        die "'$tool' is not installed (Debian: slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins; bash scripts/setup.sh --tests installs them)"
+    done
+  fi
   state_is_ours || die "$STATE holds files emulate_cluster.sh did not make; choose another MFSDP_EMULATE_DIR"
   cmd_down
   probe_facilities
@@ -184,13 +202,136 @@ cmd_up() {
   ip -n "$SWITCH" link set br0 up
   local i
   for (( i = 0; i < n; i++ )); do start_node "$i" "$slots" "$rate"; done
-  for (( i = 0; i < n; i++ )); do start_holder "$i"; done
+  for (( i = 0; i < n; i++ )); do start_holder "node$i" "$(node_ns "$i")" "$slurm"; done
   wait_holders "$n"
   write_agent
   echo "$rate" > "$STATE/rate"
+  (( slurm )) && start_slurm "$n" "$slots"
   UP_DONE=1
   trap - EXIT INT TERM
   echo "emulated cluster: $n node(s) x $slots slot(s), links $rate, addresses $SUBNET.1-$n (state in $STATE)"
+  (( slurm )) && echo "slurm: controller ctl ($SUBNET.254), partition emu, nodes node[0-$((n - 1))]; jobs: emulate_cluster.sh slurm sbatch|srun|squeue|scontrol ..."
+  return 0
+}
+
+# ---- Slurm over the nodes (up --slurm) ----------------------------------------------------------
+SLURM_CONF_FILE() { echo "$STATE/slurm/slurm.conf"; }
+
+# slurm.conf and cgroup.conf for N nodes of K CPUs. Inside a network namespace slurmd starts only
+# with cgroup/v1 named and the plugins that need no cgroup (proctrack/linuxproc, task/none,
+# jobacct_gather/none); cred_expire=10 lets a requeued job start again within ~20 s (default 120);
+# SlurmdTimeout=10 declares a dead node within ~30 s; ReturnToService=2 takes a node back when its
+# slurmd registers again. No accounting daemon: end states go to jobcomp.txt.
+write_slurm_conf() {
+  local n=$1 k=$2 d="$STATE/slurm" i
+  mkdir -p "$d/state"
+  for (( i = 0; i < n; i++ )); do mkdir -p "$d/spool/node$i"; done
+  {
+    echo "ClusterName=mfsdpemu"
+    echo "SlurmctldHost=ctl($SUBNET.254)"
+    echo "SlurmUser=root"
+    echo "SlurmdUser=root"
+    echo "AuthType=auth/munge"
+    echo "CredType=cred/munge"
+    echo "AuthInfo=cred_expire=10"
+    echo "MpiDefault=none"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "SwitchType=switch/none"
+    echo "SchedulerType=sched/backfill"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_CPU"
+    echo "SlurmdParameters=config_overrides"
+    echo "StateSaveLocation=$d/state"
+    echo "SlurmdSpoolDir=$d/spool/%n"
+    echo "SlurmctldPidFile=$d/slurmctld.pid"
+    echo "SlurmdPidFile=$d/slurmd.%n.pid"
+    echo "SlurmctldLogFile=$d/slurmctld.log"
+    echo "SlurmdLogFile=$d/slurmd.%n.log"
+    echo "JobCompType=jobcomp/filetxt"
+    echo "JobCompLoc=$d/jobcomp.txt"
+    echo "SlurmdTimeout=10"
+    echo "SlurmctldTimeout=30"
+    echo "ReturnToService=2"
+    echo "KillWait=5"
+    echo "MinJobAge=600"
+    echo "MailProg=/bin/true"
+    for (( i = 0; i < n; i++ )); do echo "NodeName=node$i NodeAddr=$SUBNET.$((i + 1)) CPUs=$k State=UNKNOWN"; done
+    echo "PartitionName=emu Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  } > "$d/slurm.conf"
+  printf 'CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n' > "$d/cgroup.conf"
+}
+
+# munged on the host serves every namespace (its socket is a path). One that answers is used as it
+# is; otherwise one is started here and stopped by `down`.
+start_munge() {
+  munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
+  [[ -f /etc/munge/munge.key ]] || die "munge has no key (/etc/munge/munge.key; Debian's munge package makes one)"
+  mkdir -p /run/munge /var/log/munge /var/lib/munge
+  chown munge:munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
+  runuser -u munge -- munged || die "munged did not start"
+  pgrep -n -u munge -x munged > "$STATE/munged.pid"
+  local t
+  for (( t = 0; t < 50; t++ )); do
+    munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  die "munged does not answer"
+}
+
+# The controller's namespace: host ctl at the subnet's .254 on the bridge, unshaped.
+start_controller_node() {
+  local ns=${PREFIX}-ctl
+  add_netns "$ns"
+  ip link add eth0 netns "$ns" type veth peer name nctl netns "$SWITCH"
+  ip -n "$SWITCH" link set nctl master br0 up
+  ip -n "$ns" addr add "$SUBNET.254/24" dev eth0
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set eth0 up
+  echo "$SUBNET.254 ctl" >> "$STATE/hosts"
+  start_holder ctl "$ns"
+}
+
+# A daemon inside host HOST's namespaces, detached (killed by `down` with the namespace's processes).
+start_daemon() {  # start_daemon HOST CMD...
+  local host=$1; shift
+  setsid nsenter -t "$(cat "$STATE/$host.pid")" -n -u -m -- env SLURM_CONF="$(SLURM_CONF_FILE)" "$@" \
+    </dev/null >>"$STATE/slurm/$host.daemon.out" 2>&1 &
+  disown $!
+}
+
+start_slurm() {  # start_slurm N K
+  local n=$1 k=$2 i t
+  write_slurm_conf "$n" "$k"
+  start_munge
+  start_controller_node
+  local tries
+  for (( tries = 0; tries < 100; tries++ )); do
+    [[ "$(nsenter -t "$(cat "$STATE/ctl.pid")" -u hostname 2>/dev/null)" == ctl ]] && break
+    sleep 0.05
+  done
+  start_daemon ctl slurmctld -D -f "$(SLURM_CONF_FILE)"
+  for (( i = 0; i < n; i++ )); do start_daemon "node$i" slurmd -D -N "node$i" -f "$(SLURM_CONF_FILE)"; done
+  # every node idle within 60 s, else the logs say why
+  for (( t = 0; t < 600; t++ )); do
+    local idle
+    idle=$(slurm_on_node0 sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 == "idle"' | wc -l)
+    (( idle == n )) && return 0
+    sleep 0.1
+  done
+  tail -5 "$STATE/slurm/slurmctld.log" "$STATE"/slurm/slurmd.node*.log "$STATE"/slurm/*.daemon.out >&2 2>/dev/null || true
+  die "Slurm did not bring its $n node(s) to idle within 60 s (logs in $STATE/slurm)"
+}
+
+# CMD on node 0 (the login node) with the cluster's SLURM_CONF.
+slurm_on_node0() { nsenter -t "$(holder_pid 0)" -n -u -m --wd="$PWD" -- env SLURM_CONF="$(SLURM_CONF_FILE)" "$@"; }
+
+cmd_slurm() {
+  [[ -f "$(SLURM_CONF_FILE)" ]] || die "no Slurm in this cluster ('emulate_cluster.sh up N --slurm')"
+  (( $# )) || die "usage: emulate_cluster.sh slurm CMD... (sbatch, srun, squeue, scontrol, scancel, sinfo)"
+  [[ "${1:-}" == "--" ]] && shift
+  exec nsenter -t "$(holder_pid 0)" -n -u -m --wd="$PWD" -- env SLURM_CONF="$(SLURM_CONF_FILE)" "$@"
 }
 
 # Namespaces and tc tbf, tried in a probe namespace: exit 77 where the kernel does not permit them
@@ -277,5 +418,6 @@ case "${1:-}" in
   kill) shift; cmd_kill "$@" ;;
   pids) shift; cmd_pids "$@" ;;
   status) cmd_status ;;
-  *) sed -n '2,26p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
+  slurm) shift; cmd_slurm "$@" ;;
+  *) sed -n '2,33p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
 esac

@@ -52,6 +52,9 @@ if [ "$plots" = 1 ] || [ "$tests" = 1 ]; then packages+=(python3-matplotlib); fi
 if [ "$tests" = 1 ]; then
   # clang and its runtimes build the libFuzzer targets (tests/fuzz).
   packages+=(clang libclang-rt-dev)
+  # A real Slurm for the slurm.* tests (scripts/emulate_cluster.sh up N --slurm): controller, node
+  # daemon, clients, munge; its PMIx plugin loads libpmix from libpmix-dev.
+  packages+=(slurmctld slurmd slurm-client slurm-wlm-basic-plugins munge libpmix-dev)
   # PyTorch and numpy generate the test fixtures and check exported models; never used by the product.
   if [ "$want_torch" = 1 ]; then packages+=(python3-torch python3-numpy); fi
 fi
