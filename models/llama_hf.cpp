@@ -22,26 +22,32 @@ std::vector<int64_t> file_shape(const ParamSpec& p, const LlamaConfig& cfg) {
 
 }  // namespace
 
-nlohmann::json hf_llama_config_json(const LlamaConfig& cfg) {
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
+nlohmann::json hf_decoder_config_json(const LlamaConfig& cfg, const char* architecture, const char* model_type,
+                                      int64_t intermediate_size) {
+  return {{"architectures", {architecture}},
+          {"model_type", model_type},
           {"vocab_size", cfg.vocab_size},
           {"hidden_size", cfg.n_embd},
-          {"intermediate_size", cfg.intermediate_size},
+          {"intermediate_size", intermediate_size},
           {"num_hidden_layers", cfg.n_layer},
           {"num_attention_heads", cfg.n_head},
           {"num_key_value_heads", cfg.n_kv_head},
-          {"head_dim", cfg.head_dim()},
           {"max_position_embeddings", cfg.seq_len},
           {"hidden_act", "silu"},
           {"rms_norm_eps", cfg.norm_eps},
           {"rope_theta", cfg.rope_theta},
-          {"rope_scaling", nullptr},
-          {"attention_bias", false},
-          {"mlp_bias", false},
           {"initializer_range", cfg.init_std},
           {"tie_word_embeddings", cfg.tie_embeddings},
           {"torch_dtype", "float32"}};
+}
+
+nlohmann::json hf_llama_config_json(const LlamaConfig& cfg) {
+  nlohmann::json j = hf_decoder_config_json(cfg, "LlamaForCausalLM", "llama", cfg.intermediate_size);
+  j["head_dim"] = cfg.head_dim();
+  j["rope_scaling"] = nullptr;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  return j;
 }
 
 std::string hf_llama_shared_mismatch(const nlohmann::json& config, const LlamaConfig& cfg, const std::string& where) {

@@ -18,6 +18,12 @@
 
 namespace mfsdp {
 
+/// The config.json fields every decoder of this project shares (Llama attention, SwiGLU, RMSNorm,
+/// rope, f32): architectures [architecture], model_type, the widths and counts, silu, rms_norm_eps,
+/// rope_theta, initializer_range, tie_word_embeddings; each family adds its own.
+nlohmann::json hf_decoder_config_json(const LlamaConfig& cfg, const char* architecture, const char* model_type,
+                                      int64_t intermediate_size);
+
 /// config.json of Hugging Face's LlamaForCausalLM for `cfg` (hidden_act silu, no biases, default
 /// rope, max_position_embeddings = seq_len, head_dim = n_embd / n_head).
 nlohmann::json hf_llama_config_json(const LlamaConfig& cfg);

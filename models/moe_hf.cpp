@@ -73,54 +73,28 @@ std::string mixtral_config_mismatch(const nlohmann::json& config, const MoeConfi
 }  // namespace
 
 nlohmann::json hf_moe_config_json(const MoeConfig& cfg) {
-  return {{"architectures", {"Qwen2MoeForCausalLM"}},
-          {"model_type", "qwen2_moe"},
-          {"vocab_size", cfg.vocab_size},
-          {"hidden_size", cfg.n_embd},
-          {"intermediate_size", cfg.shared_expert_intermediate_size},
-          {"num_hidden_layers", cfg.n_layer},
-          {"num_attention_heads", cfg.n_head},
-          {"num_key_value_heads", cfg.n_kv_head},
-          {"max_position_embeddings", cfg.seq_len},
-          {"hidden_act", "silu"},
-          {"rms_norm_eps", cfg.norm_eps},
-          {"rope_theta", cfg.rope_theta},
-          {"rope_scaling", nullptr},
-          {"use_sliding_window", false},
-          {"decoder_sparse_step", 1},
-          {"mlp_only_layers", nlohmann::json::array()},
-          {"num_experts", cfg.num_experts},
-          {"num_experts_per_tok", cfg.num_experts_per_tok},
-          {"moe_intermediate_size", cfg.moe_intermediate_size},
-          {"shared_expert_intermediate_size", cfg.shared_expert_intermediate_size},
-          {"norm_topk_prob", cfg.norm_topk_prob},
-          {"router_aux_loss_coef", cfg.router_aux_loss_coef},
-          {"initializer_range", cfg.init_std},
-          {"tie_word_embeddings", cfg.tie_embeddings},
-          {"torch_dtype", "float32"}};
+  nlohmann::json j = hf_decoder_config_json(cfg, "Qwen2MoeForCausalLM", "qwen2_moe", cfg.shared_expert_intermediate_size);
+  j["rope_scaling"] = nullptr;
+  j["use_sliding_window"] = false;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = nlohmann::json::array();
+  j["num_experts"] = cfg.num_experts;
+  j["num_experts_per_tok"] = cfg.num_experts_per_tok;
+  j["moe_intermediate_size"] = cfg.moe_intermediate_size;
+  j["shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size;
+  j["norm_topk_prob"] = cfg.norm_topk_prob;
+  j["router_aux_loss_coef"] = cfg.router_aux_loss_coef;
+  return j;
 }
 
 nlohmann::json hf_mixtral_config_json(const MoeConfig& cfg) {
-  return {{"architectures", {"MixtralForCausalLM"}},
-          {"model_type", "mixtral"},
-          {"vocab_size", cfg.vocab_size},
-          {"hidden_size", cfg.n_embd},
-          {"intermediate_size", cfg.moe_intermediate_size},
-          {"num_hidden_layers", cfg.n_layer},
-          {"num_attention_heads", cfg.n_head},
-          {"num_key_value_heads", cfg.n_kv_head},
-          {"max_position_embeddings", cfg.seq_len},
-          {"hidden_act", "silu"},
-          {"rms_norm_eps", cfg.norm_eps},
-          {"rope_theta", cfg.rope_theta},
-          {"sliding_window", nullptr},
-          {"num_local_experts", cfg.num_experts},
-          {"num_experts_per_tok", cfg.num_experts_per_tok},
-          {"router_aux_loss_coef", cfg.router_aux_loss_coef},
-          {"output_router_logits", false},
-          {"initializer_range", cfg.init_std},
-          {"tie_word_embeddings", cfg.tie_embeddings},
-          {"torch_dtype", "float32"}};
+  nlohmann::json j = hf_decoder_config_json(cfg, "MixtralForCausalLM", "mixtral", cfg.moe_intermediate_size);
+  j["sliding_window"] = nullptr;
+  j["num_local_experts"] = cfg.num_experts;
+  j["num_experts_per_tok"] = cfg.num_experts_per_tok;
+  j["router_aux_loss_coef"] = cfg.router_aux_loss_coef;
+  j["output_router_logits"] = false;
+  return j;
 }
 
 std::string hf_moe_config_mismatch(const nlohmann::json& config, const MoeConfig& cfg) {
