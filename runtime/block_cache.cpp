@@ -2,10 +2,10 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
-#include <algorithm>
 #include <vector>
 
 #include "runtime/cuda/device_api.h"

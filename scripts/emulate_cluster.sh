@@ -14,6 +14,8 @@
 #   emulate_cluster.sh exec I [--] CMD...                    CMD on node I
 #   emulate_cluster.sh link I down|up|RATE                   fault injection on node I's link
 #   emulate_cluster.sh kill I [SIGNAL]                       signals every process of node I (default KILL)
+#   emulate_cluster.sh revive I                              (--slurm) starts node I's slurmd again: a
+#                                                            killed node comes back (ReturnToService=2)
 #   emulate_cluster.sh pids I                                the processes running on node I
 #   emulate_cluster.sh status                                nodes, addresses, links
 #   emulate_cluster.sh down                                  removes everything `up` made
@@ -21,9 +23,11 @@
 # --slurm starts Slurm's controller (slurmctld) in a namespace of its own on the bridge (host `ctl`,
 # the subnet's .254), one slurmd per node (partition `emu`, K CPUs each), and munged on the host
 # when none answers; each node then has its own /tmp, as real nodes do, so a job's files (its
-# binaries, data and run directory) must be on a path every node sees, not under /tmp; `run`, `exec` and `slurm` export SLURM_CONF, so for example
-#   emulate_cluster.sh slurm sbatch job.sh / srun / squeue / scontrol   (run on node 0, the login node)
+# binaries, data and run directory) must be on a path every node sees, not under /tmp.
+#   emulate_cluster.sh slurm CMD...   a Slurm command (sbatch, srun, squeue, scontrol, scancel,
+#                                     sinfo) on node 0, the login node, with the cluster's SLURM_CONF
 # Slurm's files (config, state, logs, the job completion log jobcomp.txt) are in <state>/slurm.
+#
 # Only addresses inside the namespaces it creates are used (10.213.47.0/24); the host's own network
 # is not touched. A cluster is its state directory (MFSDP_EMULATE_DIR, default
 # /run/mfsdp-emulated-cluster): its namespaces are named after it, so clusters with different state
@@ -327,6 +331,13 @@ start_slurm() {  # start_slurm N K
 # CMD on node 0 (the login node) with the cluster's SLURM_CONF.
 slurm_on_node0() { nsenter -t "$(holder_pid 0)" -n -u -m --wd="$PWD" -- env SLURM_CONF="$(SLURM_CONF_FILE)" "$@"; }
 
+cmd_revive() {
+  local i=${1:-}
+  check_node "$i"
+  [[ -f "$(SLURM_CONF_FILE)" ]] || die "no Slurm in this cluster ('emulate_cluster.sh up N --slurm')"
+  start_daemon "node$i" slurmd -D -N "node$i" -f "$(SLURM_CONF_FILE)"
+}
+
 cmd_slurm() {
   [[ -f "$(SLURM_CONF_FILE)" ]] || die "no Slurm in this cluster ('emulate_cluster.sh up N --slurm')"
   (( $# )) || die "usage: emulate_cluster.sh slurm CMD... (sbatch, srun, squeue, scontrol, scancel, sinfo)"
@@ -419,5 +430,6 @@ case "${1:-}" in
   pids) shift; cmd_pids "$@" ;;
   status) cmd_status ;;
   slurm) shift; cmd_slurm "$@" ;;
-  *) sed -n '2,33p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
+  revive) shift; cmd_revive "$@" ;;
+  *) sed -n '2,39p' "$SELF" | sed 's/^# \{0,1\}//'; [[ -z "${1:-}" || "$1" == -h || "$1" == --help ]] || exit 1 ;;
 esac

@@ -515,23 +515,6 @@ void read_sharding(const Reader& r, TrainConfig& c) {
     r.fail("sharding.collective_timeout_s", "must be 0 (wait forever) or >= 1 second");
 }
 
-std::string apply_global_batch(TrainConfig& cfg, int world_size) {
-  if (!cfg.training.global_batch_size) return "";
-  const int64_t G = *cfg.training.global_batch_size, B = cfg.training.micro_batch_size, W = world_size;
-  if (G % (W * B) == 0 && G / (W * B) <= (1 << 20)) {
-    cfg.training.grad_accum = static_cast<int>(G / (W * B));
-    return "";
-  }
-  std::string fits;  // world sizes W' with G = W' x B x A for a whole A
-  int listed = 0;
-  for (int64_t w = 1; G % B == 0 && w <= G / B && listed < 12; ++w)
-    if ((G / B) % w == 0 && G / (w * B) <= (1 << 20)) fits += (listed++ ? ", " : "") + std::to_string(w);
-  return cfg.source + ": training.global_batch_size " + std::to_string(G) + " is not divisible by world size " +
-         std::to_string(W) + " x training.micro_batch_size " + std::to_string(B) + " (= " + std::to_string(W * B) + ")" +
-         (fits.empty() ? "; no world size divides it at this micro-batch size (change training.micro_batch_size)"
-                       : "; world sizes that divide it: " + fits + (listed == 12 ? ", ..." : ""));
-}
-
 TrainConfig parse_train_config(const json& doc, const std::string& source, const std::string& base_dir,
                                const std::vector<std::string>& overrides) {
   const json schema = TrainConfig{}.to_json(false);

@@ -168,9 +168,10 @@ def case_node_loss(bin_dir, tmp):
     t_fault = time.time()
     last_step = max(steps_done(out) or [0])
     emulate("kill", "1")  # every process of node 1, its slurmd included: a dead node to Slurm
-    wait_for("the job to run again on the nodes that are left", lambda: "(restart 1)" in text(out), 180)
+    if not wait_for("the job to run again on the nodes that are left", lambda: "(restart 1)" in text(out), 240):
+        print(slurm("scontrol", "show", "job", str(job)).stdout, slurm("sinfo", "-N").stdout, text(out)[-3000:])
     t_running = time.time()
-    wait_for(f"job {job} to complete", lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 300)
+    wait_for(f"job {job} to complete", lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 240)
     log = text(out)
     restart = log[log.find("(restart 1)"):]
     resumed = re.search(r"resumed at step (\d+)", restart)

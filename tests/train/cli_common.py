@@ -80,6 +80,18 @@ def fresh_dir(name):
     return tempfile.mkdtemp(prefix=name + "_", dir=_case_tmp)
 
 
+def merged_sets(*groups):
+    """The --set overrides of `groups` in order, a later "key=value" replacing an earlier one of the
+    same key (mfsdp-train refuses a key set twice)."""
+    out = {}
+    for group in groups:
+        for s in group:
+            key = s.split("=", 1)[0]
+            out.pop(key, None)
+            out[key] = s
+    return list(out.values())
+
+
 def with_run_dir(sets):
     """`sets` (--set overrides) with logging.run_dir pointing to a fresh directory unless one names
     it: a run never sees another run's outputs or checkpoints (the shipped configs' default run

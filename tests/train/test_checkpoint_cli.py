@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 
-from cli_common import ENV, TINY, check, mount_small_tmpfs, read, run_case, safetensors_header, start_training
+from cli_common import ENV, TINY, check, merged_sets, mount_small_tmpfs, read, run_case, safetensors_header, start_training
 
 BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1", "data.shuffle=true"]
 
@@ -58,7 +58,7 @@ BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interva
 def command(bin_dir, np, sets):
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", TINY,
            "--threads", "1"]
-    for s in BASE + list(sets):
+    for s in merged_sets(BASE, sets):
         cmd += ["--set", s]
     return cmd
 
@@ -160,7 +160,7 @@ def save_fault_run(fault_bin, run, step):
     wrote its file of the step-`step` checkpoint, before the manifest. The run must fail there."""
     cmd = ["mpirun", "-np", "2", "--oversubscribe", fault_bin, "--config", TINY, "--threads", "1",
            "--die-after-rank-file", str(step)]
-    for s in BASE + [f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3"]:
+    for s in merged_sets(BASE, [f"logging.run_dir={run}", "training.steps=8", "checkpoint.interval=3"]):
         cmd += ["--set", s]
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr

@@ -138,8 +138,8 @@ def case_refusals(bin_dir, tmp):
          'model.num_experts: only applies to model.arch "qwen2_moe" (model.arch is "llama")'),
         (("precision.matmul_dtype=bf16",), "precision.matmul_dtype: must not be bf16"),
         ((f"output.export={os.path.join(tmp, 'moe.safetensors')}", "model.shared_expert_intermediate_size=0"),
-         "output.export: model.shared_expert_intermediate_size: the Hugging Face Qwen2-MoE layout always has a "
-         "shared expert"),
+         "output.export: model.shared_expert_intermediate_size 0 with model.norm_topk_prob false: no Hugging Face "
+         "class computes this model"),
         (("model.num_experts_per_tok=5",), "model.num_experts_per_tok: must be <= 4, got 5"),
         (("sharding.placement=fsdp2", "sharding.expert_parallel=true"),
          "sharding.expert_parallel: needs sharding.placement matrixfsdp without replicas (got fsdp2"),

@@ -39,14 +39,14 @@ import subprocess
 import sys
 import time
 
-from cli_common import ENV, TINY, check, read, run_case, start_training
+from cli_common import ENV, TINY, check, merged_sets, read, run_case, start_training
 
 BASE = ["training.sample_tokens=0", "training.eval_interval=0", "logging.interval=1"]
 
 
 def faults_cmd(np, *args, sets=()):
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", sys.argv[3], "--config", TINY, "--threads", "1", *args]
-    for s in BASE + list(sets):
+    for s in merged_sets(BASE, sets):
         cmd += ["--set", s]
     return cmd
 
@@ -82,7 +82,7 @@ def case_notice(bin_dir, tmp):
     if stopped is not None:
         cmd = ["mpirun", "-np", "2", "--oversubscribe", os.path.join(bin_dir, "mfsdp-train"), "--config", TINY,
                "--threads", "1"]
-        for s in BASE + [f"logging.run_dir={run}", f"training.steps={stopped + 1}", "training.resume=auto"]:
+        for s in merged_sets(BASE, [f"logging.run_dir={run}", f"training.steps={stopped + 1}", "training.resume=auto"]):
             cmd += ["--set", s]
         p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
         out = p.stdout + p.stderr
@@ -180,7 +180,7 @@ PHASE_STOP = {"startup": 1, "forward": 2, "backward": 2, "optimizer": 2, "eval":
 
 def trainer_cmd(binary, np, sets):
     cmd = ["mpirun", "-np", str(np), "--oversubscribe", binary, "--config", TINY, "--threads", "1"]
-    for s in BASE + WIDE + list(sets):
+    for s in merged_sets(BASE, WIDE, sets):
         cmd += ["--set", s]
     return cmd
 
@@ -228,7 +228,7 @@ def case_phases(bin_dir, tmp):
 
 def case_second_signal(bin_dir, tmp):
     cmd = [sys.argv[3], "--config", TINY, "--threads", "1", "--slow-step", "2"]
-    for s in BASE + ["training.steps=40"]:
+    for s in merged_sets(BASE, ["training.steps=40"]):
         cmd += ["--set", s]
     # a repeated notice, then SIGTERM
     p, out = start_training(cmd + ["--set", f"logging.run_dir={os.path.join(tmp, 'term')}"], r"step +1/40")

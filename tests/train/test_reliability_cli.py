@@ -43,7 +43,8 @@ def case_disagree(bin_dir, tmp):
     train = os.path.join(bin_dir, "mfsdp-train")
     other_data = os.path.join(tmp, "other_train.bin")
     shutil.copy(os.path.join(ROOT, "data", "tiny_shakespeare_char_train.bin"), other_data)
-    cases = [("training.steps=6", "config.training.steps"), ("model.n_layer=3", "config.model.n_layer"),
+    # (training.steps is set for both ranks below, and a key may be set once: another key differs)
+    cases = [("training.micro_batch_size=2", "config.training.micro_batch_size"), ("model.n_layer=3", "config.model.n_layer"),
              ("sharding.placement=fsdp2", "config.sharding.placement"), ("training.grad_accum=2", "config.training.grad_accum"),
              ("training.eval_interval=3", "config.training.eval_interval"), ("optimizer.muon.lr=0.03", "config.optimizer.muon.lr"),
              ("data.shuffle=true", "config.data.shuffle"), ("training.seed=7", "config.training.seed"),

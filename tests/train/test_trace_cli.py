@@ -183,9 +183,10 @@ def case_window(bin_dir, tmp):
     run_dir = os.path.join(tmp, "run")
     accum = 2
     # the validation after step 3 lies inside the window: it is not traced (spans only inside steps)
+    # four blocks on two ranks: some rank owns two matrices of a shape, which it orthogonalizes as a batch
     rc, out = train(bin_dir, f"logging.trace={path}", "training.steps=5", f"training.grad_accum={accum}",
                     "training.eval_interval=3", "training.sample_tokens=0", "sharding.prefetch_depth=2",
-                    "sharding.overlap_reduce=on", f"logging.run_dir={run_dir}")
+                    "sharding.overlap_reduce=on", f"logging.run_dir={run_dir}", "model.n_layer=4")
     check(rc == 0, f"traced run failed ({rc}): {out[-2000:]}")
     if rc:
         return
@@ -205,7 +206,7 @@ def case_window(bin_dir, tmp):
     plain_dir = os.path.join(tmp, "plain")  # tracing changes no result
     rc, out = train(bin_dir, "training.steps=5", f"training.grad_accum={accum}", "training.eval_interval=3",
                     "training.sample_tokens=0", "sharding.prefetch_depth=2", "sharding.overlap_reduce=on",
-                    f"logging.run_dir={plain_dir}")
+                    f"logging.run_dir={plain_dir}", "model.n_layer=4")
     check(rc == 0, f"untraced run failed ({rc}): {out[-1000:]}")
     if rc == 0:
         with open(os.path.join(plain_dir, "summary.json")) as f:
