@@ -124,6 +124,14 @@ def case_export(bin_dir, tmp):
         compare(f"export {arch}", our_eval_loss(bin_dir, tmp, f"eval_{arch}", out_dir, val, *sets), hf_loss(out_dir, toks))
 
 
+def spread_norm_gains(model):
+    """RMSNorm gains moved away from 1, so that a wrong norm would show in the loss."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+
+
 def save_hf_models(tmp):
     """Random models made and saved by transformers itself (not by our code)."""
     torch.manual_seed(0)
@@ -140,10 +148,7 @@ def save_hf_models(tmp):
     dirs["gpt2_sharded"] = os.path.join(tmp, "hf_gpt2_sharded")
     gpt.save_pretrained(dirs["gpt2_sharded"], max_shard_size="20KB")
     llama = transformers.LlamaForCausalLM(llama_cfg)
-    with torch.no_grad():  # RMSNorm gains away from 1, so a wrong norm would show
-        for n, p in llama.named_parameters():
-            if n.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    spread_norm_gains(llama)
     dirs["llama_sharded"] = os.path.join(tmp, "hf_llama_sharded")
     llama.save_pretrained(dirs["llama_sharded"], max_shard_size="20KB")
     moe_cfg = transformers.Qwen2MoeConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -153,10 +158,7 @@ def save_hf_models(tmp):
                                           shared_expert_intermediate_size=24, intermediate_size=24,
                                           norm_topk_prob=True, use_sliding_window=False)
     moe = transformers.Qwen2MoeForCausalLM(moe_cfg)
-    with torch.no_grad():
-        for n, p in moe.named_parameters():
-            if n.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    spread_norm_gains(moe)
     dirs["moe_sharded"] = os.path.join(tmp, "hf_moe_sharded")
     moe.save_pretrained(dirs["moe_sharded"], max_shard_size="20KB")
     with torch.no_grad():  # Qwen2-MoE's attention biases, which our family does not have
@@ -168,10 +170,7 @@ def save_hf_models(tmp):
                                              rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
                                              initializer_range=0.2, num_local_experts=4, num_experts_per_tok=2)
     mixtral = transformers.MixtralForCausalLM(mixtral_cfg)
-    with torch.no_grad():
-        for n, p in mixtral.named_parameters():
-            if n.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    spread_norm_gains(mixtral)
     dirs["mixtral_sharded"] = os.path.join(tmp, "hf_mixtral_sharded")
     mixtral.save_pretrained(dirs["mixtral_sharded"], max_shard_size="20KB")
     for k in ("gpt2_sharded", "llama_sharded", "moe_sharded", "mixtral_sharded"):

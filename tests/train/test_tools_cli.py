@@ -33,7 +33,7 @@ import stat
 import subprocess
 import sys
 
-from cli_common import ENV, ROOT, TINY, check, run_case
+from cli_common import ENV, ROOT, TINY, check, merged_sets, run_case
 
 DATA = os.path.join(ROOT, "data")
 
@@ -52,16 +52,9 @@ def mpirun(np, exe, *args):
     return ["mpirun", "-np", str(np), "--oversubscribe", exe, *args]
 
 
-def replacing(args, *sets):
-    """`args` (["--config", C, "--set", "k=v", ...]) with each "k=v" of `sets` in place of the --set of
-    the same key, or added (mfsdp-train refuses a key set twice)."""
-    keys = {x.split("=", 1)[0] for x in sets}
-    out = [a for i, a in enumerate(args)
-           if not (a == "--set" and args[i + 1].split("=", 1)[0] in keys)
-           and not (i > 0 and args[i - 1] == "--set" and a.split("=", 1)[0] in keys)]
-    for x in sets:
-        out += ["--set", x]
-    return out
+def sets_args(sets):
+    """--set overrides as command-line arguments."""
+    return [a for s in sets for a in ("--set", s)]
 
 
 def put(path, text):
@@ -143,8 +136,8 @@ def case_prepare_outputs(bin_dir, tmp):
 
 def case_run_dir_files(bin_dir, tmp):
     train = os.path.join(bin_dir, "mfsdp-train")
-    base = ["--config", TINY, "--set", "training.steps=2", "--set", "training.sample_tokens=0",
-            "--set", "training.eval_interval=0", "--set", "checkpoint.at_end=false"]
+    base_sets = ["training.steps=2", "training.sample_tokens=0", "training.eval_interval=0", "checkpoint.at_end=false"]
+    base = ["--config", TINY, *sets_args(base_sets)]
     for name, text in (("metrics.jsonl", '{"my": "own log"}\n'), ("summary.json", "my summary\n"),
                        ("metrics.jsonl", "")):
         rdir = os.path.join(tmp, "user_" + name + str(len(text)))
@@ -171,14 +164,14 @@ def case_run_dir_files(bin_dir, tmp):
     # a run killed inside a metrics.jsonl write left a cut last line: the resumed run drops it, so every
     # line is one JSON record, and says so
     cut = os.path.join(tmp, "cut")
-    rc, out = run(mpirun(2, train, *replacing(base, "checkpoint.at_end=true"), "--set", f"logging.run_dir={cut}",
+    rc, out = run(mpirun(2, train, "--config", TINY, *sets_args(merged_sets(base_sets, ["checkpoint.at_end=true"])), "--set", f"logging.run_dir={cut}",
                          "--set", "logging.interval=1"))
     check(rc == 0, f"run to resume: {rc} {out[-500:]}")
     metrics = os.path.join(cut, "metrics.jsonl")
     whole = open(metrics).read()
     with open(metrics, "a") as f:
         f.write('{"type": "train", "step": 3, "lo')
-    rc, out = run(mpirun(2, train, *replacing(base, "training.steps=4"), "--set", f"logging.run_dir={cut}",
+    rc, out = run(mpirun(2, train, "--config", TINY, *sets_args(merged_sets(base_sets, ["training.steps=4"])), "--set", f"logging.run_dir={cut}",
                          "--set", "training.resume=auto", "--set", "logging.interval=1"))
     text = open(metrics).read()
     try:
